@@ -1,0 +1,159 @@
+"""What an environment says back to the model: one `Observation` per tool call, as a tool message.
+
+A successful call's observation carries the tool's output as plain text. Every failure carries JSON text the
+model can read and a machine-readable `code` that rewards and metrics use::
+
+    {"ok":false,"error":{"code":"unknown_tool","message":"no tool named 'serch'"},"hint":"Call one of: search."}
+
+The codes are a closed set (`ObservationCode`):
+
+=================  ========================================================================================
+code               meaning
+=================  ========================================================================================
+output_truncated   the tool ran and succeeded, but its output was cut at the limit (``ok`` stays True)
+unknown_tool       the call named a tool the environment does not have
+invalid_arguments  the arguments failed the tool's schema (the message names the field), or the protocol
+                   could not read them as a JSON object
+too_many_calls     the turn made more calls than the environment runs in one step; the rest were refused
+tool_error         the tool ran and failed (it raised; the message gives the exception type and text)
+timeout            the tool did not finish within its time limit
+invalid_json       passed through from the protocol: the call's body was not valid JSON
+missing_name       passed through from the protocol: the call had no tool name
+unclosed_tag       passed through from the protocol: the call was cut off before it was closed
+missing_think_end  passed through from the protocol: the turn opened reasoning and never closed it
+parse_error        any other protocol parse issue (a code this layer does not know yet)
+=================  ========================================================================================
+
+This module knows the codes and the wire shape of an observation; it does not run tools or know any chat
+format (the protocol renders `to_message()` the way the model's template does).
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, get_args
+
+import msgspec
+from agent_protocol.types import Message, ParseIssue
+
+__all__ = [
+    "FAILURE_CODES",
+    "PARSE_CODES",
+    "REFUSAL_CODES",
+    "Observation",
+    "ObservationCode",
+    "error_content",
+]
+
+ObservationCode = Literal[
+    "output_truncated",
+    "unknown_tool",
+    "invalid_arguments",
+    "too_many_calls",
+    "tool_error",
+    "timeout",
+    "invalid_json",
+    "missing_name",
+    "unclosed_tag",
+    "missing_think_end",
+    "parse_error",
+]
+
+_ALL_CODES: Final[frozenset[str]] = frozenset(get_args(ObservationCode))
+
+PARSE_CODES: Final[frozenset[str]] = frozenset(
+    {"invalid_json", "missing_name", "unclosed_tag", "missing_think_end", "parse_error"}
+)
+"""Codes that come from the protocol's parser: the model's output could not be read as a call."""
+
+REFUSAL_CODES: Final[frozenset[str]] = frozenset({"unknown_tool", "invalid_arguments", "too_many_calls"})
+"""Codes for a readable call that the environment refused to run."""
+
+FAILURE_CODES: Final[frozenset[str]] = frozenset({"tool_error", "timeout"})
+"""Codes for a call that ran and failed."""
+
+_DEFAULT_HINTS: Final[dict[str, str]] = {
+    "unknown_tool": "Call one of the tools listed in the instructions.",
+    "invalid_arguments": "Fix the arguments so they match the tool's parameters, then call it again.",
+    "too_many_calls": "Make fewer tool calls in one turn.",
+    "tool_error": "Check the arguments or try a different approach.",
+    "timeout": "The tool took too long; try a smaller or simpler request.",
+    "invalid_json": 'Write the call as a JSON object: {"name": "...", "arguments": {...}}.',
+    "missing_name": 'Give the call a "name" that is one of the listed tools.',
+    "unclosed_tag": "The call was cut off; write it again, complete and shorter.",
+    "missing_think_end": "Close your reasoning before you call a tool or give the answer.",
+    "parse_error": "The tool call could not be read; write it again.",
+}
+
+
+class _ErrorDetail(msgspec.Struct, frozen=True, kw_only=True):
+    code: str
+    message: str
+
+
+class _ErrorContent(msgspec.Struct, frozen=True, kw_only=True):
+    ok: bool
+    error: _ErrorDetail
+    hint: str
+
+
+_encoder: Final = msgspec.json.Encoder()
+
+
+def error_content(code: ObservationCode, message: str, hint: str | None = None) -> str:
+    """The JSON text a failed observation shows the model. `hint` defaults to the code's standard hint."""
+    body = _ErrorContent(
+        ok=False,
+        error=_ErrorDetail(code=code, message=message),
+        hint=hint if hint is not None else _DEFAULT_HINTS.get(code, ""),
+    )
+    return _encoder.encode(body).decode()
+
+
+class Observation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The result of one tool call (or a turn-level notice, which has no `tool_call_id`).
+
+    `ok` is False exactly when the call failed or was refused; `code` is None for a clean success,
+    ``output_truncated`` for a success whose output was cut, and an error code otherwise.
+    """
+
+    tool_call_id: str | None
+    name: str
+    content: str
+    ok: bool = True
+    code: ObservationCode | None = None
+    elapsed_s: float = 0.0
+
+    @classmethod
+    def failure(
+        cls,
+        *,
+        tool_call_id: str | None,
+        name: str,
+        code: ObservationCode,
+        message: str,
+        hint: str | None = None,
+        elapsed_s: float = 0.0,
+    ) -> Observation:
+        return cls(
+            tool_call_id=tool_call_id,
+            name=name,
+            content=error_content(code, message, hint),
+            ok=False,
+            code=code,
+            elapsed_s=elapsed_s,
+        )
+
+    @classmethod
+    def from_parse_issue(cls, issue: ParseIssue, *, tool_call_id: str | None, name: str) -> Observation:
+        """Answer a call (or a turn) the protocol could not parse, passing its code through."""
+        code: ObservationCode = issue.code if issue.code in _ALL_CODES else "parse_error"
+        return cls.failure(tool_call_id=tool_call_id, name=name, code=code, message=issue.message)
+
+    def to_message(self) -> Message:
+        """The tool message this observation stands for."""
+        return Message(
+            role="tool",
+            content=self.content,
+            tool_call_id=self.tool_call_id,
+            name=self.name or None,
+        )

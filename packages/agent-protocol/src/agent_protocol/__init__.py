@@ -1,0 +1,53 @@
+"""agent-protocol: exact chat rendering, tolerant tool-call parsing and token-in-token-out transcripts.
+
+The bottom layer of OpenRLHF-Agent. Depends on msgspec and tokenizers only; never imports torch,
+transformers or an HTTP stack.
+"""
+
+from importlib.metadata import version as _version
+
+from agent_protocol.chat_protocol import ChatProtocol
+from agent_protocol.errors import MessageError, ProtocolError, TokenizerLoadError, UnknownProtocolError
+from agent_protocol.protocols.qwen3 import Qwen3Protocol, ThinkingMode
+from agent_protocol.registry import get_protocol, list_protocols, register_protocol
+from agent_protocol.tokenizer import HFTokenizer, Tokenizer, TransformersTokenizer, load_tokenizer
+from agent_protocol.transcript import Span, TokenTranscript, TranscriptRecord
+from agent_protocol.types import (
+    Action,
+    Message,
+    ParseIssue,
+    ToolCall,
+    ToolSpec,
+    coerce_messages,
+    coerce_tools,
+)
+
+__all__ = [
+    "Action",
+    "ChatProtocol",
+    "HFTokenizer",
+    "Message",
+    "MessageError",
+    "ParseIssue",
+    "ProtocolError",
+    "Qwen3Protocol",
+    "Span",
+    "ThinkingMode",
+    "TokenTranscript",
+    "Tokenizer",
+    "TokenizerLoadError",
+    "ToolCall",
+    "ToolSpec",
+    "TranscriptRecord",
+    "TransformersTokenizer",
+    "UnknownProtocolError",
+    "__version__",
+    "coerce_messages",
+    "coerce_tools",
+    "get_protocol",
+    "list_protocols",
+    "load_tokenizer",
+    "register_protocol",
+]
+
+__version__ = _version("agent-protocol")

@@ -1,0 +1,66 @@
+"""`ChatProtocol`: everything a model family's chat format decides, behind one small interface.
+
+A protocol turns a conversation into the exact prompt text the model's own chat template would give, parses
+one generated assistant turn into an `Action`, and renders the *feedback* that follows a generated turn (tool
+results or a user message, then the next generation prompt) so that the token stream of an episode equals
+the template's rendering of the same conversation. It works on text; tokens are the transcript's business.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+
+from agent_protocol.types import Action, Message, MessageLike, ToolSpecLike
+
+__all__ = ["ChatProtocol"]
+
+
+class ChatProtocol(ABC):
+    """One chat format. Subclasses are stateless and safe to share between episodes."""
+
+    #: registry name, e.g. "qwen3"
+    name: str
+    #: the token text that ends an assistant turn; a turn that stopped without it was cut off
+    end_of_turn: str
+    #: token texts an engine should stop on
+    stop_texts: tuple[str, ...]
+
+    @abstractmethod
+    def render_messages(
+        self,
+        messages: Iterable[MessageLike],
+        *,
+        tools: Iterable[ToolSpecLike] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> str:
+        """The conversation as the official chat template renders it, byte for byte."""
+
+    @property
+    @abstractmethod
+    def generation_prompt(self) -> str:
+        """The text that opens an assistant turn for the model to continue."""
+
+    @abstractmethod
+    def parse_assistant_text(self, text: str, *, call_id_prefix: str = "call") -> Action:
+        """Split one generated turn (the text after the generation prompt) into reasoning, content and tool
+        calls. Never raises on malformed output."""
+
+    @abstractmethod
+    def render_generation(self, message: MessageLike) -> str:
+        """The text a model following this format generates for `message` after the generation prompt, up to
+        and including `end_of_turn`. Used to make expert (SFT) trajectories and to test the transcript."""
+
+    @abstractmethod
+    def render_feedback(self, messages: Sequence[MessageLike], *, turn_closed: bool = True) -> str:
+        """The text that follows a generated assistant turn: it closes the turn (adding `end_of_turn` when
+        `turn_closed` is false, i.e. the turn was cut off by the length limit), carries `messages` (tool
+        results and/or a user message) and opens the next assistant turn."""
+
+    def render_prompt(self, messages: Iterable[MessageLike], *, tools: Iterable[ToolSpecLike] | None = None) -> str:
+        """The first prompt of an episode: the conversation plus the generation prompt."""
+        return self.render_messages(messages, tools=tools, add_generation_prompt=True)
+
+    def assistant_message(self, text: str, *, call_id_prefix: str = "call") -> Message:
+        """Convenience: parse a generated turn straight into the assistant message it stands for."""
+        return self.parse_assistant_text(text, call_id_prefix=call_id_prefix).to_message()

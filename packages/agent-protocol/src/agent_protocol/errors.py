@@ -1,0 +1,50 @@
+"""Exceptions raised by agent-protocol.
+
+Only *caller* mistakes raise: a conversation that cannot be rendered, an unknown protocol name, a tokenizer
+file that cannot be loaded. Malformed *model output* never raises; it becomes a `ParseIssue` on the parsed
+`Action` (see `types.py`).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MessageError",
+    "ProtocolError",
+    "TokenizerLoadError",
+    "UnknownProtocolError",
+]
+
+
+class ProtocolError(Exception):
+    """Base class of every error agent-protocol raises."""
+
+
+class MessageError(ProtocolError, ValueError):
+    """A message, tool call or tool spec given by the caller is malformed.
+
+    `location` names the offending element the way a user would write it, e.g.
+    ``messages[2].tool_calls[0].function.arguments``.
+    """
+
+    def __init__(self, location: str, problem: str) -> None:
+        self.location = location
+        self.problem = problem
+        super().__init__(f"{location}: {problem}")
+
+
+class UnknownProtocolError(ProtocolError, ValueError):
+    """`get_protocol` was asked for a name that is not registered."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        self.known = known
+        super().__init__(f"unknown chat protocol {name!r}; known protocols: {', '.join(known)}")
+
+
+class TokenizerLoadError(ProtocolError):
+    """A tokenizer file is missing or cannot be parsed. The message names the path."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"cannot load tokenizer from {path}: {reason}")

@@ -1,0 +1,199 @@
+"""The Qwen3 family's chat format (ChatML with `<think>` reasoning and Hermes JSON tool calls), in Python.
+
+Mirrors the official Jinja templates (Qwen3 hybrid, Qwen3-Instruct-2507, Qwen3-Thinking-2507) statement by
+statement; the three differ only in the generation prompt. Byte-exactness is tested against the official
+renders in `tests/data/golden/`, and against the official Jinja on generated conversations.
+
+Where the official template is not append-only (it drops the reasoning of turns before the last user query,
+and re-renders turns without the empty `<think>` block a model emitted), `render_messages` still follows the
+template exactly; the token transcript of an episode keeps what was generated instead. See the package
+README, "What the transcript holds".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from enum import Enum
+from typing import Any, Final
+
+from agent_protocol.chat_protocol import ChatProtocol
+from agent_protocol.errors import MessageError
+from agent_protocol.hermes_parser import parse_hermes_turn
+from agent_protocol.types import (
+    Action,
+    Message,
+    MessageLike,
+    ToolCall,
+    ToolSpec,
+    ToolSpecLike,
+    coerce_messages,
+    coerce_tools,
+)
+
+__all__ = ["Qwen3Protocol", "ThinkingMode"]
+
+IM_START: Final = "<|im_start|>"
+IM_END: Final = "<|im_end|>"
+_TOOLS_HEADER: Final = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+_TOOLS_FOOTER: Final = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+    "<args-json-object>}\n</tool_call><|im_end|>\n"
+)
+_EMPTY_THINK: Final = "<think>\n\n</think>\n\n"
+
+
+class ThinkingMode(Enum):
+    HYBRID = "hybrid"  # Qwen3: the model opens <think> itself
+    HYBRID_OFF = "hybrid_off"  # Qwen3 with enable_thinking=False: the prompt carries an empty <think> block
+    NONE = "none"  # Qwen3-Instruct-2507: no reasoning
+    FORCED = "forced"  # Qwen3-Thinking-2507: the prompt opens <think>, the model closes it
+
+
+_GENERATION_PROMPTS: Final = {
+    ThinkingMode.HYBRID: f"{IM_START}assistant\n",
+    ThinkingMode.HYBRID_OFF: f"{IM_START}assistant\n{_EMPTY_THINK}",
+    ThinkingMode.NONE: f"{IM_START}assistant\n",
+    ThinkingMode.FORCED: f"{IM_START}assistant\n<think>\n",
+}
+
+
+def _tojson(value: Any) -> str:
+    """Hugging Face's `tojson` filter: `json.dumps(ensure_ascii=False)` with default separators."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+class Qwen3Protocol(ChatProtocol):
+    end_of_turn = IM_END
+    stop_texts = (IM_END, "<|endoftext|>")
+
+    def __init__(self, name: str, mode: ThinkingMode) -> None:
+        self.name = name
+        self.mode = mode
+
+    def __repr__(self) -> str:
+        return f"Qwen3Protocol(name={self.name!r}, mode={self.mode.value})"
+
+    @property
+    def generation_prompt(self) -> str:
+        return _GENERATION_PROMPTS[self.mode]
+
+    # -- rendering ---------------------------------------------------------------------------------------
+
+    def render_messages(
+        self,
+        messages: Iterable[MessageLike],
+        *,
+        tools: Iterable[ToolSpecLike] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> str:
+        msgs = coerce_messages(messages)
+        specs = coerce_tools(tools)
+        out: list[str] = [_system_block(msgs, specs)]
+        out.extend(_render_body(msgs, first_is_start=True))
+        if add_generation_prompt:
+            out.append(self.generation_prompt)
+        return "".join(out)
+
+    def render_feedback(self, messages: Sequence[MessageLike], *, turn_closed: bool = True) -> str:
+        msgs = coerce_messages(messages)
+        if not msgs:
+            raise MessageError("messages", "feedback needs at least one tool result or user message")
+        for index, message in enumerate(msgs):
+            if message.role == "assistant":
+                raise MessageError(f"messages[{index}].role", "feedback carries tool, user or system messages")
+        closing = ("" if turn_closed else IM_END) + "\n"
+        return closing + "".join(_render_body(msgs, first_is_start=False)) + self.generation_prompt
+
+    def render_generation(self, message: MessageLike) -> str:
+        (msg,) = coerce_messages([message])
+        if msg.role != "assistant":
+            raise MessageError("message.role", f"only assistant turns are generated, not {msg.role}")
+        reasoning, content = _split_reasoning(msg)
+        calls = _render_tool_calls(content, msg.tool_calls)
+        if self.mode is ThinkingMode.HYBRID:
+            head = f"<think>\n{reasoning.strip(chr(10))}\n</think>\n\n{content.lstrip(chr(10))}"
+        elif self.mode is ThinkingMode.FORCED:
+            head = f"{reasoning.strip(chr(10))}\n</think>\n\n{content.lstrip(chr(10))}"
+        else:
+            head = content
+        return head + calls + IM_END
+
+    # -- parsing -----------------------------------------------------------------------------------------
+
+    def parse_assistant_text(self, text: str, *, call_id_prefix: str = "call") -> Action:
+        return parse_hermes_turn(text, reasoning_open=self.mode is ThinkingMode.FORCED, call_id_prefix=call_id_prefix)
+
+
+def _system_block(msgs: list[Message], specs: list[ToolSpec]) -> str:
+    has_system = bool(msgs) and msgs[0].role == "system"
+    if specs:
+        system = (msgs[0].content or "") + "\n\n" if has_system else ""
+        listing = "".join("\n" + _tojson(spec.to_openai()) for spec in specs)
+        return f"{IM_START}system\n{system}{_TOOLS_HEADER}{listing}{_TOOLS_FOOTER}"
+    if has_system:
+        return f"{IM_START}system\n{msgs[0].content or ''}{IM_END}\n"
+    return ""
+
+
+def _last_query_index(msgs: list[Message]) -> int:
+    """Index of the last real user query (a user turn that is not a wrapped tool response)."""
+    for index in range(len(msgs) - 1, -1, -1):
+        message = msgs[index]
+        content = message.content
+        if (
+            message.role == "user"
+            and content is not None
+            and not (content.startswith("<tool_response>") and content.endswith("</tool_response>"))
+        ):
+            return index
+    return len(msgs) - 1
+
+
+def _split_reasoning(msg: Message) -> tuple[str, str]:
+    content = msg.content or ""
+    if msg.reasoning_content is not None:
+        return msg.reasoning_content, content
+    if "</think>" in content:
+        reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+        return reasoning, content.split("</think>")[-1].lstrip("\n")
+    return "", content
+
+
+def _render_tool_calls(content: str, calls: tuple[ToolCall, ...]) -> str:
+    out: list[str] = []
+    for j, call in enumerate(calls):
+        if j > 0 or content:
+            out.append("\n")
+        out.append(f'<tool_call>\n{{"name": "{call.name}", "arguments": {_tojson(call.arguments)}}}\n</tool_call>')
+    return "".join(out)
+
+
+def _render_body(msgs: list[Message], *, first_is_start: bool) -> list[str]:
+    """Every message after the system block. With `first_is_start` false the messages continue a
+    conversation (feedback): a leading system message is rendered as a turn, not as the system block."""
+    out: list[str] = []
+    last = len(msgs) - 1
+    last_query = _last_query_index(msgs)
+    for index, msg in enumerate(msgs):
+        content = msg.content or ""
+        if msg.role == "user" or (msg.role == "system" and (index > 0 or not first_is_start)):
+            out.append(f"{IM_START}{msg.role}\n{content}{IM_END}\n")
+        elif msg.role == "assistant":
+            reasoning, content = _split_reasoning(msg)
+            if index > last_query and (index == last or reasoning):
+                body = f"<think>\n{reasoning.strip(chr(10))}\n</think>\n\n{content.lstrip(chr(10))}"
+            else:
+                body = content
+            out.append(f"{IM_START}assistant\n{body}{_render_tool_calls(content, msg.tool_calls)}{IM_END}\n")
+        elif msg.role == "tool":
+            if index == 0 or msgs[index - 1].role != "tool":
+                out.append(f"{IM_START}user")
+            out.append(f"\n<tool_response>\n{content}\n</tool_response>")
+            if index == last or msgs[index + 1].role != "tool":
+                out.append(f"{IM_END}\n")
+    return out

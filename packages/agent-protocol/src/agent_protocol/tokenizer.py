@@ -1,0 +1,106 @@
+"""Tokenizers: a thin, exact wrapper over Hugging Face `tokenizers`, and an adapter for a transformers one.
+
+Encoding never adds special tokens (BOS/EOS): chat formats write their special tokens as text, and the
+tokenizer's added-token matching turns them into their ids. This module knows nothing about chat formats.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import tokenizers
+
+from agent_protocol.errors import TokenizerLoadError
+
+__all__ = ["HFTokenizer", "Tokenizer", "TransformersTokenizer", "load_tokenizer"]
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the rest of the stack needs from a tokenizer."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str: ...
+
+    def token_to_id(self, token: str) -> int | None: ...
+
+
+class HFTokenizer:
+    """A `tokenizers.Tokenizer` loaded from a `tokenizer.json`."""
+
+    def __init__(self, backend: tokenizers.Tokenizer, *, source: str = "<memory>") -> None:
+        self.backend = backend
+        self.source = source
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> HFTokenizer:
+        """Load a `tokenizer.json`, or the one inside a model directory. Errors name the path."""
+        file = Path(path)
+        if file.is_dir():
+            file = file / "tokenizer.json"
+        if not file.is_file():
+            raise TokenizerLoadError(str(file), "no such file")
+        try:
+            text = file.read_text(encoding="utf-8")
+            json.loads(text)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise TokenizerLoadError(str(file), f"not a readable JSON file ({e})") from e
+        try:
+            backend = tokenizers.Tokenizer.from_str(text)
+        except Exception as e:  # tokenizers raises a bare Exception on a malformed spec
+            raise TokenizerLoadError(str(file), f"not a valid tokenizer.json ({e})") from e
+        return cls(backend, source=str(file))
+
+    def __repr__(self) -> str:
+        return f"HFTokenizer({self.source!r})"
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.backend.get_vocab_size(with_added_tokens=True))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.backend.encode(text, add_special_tokens=False).ids)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [list(e.ids) for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        return str(self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def token_to_id(self, token: str) -> int | None:
+        found = self.backend.token_to_id(token)
+        return None if found is None else int(found)
+
+
+class TransformersTokenizer:
+    """Adapts a transformers `PreTrainedTokenizer(Fast)` to `Tokenizer` without importing transformers."""
+
+    def __init__(self, hf_tokenizer: Any) -> None:
+        self.hf = hf_tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        return str(self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def token_to_id(self, token: str) -> int | None:
+        vocab = self.hf.get_vocab()
+        found = vocab.get(token)
+        return None if found is None else int(found)
+
+
+def load_tokenizer(source: str | Path | Any) -> Tokenizer:
+    """A path (file or model directory) gives an `HFTokenizer`; a transformers tokenizer is adapted; an
+    object that already satisfies `Tokenizer` is returned as is."""
+    if isinstance(source, (str, Path)):
+        return HFTokenizer.from_file(source)
+    if isinstance(source, Tokenizer):
+        return source
+    if hasattr(source, "encode") and hasattr(source, "get_vocab"):
+        return TransformersTokenizer(source)
+    raise TypeError(f"cannot use {type(source).__name__} as a tokenizer")

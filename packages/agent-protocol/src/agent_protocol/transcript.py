@@ -1,0 +1,113 @@
+"""`TokenTranscript`: the token stream of one episode, built by appending, never by re-tokenizing.
+
+Three kinds of span: the prompt (rendered and tokenized once), actions (token ids exactly as the policy
+generated them, loss mask 1, with their logprobs when the engine gave them) and observations (feedback text
+tokenized on its own, loss mask 0). Action ranges follow OpenRLHF's convention: half-open `(start, end)`
+indices into the full token list. This module knows token ids only; text is the protocol's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import msgspec
+
+__all__ = ["Span", "SpanKind", "TokenTranscript", "TranscriptRecord"]
+
+SpanKind = Literal["prompt", "action", "observation"]
+
+
+class Span(msgspec.Struct, frozen=True, kw_only=True):
+    kind: SpanKind
+    start: int
+    end: int
+
+
+class TranscriptRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A transcript as stored or sent over the wire (trajectory logs, rollout records)."""
+
+    ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float | None]
+    spans: list[Span]
+
+    @property
+    def action_ranges(self) -> list[tuple[int, int]]:
+        return [(s.start, s.end) for s in self.spans if s.kind == "action"]
+
+
+class TokenTranscript:
+    """Append-only token stream with loss mask, per-token logprobs and span bookkeeping."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.loss_mask: list[int] = []
+        self.logprobs: list[float | None] = []
+        self.spans: list[Span] = []
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __repr__(self) -> str:
+        actions = sum(1 for s in self.spans if s.kind == "action")
+        return f"TokenTranscript(tokens={len(self.ids)}, actions={actions})"
+
+    @property
+    def action_ranges(self) -> list[tuple[int, int]]:
+        """Half-open `(start, end)` index pairs of every action, in OpenRLHF's convention."""
+        return [(s.start, s.end) for s in self.spans if s.kind == "action"]
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return [i for s in self.spans if s.kind == "prompt" for i in self.ids[s.start : s.end]]
+
+    @property
+    def has_logprobs(self) -> bool:
+        """True when every action token came with a logprob."""
+        return all(lp is not None for lp, m in zip(self.logprobs, self.loss_mask, strict=True) if m)
+
+    def append_prompt(self, ids: Sequence[int]) -> Span:
+        if any(s.kind != "prompt" for s in self.spans):
+            raise ValueError("the prompt comes first; after an action, append observations instead")
+        return self._append("prompt", ids, mask=0, logprobs=None)
+
+    def append_action(self, ids: Sequence[int], logprobs: Sequence[float] | None = None) -> Span:
+        """Append generated ids exactly as sampled. `logprobs`, when given, has one value per id."""
+        if not self.spans:
+            raise ValueError("an action needs a prompt before it")
+        if logprobs is not None and len(logprobs) != len(ids):
+            raise ValueError(f"got {len(logprobs)} logprobs for {len(ids)} generated tokens")
+        return self._append("action", ids, mask=1, logprobs=logprobs)
+
+    def append_observation(self, ids: Sequence[int]) -> Span:
+        """Append feedback ids (tool results, next turn header), tokenized on their own."""
+        if not self.spans:
+            raise ValueError("an observation needs a prompt before it")
+        return self._append("observation", ids, mask=0, logprobs=None)
+
+    def record(self) -> TranscriptRecord:
+        return TranscriptRecord(
+            ids=list(self.ids),
+            loss_mask=list(self.loss_mask),
+            logprobs=list(self.logprobs),
+            spans=list(self.spans),
+        )
+
+    @classmethod
+    def from_record(cls, record: TranscriptRecord) -> TokenTranscript:
+        transcript = cls()
+        transcript.ids = list(record.ids)
+        transcript.loss_mask = list(record.loss_mask)
+        transcript.logprobs = list(record.logprobs)
+        transcript.spans = list(record.spans)
+        return transcript
+
+    def _append(self, kind: SpanKind, ids: Sequence[int], *, mask: int, logprobs: Sequence[float] | None) -> Span:
+        start = len(self.ids)
+        self.ids.extend(int(i) for i in ids)
+        self.loss_mask.extend([mask] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [None] * len(ids))
+        span = Span(kind=kind, start=start, end=len(self.ids))
+        self.spans.append(span)
+        return span

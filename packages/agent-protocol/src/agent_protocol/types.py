@@ -1,0 +1,279 @@
+"""The data that crosses every layer: messages, tool calls, parsed actions and tool specs.
+
+All are frozen msgspec Structs. OpenAI-style dicts are accepted at every public entry and converted once, here,
+with errors that name the offending message index and field. This module knows nothing about any model's
+chat format or tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final, Literal
+
+import msgspec
+
+from agent_protocol.errors import MessageError
+
+__all__ = [
+    "ROLES",
+    "Action",
+    "IssueCode",
+    "Message",
+    "MessageLike",
+    "ParseIssue",
+    "Role",
+    "ToolCall",
+    "ToolSpec",
+    "ToolSpecLike",
+    "coerce_messages",
+    "coerce_tools",
+]
+
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: Final[tuple[str, ...]] = ("system", "user", "assistant", "tool")
+
+IssueCode = Literal[
+    "invalid_json",  # a <tool_call> block whose body is not valid JSON
+    "missing_name",  # valid JSON, but no non-empty string "name"
+    "invalid_arguments",  # "arguments" is neither a JSON object nor a string holding one
+    "unclosed_tag",  # <tool_call> never closed and its body is incomplete (usually cut off by the length limit)
+    "missing_think_end",  # reasoning was opened and never closed with </think>
+]
+
+
+class ParseIssue(msgspec.Struct, frozen=True, kw_only=True):
+    """What was wrong with a piece of model output: a machine-readable code and a short message that an
+    environment can show the model as-is."""
+
+    code: IssueCode
+    message: str
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One function call. `error` is set when the model wrote a call that could not be parsed; then `name`
+    and `arguments` hold what could be recovered and `raw` the text of the block."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = msgspec.field(default_factory=dict)
+    error: ParseIssue | None = None
+    raw: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)},
+        }
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One chat message. `content` is None where OpenAI allows null (an assistant turn with only tool
+    calls); chat formats treat None as empty text."""
+
+    role: Role
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    @classmethod
+    def from_openai(cls, data: Mapping[str, Any], *, index: int = 0) -> Message:
+        return _message_from_dict(data, f"messages[{index}]")
+
+    def to_openai(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
+        if self.tool_calls:
+            out["tool_calls"] = [call.to_openai() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+class Action(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What one generated assistant turn parsed into. Malformed output never raises: `error` describes a
+    turn-level problem (unclosed reasoning), `ToolCall.error` a broken call."""
+
+    content: str = ""
+    reasoning_content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    error: ParseIssue | None = None
+
+    @property
+    def valid_tool_calls(self) -> tuple[ToolCall, ...]:
+        return tuple(call for call in self.tool_calls if call.error is None)
+
+    @property
+    def issues(self) -> tuple[ParseIssue, ...]:
+        """Every problem found in the turn, turn-level first, then per call in order."""
+        found = [self.error] if self.error is not None else []
+        found.extend(call.error for call in self.tool_calls if call.error is not None)
+        return tuple(found)
+
+    def to_message(self) -> Message:
+        """The assistant message this turn stands for (all calls, broken ones included, so that each can be
+        answered by a tool message)."""
+        return Message(
+            role="assistant",
+            content=self.content,
+            reasoning_content=self.reasoning_content,
+            tool_calls=self.tool_calls,
+        )
+
+
+class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """An OpenAI function schema: what a chat format shows the model about one tool."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = msgspec.field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    @classmethod
+    def from_openai(cls, data: Mapping[str, Any], *, index: int = 0) -> ToolSpec:
+        return _tool_spec_from_dict(data, f"tools[{index}]")
+
+    def to_openai(self) -> dict[str, Any]:
+        """`{"type": "function", "function": {...}}` with keys in OpenAI's order (chat templates dump it
+        with `tojson`, so key order is part of the rendered prompt)."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+
+MessageLike = Message | Mapping[str, Any]
+ToolSpecLike = ToolSpec | Mapping[str, Any]
+
+
+def coerce_messages(messages: Iterable[MessageLike]) -> list[Message]:
+    """Accept Messages and OpenAI-style dicts alike; convert the dicts, naming the index of a bad one."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Iterable):
+        raise MessageError("messages", f"must be a list of messages, got {type(messages).__name__}")
+    out: list[Message] = []
+    for index, item in enumerate(messages):
+        if isinstance(item, Message):
+            out.append(item)
+        elif isinstance(item, Mapping):
+            out.append(_message_from_dict(item, f"messages[{index}]"))
+        else:
+            raise MessageError(f"messages[{index}]", f"must be a Message or a dict, got {type(item).__name__}")
+    return out
+
+
+def coerce_tools(tools: Iterable[ToolSpecLike] | None) -> list[ToolSpec]:
+    if tools is None:
+        return []
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Iterable):
+        raise MessageError("tools", f"must be a list of tool specs, got {type(tools).__name__}")
+    out: list[ToolSpec] = []
+    for index, item in enumerate(tools):
+        if isinstance(item, ToolSpec):
+            out.append(item)
+        elif isinstance(item, Mapping):
+            out.append(_tool_spec_from_dict(item, f"tools[{index}]"))
+        else:
+            raise MessageError(f"tools[{index}]", f"must be a ToolSpec or a dict, got {type(item).__name__}")
+    return out
+
+
+def _message_from_dict(data: Mapping[str, Any], where: str) -> Message:
+    if "role" not in data:
+        raise MessageError(f"{where}.role", "missing; expected one of " + ", ".join(ROLES))
+    role = data["role"]
+    if role not in ROLES:
+        raise MessageError(f"{where}.role", f"unknown role {role!r}; expected one of " + ", ".join(ROLES))
+    content = _content_text(data.get("content"), f"{where}.content")
+    if role in ("user", "system", "tool") and "content" not in data:
+        raise MessageError(f"{where}.content", f"missing; a {role} message needs content")
+    reasoning = _optional_str(data.get("reasoning_content"), f"{where}.reasoning_content")
+    tool_calls: tuple[ToolCall, ...] = ()
+    raw_calls = data.get("tool_calls")
+    if raw_calls is not None:
+        if role != "assistant":
+            raise MessageError(f"{where}.tool_calls", f"only assistant messages carry tool calls, not {role}")
+        if not isinstance(raw_calls, Sequence) or isinstance(raw_calls, (str, bytes)):
+            raise MessageError(f"{where}.tool_calls", f"must be a list, got {type(raw_calls).__name__}")
+        tool_calls = tuple(
+            _tool_call_from_dict(call, f"{where}.tool_calls[{j}]", j) for j, call in enumerate(raw_calls)
+        )
+    return Message(
+        role=role,
+        content=content,
+        reasoning_content=reasoning,
+        tool_calls=tool_calls,
+        tool_call_id=_optional_str(data.get("tool_call_id"), f"{where}.tool_call_id"),
+        name=_optional_str(data.get("name"), f"{where}.name"),
+    )
+
+
+def _content_text(value: Any, where: str) -> str | None:
+    """OpenAI content is a string, null, or a list of parts; only text parts carry meaning here."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
+        texts: list[str] = []
+        for k, part in enumerate(value):
+            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise MessageError(f"{where}[{k}]", 'only {"type": "text", "text": "..."} parts are supported')
+            texts.append(part["text"])
+        return "".join(texts)
+    raise MessageError(where, f"must be a string, null or a list of text parts, got {type(value).__name__}")
+
+
+def _optional_str(value: Any, where: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise MessageError(where, f"must be a string, got {type(value).__name__}")
+
+
+def _tool_call_from_dict(data: Any, where: str, position: int) -> ToolCall:
+    if isinstance(data, ToolCall):
+        return data
+    if not isinstance(data, Mapping):
+        raise MessageError(where, f"must be an object, got {type(data).__name__}")
+    function = data.get("function", data)  # OpenAI nests under "function"; accept the flat form too
+    fn_where = f"{where}.function" if "function" in data else where
+    if not isinstance(function, Mapping):
+        raise MessageError(fn_where, f"must be an object, got {type(function).__name__}")
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise MessageError(f"{fn_where}.name", "missing or not a non-empty string")
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as e:
+            raise MessageError(f"{fn_where}.arguments", f"is a string but not valid JSON ({e.msg})") from e
+    if not isinstance(arguments, dict):
+        raise MessageError(f"{fn_where}.arguments", f"must be a JSON object, got {type(arguments).__name__}")
+    call_id = data.get("id")
+    if call_id is not None and not isinstance(call_id, str):
+        raise MessageError(f"{where}.id", f"must be a string, got {type(call_id).__name__}")
+    return ToolCall(id=call_id or f"call_{position}", name=name, arguments=arguments)
+
+
+def _tool_spec_from_dict(data: Mapping[str, Any], where: str) -> ToolSpec:
+    function = data.get("function", data)
+    fn_where = f"{where}.function" if "function" in data else where
+    if not isinstance(function, Mapping):
+        raise MessageError(fn_where, f"must be an object, got {type(function).__name__}")
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise MessageError(f"{fn_where}.name", "missing or not a non-empty string")
+    description = function.get("description", "")
+    if not isinstance(description, str):
+        raise MessageError(f"{fn_where}.description", f"must be a string, got {type(description).__name__}")
+    parameters = function.get("parameters", {"type": "object", "properties": {}})
+    if not isinstance(parameters, dict):
+        raise MessageError(f"{fn_where}.parameters", f"must be a JSON schema object, got {type(parameters).__name__}")
+    return ToolSpec(name=name, description=description, parameters=parameters)

@@ -1,0 +1,61 @@
+"""The official chat templates, rendered the way Hugging Face transformers renders them.
+
+Test and benchmark support only (needs jinja2, a dev dependency): a jinja2 ImmutableSandboxedEnvironment
+with trim_blocks, lstrip_blocks and loopcontrols, `tojson` as `json.dumps(ensure_ascii=False)`, and the
+`raise_exception` / `strftime_now` globals, as in transformers' `_compile_jinja_template`.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "data" / "golden" / "templates"
+
+#: golden template file stem -> (protocol name, protocol options, template kwargs)
+QWEN3_FAMILY: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "qwen3": ("qwen3", {}, {}),
+    "qwen3__enable_thinking_false": ("qwen3", {"enable_thinking": False}, {"enable_thinking": False}),
+    "qwen3_4b_instruct_2507": ("qwen3-instruct-2507", {}, {}),
+    "qwen3_4b_thinking_2507": ("qwen3-thinking-2507", {}, {}),
+}
+
+
+def _raise(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+@cache
+def official_template(stem: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
+        x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime(2025, 9, 1, 12, 0, 0).strftime(fmt)
+    return env.from_string((TEMPLATES / f"{stem}.jinja").read_text(encoding="utf-8"))
+
+
+def render_official(
+    stem: str,
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = False,
+    **kwargs: Any,
+) -> str:
+    return official_template(stem).render(
+        messages=messages,
+        tools=tools,
+        add_generation_prompt=add_generation_prompt,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        **kwargs,
+    )
