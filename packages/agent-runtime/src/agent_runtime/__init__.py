@@ -1,4 +1,5 @@
-"""agent-runtime: `AgentSession`, `CompactableSession`, the LLM engines (hf, vllm, openai, scripted) and `AgentRuntime`.
+"""agent-runtime: `AgentSession`, `CompactableSession`, the LLM engines (hf, vllm, openai, scripted) and
+`AgentRuntime`.
 
 This layer is being built (see the project's issues); today it only declares its place in the stack.
 """

@@ -1,4 +1,5 @@
-"""agent-train: the OpenRLHF glue: the agent executor for `--train.agent_func_path`, recipes, the launcher and the local trainer.
+"""agent-train: the OpenRLHF glue: the agent executor for `--train.agent_func_path`, recipes, the launcher and
+the local trainer.
 
 This layer is being built (see the project's issues); today it only declares its place in the stack.
 """

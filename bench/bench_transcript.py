@@ -1,0 +1,199 @@
+"""Cost of preparing the next prompt in a long tool-use episode, three ways, side by side in one run.
+
+A 64-turn Qwen3 episode (hybrid thinking, two tools) that grows to about 32k tokens, with the real Qwen3
+tokenizer (rebuilt offline, see tests/support/qwen3_tokenizer.py). Before each generation:
+
+  (a) TokenTranscript: append the generated ids as they are, tokenize only the feedback delta;
+  (b) what many frameworks do: re-render the whole conversation with the official Jinja template (Hugging Face
+      conventions) and re-tokenize all of it;
+  (c) the floor: encode the delta text alone with `tokenizers`, nothing else.
+
+Reports per-turn and total times, the ratios a/c and b/a, and on how many turns (b)'s ids differ from (a)'s
+(where the template is not append-only, re-rendering changes tokens the policy already sampled).
+
+    uv run python bench/bench_transcript.py [--turns 64] [--repeats 5] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agent_protocol import HFTokenizer, TokenTranscript, get_protocol  # noqa: E402
+from tests.support.hf_jinja import render_official  # noqa: E402
+from tests.support.qwen3_tokenizer import qwen3_tokenizer_path  # noqa: E402
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the document store.",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "open_page",
+            "description": "Open a page by id.",
+            "parameters": {"type": "object", "properties": {"page": {"type": "integer"}}, "required": ["page"]},
+        },
+    },
+]
+_VOCABULARY = (
+    "the model reads a passage about tokenizers rollouts rewards transcripts templates engines vllm ray "
+    "deepspeed gradient policy value advantage baseline context budget summary tool call result page index"
+)
+WORDS = _VOCABULARY.split()
+
+
+def make_episode(turns: int, seed: int = 0) -> list[dict[str, Any]]:
+    """System, one user task, then `turns` assistant turns each calling a tool, each answered by a ~390-token
+    tool result. Every fifth turn has no reasoning (the model went straight to the call)."""
+    rng = random.Random(seed)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a research agent. Use the tools."},
+        {"role": "user", "content": "Collect everything the store says about token-in-token-out training."},
+    ]
+    for turn in range(turns):
+        reasoning = "" if turn % 5 == 4 else " ".join(rng.choices(WORDS, k=25))
+        name, arguments = ("search", {"query": " ".join(rng.choices(WORDS, k=4))})
+        if turn % 2:
+            name, arguments = "open_page", {"page": rng.randint(1, 999)}
+        messages.append(
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": reasoning,
+                "tool_calls": [{"id": f"c{turn}", "function": {"name": name, "arguments": arguments}}],
+            }
+        )
+        result = " ".join(rng.choices(WORDS, k=375))
+        messages.append({"role": "tool", "tool_call_id": f"c{turn}", "name": name, "content": result})
+    return messages
+
+
+def run(turns: int, repeats: int) -> dict[str, Any]:
+    protocol = get_protocol("qwen3")
+    tokenizer = HFTokenizer.from_file(qwen3_tokenizer_path())
+    backend = tokenizer.backend
+    messages = make_episode(turns)
+    prefix = messages[:2]
+    generated = [tokenizer.encode(protocol.render_generation(m)) for m in messages[2::2]]
+    feedback_texts = [protocol.render_feedback([m]) for m in messages[3::2]]
+
+    a_times: list[list[float]] = [[] for _ in range(turns)]
+    b_times: list[list[float]] = [[] for _ in range(turns)]
+    c_times: list[list[float]] = [[] for _ in range(turns)]
+    final_tokens = 0
+    b_ids_per_turn: list[list[int]] = []
+    a_ids_per_turn: list[list[int]] = []
+    for repeat in range(repeats):
+        # Each method runs over the whole episode on its own, so none pollutes another's caches.
+        transcript = TokenTranscript()
+        transcript.append_prompt(tokenizer.encode(protocol.render_prompt(prefix, tools=TOOLS)))
+        for turn in range(turns):  # (a) append the sampled ids, tokenize only the delta
+            t0 = time.perf_counter()
+            transcript.append_action(generated[turn])
+            transcript.append_observation(tokenizer.encode(feedback_texts[turn]))
+            a_times[turn].append(time.perf_counter() - t0)
+            if repeat == 0:
+                a_ids_per_turn.append(list(transcript.ids))
+        final_tokens = len(transcript)
+        for turn in range(turns):  # (c) the floor: encode the delta text alone
+            t0 = time.perf_counter()
+            backend.encode(feedback_texts[turn], add_special_tokens=False)
+            c_times[turn].append(time.perf_counter() - t0)
+        for turn in range(turns):  # (b) re-render everything with the official Jinja and re-tokenize it
+            history = messages[: 2 + 2 * (turn + 1)]
+            t0 = time.perf_counter()
+            text = render_official("qwen3", history, tools=TOOLS, add_generation_prompt=True)
+            ids = backend.encode(text, add_special_tokens=False).ids
+            b_times[turn].append(time.perf_counter() - t0)
+            if repeat == 0:
+                b_ids_per_turn.append(list(ids))
+    differing_turns = sum(1 for a_ids, b_ids in zip(a_ids_per_turn, b_ids_per_turn, strict=True) if a_ids != b_ids)
+
+    a = [min(t) for t in a_times]
+    b = [min(t) for t in b_times]
+    c = [min(t) for t in c_times]
+    return {
+        "turns": turns,
+        "repeats": repeats,
+        "final_tokens": final_tokens,
+        "per_turn_ms": {"a": [x * 1e3 for x in a], "b": [x * 1e3 for x in b], "c": [x * 1e3 for x in c]},
+        "total_ms": {"a": sum(a) * 1e3, "b": sum(b) * 1e3, "c": sum(c) * 1e3},
+        "ratio_a_over_c": sum(a) / sum(c),
+        "ratio_b_over_a": sum(b) / sum(a),
+        "median_turn_ratio_b_over_a": statistics.median(x / y for x, y in zip(b, a, strict=True)),
+        "turns_where_b_ids_differ": differing_turns,
+        "render_python_vs_jinja_ms": render_speed(messages),
+    }
+
+
+def render_speed(messages: list[dict[str, Any]], repeats: int = 5) -> dict[str, float]:
+    """Rendering the full 64-turn conversation once: this project's Python renderer vs the official Jinja."""
+    protocol = get_protocol("qwen3")
+    python_ms = min(_timed(lambda: protocol.render_messages(messages, tools=TOOLS)) for _ in range(repeats))
+    jinja_ms = min(_timed(lambda: render_official("qwen3", messages, tools=TOOLS)) for _ in range(repeats))
+    return {"python": python_ms, "jinja": jinja_ms, "jinja_over_python": jinja_ms / python_ms}
+
+
+def _timed(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def markdown(result: dict[str, Any]) -> str:
+    per_turn = result["per_turn_ms"]
+    shown = sorted({1, 8, 16, 32, 48, result["turns"]} & set(range(1, result["turns"] + 1)))
+    lines = [
+        f"Episode: {result['turns']} tool turns, {result['final_tokens']} tokens at the end; "
+        f"best of {result['repeats']} runs per turn.",
+        "",
+        "| turn | (a) TokenTranscript, delta only | (b) Jinja re-render + re-tokenize | (c) delta encode floor |",
+        "|---:|---:|---:|---:|",
+    ]
+    for turn in shown:
+        i = turn - 1
+        lines.append(f"| {turn} | {per_turn['a'][i]:.3f} ms | {per_turn['b'][i]:.3f} ms | {per_turn['c'][i]:.3f} ms |")
+    total = result["total_ms"]
+    lines += [
+        f"| **total** | **{total['a']:.1f} ms** | **{total['b']:.1f} ms** | **{total['c']:.1f} ms** |",
+        "",
+        f"- a/c = {result['ratio_a_over_c']:.2f} (overhead of the transcript over bare delta encoding)",
+        f"- b/a = {result['ratio_b_over_a']:.1f} over the episode "
+        f"(median per turn {result['median_turn_ratio_b_over_a']:.1f})",
+        f"- turns where (b)'s ids differ from (a)'s: {result['turns_where_b_ids_differ']} of {result['turns']}",
+        f"- rendering the final conversation once: Python {result['render_python_vs_jinja_ms']['python']:.2f} ms, "
+        f"official Jinja {result['render_python_vs_jinja_ms']['jinja']:.2f} ms "
+        f"(Jinja/Python = {result['render_python_vs_jinja_ms']['jinja_over_python']:.1f})",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--turns", type=int, default=64, help="tool turns in the episode (default 64)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per turn; the best is reported (default 5)")
+    parser.add_argument("--json", type=Path, help="also write the raw numbers to this file")
+    args = parser.parse_args()
+    result = run(args.turns, args.repeats)
+    print(markdown(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
