@@ -15,9 +15,11 @@ from agent_protocol.transcript import Span, TokenTranscript, TranscriptRecord
 from agent_protocol.types import (
     Action,
     Message,
+    MessageLike,
     ParseIssue,
     ToolCall,
     ToolSpec,
+    ToolSpecLike,
     coerce_messages,
     coerce_tools,
 )
@@ -28,6 +30,7 @@ __all__ = [
     "HFTokenizer",
     "Message",
     "MessageError",
+    "MessageLike",
     "ParseIssue",
     "ProtocolError",
     "Qwen3Protocol",
@@ -38,6 +41,7 @@ __all__ = [
     "TokenizerLoadError",
     "ToolCall",
     "ToolSpec",
+    "ToolSpecLike",
     "TranscriptRecord",
     "TransformersTokenizer",
     "UnknownProtocolError",

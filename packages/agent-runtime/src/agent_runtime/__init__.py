@@ -1,11 +1,76 @@
-"""agent-runtime: `AgentSession`, `CompactableSession`, the LLM engines (hf, vllm, openai, scripted) and
-`AgentRuntime`.
+"""agent-runtime: the one loop that training and serving both run.
 
-This layer is being built (see the project's issues); today it only declares its place in the stack.
+`AgentSession` (and `CompactableSession`) own the episode: prompt rendering, the token-in-token-out transcript,
+parsing, environment steps, rewards and budgets. `LLMEngine` is the model backend (`make_engine("hf" | "vllm" |
+"openai" | "scripted", ...)`; heavy backends are imported only when used). `AgentRuntime` drives sessions with an
+engine and streams typed events. `Trajectory` is the record both serving and training keep.
 """
 
 from importlib.metadata import version as _version
 
-__all__ = ["__version__"]
+from agent_runtime.compaction import CompactableSession
+from agent_runtime.engines.base import FinishReason, Generation, LLMEngine, SamplingParams
+from agent_runtime.engines.scripted import ScriptedEngine
+from agent_runtime.errors import (
+    ContextBudgetExceeded,
+    EngineError,
+    EngineUnavailable,
+    RuntimeAgentError,
+    SessionStateError,
+)
+from agent_runtime.events import (
+    AssistantEvent,
+    CompactionEvent,
+    ErrorEvent,
+    Event,
+    FinalEvent,
+    ToolCallEvent,
+    ToolResultEvent,
+    event_to_dict,
+)
+from agent_runtime.runtime import AgentRuntime, RunResult
+from agent_runtime.session import AgentSession, StepOutcome, TurnRequest
+from agent_runtime.trajectory import (
+    EpisodeError,
+    Trajectory,
+    TrajectoryReadError,
+    TrajectoryWriter,
+    Usage,
+    read_trajectories,
+)
+
+__all__ = [
+    "AgentRuntime",
+    "AgentSession",
+    "AssistantEvent",
+    "CompactableSession",
+    "CompactionEvent",
+    "ContextBudgetExceeded",
+    "EngineError",
+    "EngineUnavailable",
+    "EpisodeError",
+    "ErrorEvent",
+    "Event",
+    "FinalEvent",
+    "FinishReason",
+    "Generation",
+    "LLMEngine",
+    "RunResult",
+    "RuntimeAgentError",
+    "SamplingParams",
+    "ScriptedEngine",
+    "SessionStateError",
+    "StepOutcome",
+    "ToolCallEvent",
+    "ToolResultEvent",
+    "Trajectory",
+    "TrajectoryReadError",
+    "TrajectoryWriter",
+    "TurnRequest",
+    "Usage",
+    "__version__",
+    "event_to_dict",
+    "read_trajectories",
+]
 
 __version__ = _version("agent-runtime")

@@ -1,0 +1,91 @@
+"""`LLMEngine`: what the runtime needs from a model backend, and the data that crosses that boundary.
+
+An engine takes prompt token ids and returns generated token ids (never text-in, text-out), so the transcript
+stays token-in-token-out whatever serves the model. This module knows nothing about chat formats beyond the
+optional `chat()` convenience, which uses a `ChatProtocol` it is given.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Literal
+
+import msgspec
+
+from agent_protocol import ChatProtocol, MessageLike, Tokenizer
+from agent_runtime.errors import ContextBudgetExceeded
+
+__all__ = ["FinishReason", "Generation", "LLMEngine", "SamplingParams"]
+
+FinishReason = Literal["stop", "length", "abort"]
+"""vLLM's names: `stop` (a stop token or string), `length` (max_new_tokens or the context), `abort`."""
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    """Per-request sampling settings. `top_k <= 0` disables top-k; `temperature == 0` is greedy.
+    `stop_token_ids` are added to the engine's own stop tokens."""
+
+    max_new_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    logprobs: bool = True
+
+
+class Generation(msgspec.Struct, frozen=True, kw_only=True):
+    """One completion: the generated ids exactly as sampled (a stop token included, as vLLM returns it), their
+    text, one logprob per id (None when the engine gave none) and why generation stopped."""
+
+    ids: list[int]
+    text: str
+    logprobs: list[float] | None
+    finish_reason: FinishReason
+
+
+class LLMEngine(ABC):
+    """A model backend. Implementations: `HFEngine` (transformers), `VLLMEngine` (in-process vLLM),
+    `OpenAIEngine` (HTTP, token ids in and out), `ScriptedEngine` (replays recorded ids)."""
+
+    #: short backend name used in logs and errors
+    name: str
+    #: the tokenizer the engine's ids belong to
+    tokenizer: Tokenizer
+    #: the most tokens a prompt plus its completion may hold
+    context_length: int
+    #: ids that end a generation (e.g. <|im_end|>, <|endoftext|>)
+    stop_token_ids: tuple[int, ...]
+
+    @abstractmethod
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        """Generate a continuation of `prompt_ids`. Raises `EngineError` on failure and
+        `ContextBudgetExceeded` when the prompt leaves no room for a single token."""
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def max_new_tokens_for(self, prompt_len: int, requested: int) -> int:
+        """How many tokens a prompt of `prompt_len` may still generate, at most `requested`."""
+        room = self.context_length - prompt_len
+        if room <= 0:
+            raise ContextBudgetExceeded(
+                f"{self.name}: prompt of {prompt_len} tokens leaves no room in a {self.context_length}-token context"
+            )
+        return min(requested, room)
+
+    async def chat(
+        self,
+        messages: Sequence[MessageLike],
+        protocol: ChatProtocol,
+        sampling: SamplingParams | None = None,
+    ) -> str:
+        """Convenience for callers such as an LLM judge: render, generate, return the answer's content."""
+        prompt = self.tokenize(protocol.render_prompt(messages))
+        generation = await self.generate(prompt, sampling or SamplingParams())
+        text = self.tokenizer.decode(generation.ids)
+        return protocol.parse_assistant_text(text).content
+
+    async def close(self) -> None:  # noqa: B027 - optional hook, most engines hold nothing
+        """Release what the engine holds (HTTP clients, model memory)."""

@@ -1,0 +1,91 @@
+"""`ScriptedEngine`: replays recorded completions as token ids. An honest fake for tests, benchmarks and the
+training/serving equivalence check: it runs no model, but every id it returns is a real id of the real
+tokenizer, and it applies the same stop and length rules a real engine does.
+
+A script is a list of steps, consumed in order; each is a completion text (tokenized once, here), a list of
+ids (used as is), or an exception instance (raised, to test a dead engine). A `policy` callable can be given
+instead, to answer each prompt by looking at it (for many concurrent episodes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Sequence
+
+from agent_protocol import Tokenizer
+from agent_runtime.engines.base import Generation, LLMEngine, SamplingParams
+from agent_runtime.errors import EngineError
+
+__all__ = ["ScriptStep", "ScriptedEngine"]
+
+ScriptStep = str | Sequence[int] | BaseException
+Policy = Callable[[Sequence[int]], ScriptStep]
+
+
+class ScriptedEngine(LLMEngine):
+    name = "scripted"
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        script: Iterable[ScriptStep] = (),
+        *,
+        policy: Policy | None = None,
+        context_length: int = 32768,
+        stop_token_ids: Sequence[int] | None = None,
+        logprob: float | None = None,
+        delay_s: float = 0.0,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.context_length = context_length
+        if stop_token_ids is None:
+            stop_token_ids = [i for t in ("<|im_end|>", "<|endoftext|>") if (i := tokenizer.token_to_id(t)) is not None]
+        self.stop_token_ids = tuple(stop_token_ids)
+        self._script = [self._prepare(step) for step in script]
+        self._policy = policy
+        self._logprob = logprob
+        self._delay_s = delay_s
+        self.calls: list[list[int]] = []  # every prompt received, for assertions
+
+    @property
+    def remaining(self) -> int:
+        return len(self._script)
+
+    def _prepare(self, step: ScriptStep) -> list[int] | BaseException:
+        if isinstance(step, BaseException):
+            return step
+        if isinstance(step, str):
+            return self.tokenizer.encode(step)
+        return [int(i) for i in step]
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        budget = self.max_new_tokens_for(len(prompt_ids), sampling.max_new_tokens)
+        self.calls.append(list(prompt_ids))
+        if self._delay_s:
+            await asyncio.sleep(self._delay_s)
+        if self._policy is not None:
+            step = self._prepare(self._policy(prompt_ids))
+        elif self._script:
+            step = self._script.pop(0)
+        else:
+            raise EngineError("scripted: the script is exhausted; no completion left to replay")
+        if isinstance(step, BaseException):
+            raise step
+        stops = set(self.stop_token_ids) | set(sampling.stop_token_ids)
+        ids: list[int] = []
+        finish: str = "length"
+        for token in step[:budget]:
+            ids.append(token)
+            if token in stops:
+                finish = "stop"
+                break
+        else:
+            if len(step) <= budget and not (ids and ids[-1] in stops):
+                finish = "stop"  # the recorded completion simply ended (a stop string, say)
+        logprobs = [self._logprob] * len(ids) if self._logprob is not None and sampling.logprobs else None
+        return Generation(
+            ids=ids,
+            text=self.tokenizer.decode(ids),
+            logprobs=logprobs,
+            finish_reason="stop" if finish == "stop" else "length",
+        )

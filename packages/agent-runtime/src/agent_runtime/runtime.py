@@ -1,0 +1,198 @@
+"""`AgentRuntime`: drives sessions with an engine and streams what happens as typed events.
+
+    engine = make_engine("hf", model="path/to/model")
+    session = CompactableSession(environment=env, protocol=protocol)
+    rt = AgentRuntime(engine, session, max_context_tokens=96000)
+    async for event in rt.stream("What is 17 * 23?"):
+        print(event)
+    result = await rt.run("What is 17 * 23?")      # final answer, trajectory, usage
+
+The session given is a definition: every `run`/`stream` works on a fresh `session.spawn()` (or calls the
+factory given instead), so many episodes run concurrently against one engine. A failing or hanging engine ends
+only its own episode (an `ErrorEvent`, then the `FinalEvent`), with everything recorded so far kept. This module
+knows sessions, engines and events; it knows nothing about HTTP or OpenRLHF.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+import structlog
+
+from agent_protocol import MessageLike
+from agent_runtime.engines.base import LLMEngine, SamplingParams
+from agent_runtime.events import (
+    AssistantEvent,
+    CompactionEvent,
+    ErrorEvent,
+    Event,
+    FinalEvent,
+    ToolCallEvent,
+    ToolResultEvent,
+)
+from agent_runtime.session import AgentSession
+from agent_runtime.trajectory import Trajectory, Usage
+
+__all__ = ["AgentRuntime", "RunResult"]
+
+logger = structlog.get_logger(__name__)
+
+SessionFactory = Callable[[], AgentSession]
+
+
+class RunResult(msgspec.Struct, frozen=True, kw_only=True):
+    final_answer: str | None
+    stop_reason: str | None
+    reward: float
+    usage: Usage
+    trajectory: Trajectory
+    events: list[Event] = msgspec.field(default_factory=list)
+
+
+class AgentRuntime:
+    """Runs episodes of a session definition against one engine."""
+
+    def __init__(
+        self,
+        engine: LLMEngine,
+        session: AgentSession | SessionFactory,
+        *,
+        sampling: SamplingParams | None = None,
+        max_context_tokens: int | None = None,
+        engine_timeout_s: float | None = 600.0,
+        max_concurrency: int | None = None,
+    ) -> None:
+        self.engine = engine
+        self._session_source = session
+        self.sampling = sampling or SamplingParams()
+        self.max_context_tokens = max_context_tokens
+        self.engine_timeout_s = engine_timeout_s
+        self._slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
+    def new_session(self) -> AgentSession:
+        """A fresh session bound to this runtime's engine and context limit."""
+        source = self._session_source
+        session = source.spawn() if isinstance(source, AgentSession) else source()
+        if not isinstance(session, AgentSession):
+            raise TypeError(f"the session factory returned {type(session).__name__}, not an AgentSession")
+        session.bind_tokenizer(self.engine.tokenizer)
+        limits = [x for x in (self.max_context_tokens, session.max_context_tokens, self.engine.context_length) if x]
+        session.max_context_tokens = min(limits) if limits else None
+        return session
+
+    async def stream(
+        self,
+        prompt: str | Sequence[MessageLike],
+        *,
+        task: Mapping[str, Any] | None = None,
+        session: AgentSession | None = None,
+    ) -> AsyncIterator[Event]:
+        """Run one episode, yielding events as they happen; the last event is always a `FinalEvent`."""
+        session = session or self.new_session()
+        if self._slots is not None:
+            await self._slots.acquire()
+        try:
+            async for event in self._drive(session, prompt, task):
+                yield event
+        finally:
+            if self._slots is not None:
+                self._slots.release()
+
+    async def _drive(
+        self, session: AgentSession, prompt: str | Sequence[MessageLike], task: Mapping[str, Any] | None
+    ) -> AsyncIterator[Event]:
+        log = logger.bind(episode_id=session.episode_id, engine=self.engine.name)
+        started = time.perf_counter()
+        generate_s = 0.0
+        await session.reset(prompt, task=task)
+        while (request := await session.next_request()) is not None:
+            t0 = time.perf_counter()
+            try:
+                async with asyncio.timeout(self.engine_timeout_s):
+                    generation = await self.engine.generate(request.prompt_ids, request.sampling(self.sampling))
+            except TimeoutError:
+                message = f"{self.engine.name} did not answer within {self.engine_timeout_s} s"
+                log.warning("engine_timed_out", timeout_s=self.engine_timeout_s)
+                await session.fail("engine_timeout", message)
+                yield ErrorEvent(code="engine_timeout", message=message)
+                break
+            except Exception as e:  # any engine failure ends this episode only
+                message = f"{self.engine.name} failed: {type(e).__name__}: {e}"
+                log.warning("engine_failed", error_type=type(e).__name__, error=str(e)[:500])
+                await session.fail("engine_error", message)
+                yield ErrorEvent(code="engine_error", message=message)
+                break
+            finally:
+                generate_s += time.perf_counter() - t0
+            outcome = await session.step(generation)
+            if outcome.compaction is not None:
+                yield CompactionEvent(
+                    segment=len(session.segments) - 1,
+                    summary=outcome.compaction,
+                    prompt_tokens=len(outcome.feedback_ids),
+                )
+                continue
+            action = outcome.action
+            yield AssistantEvent(
+                turn=outcome.turn,
+                content=action.content,
+                reasoning_content=action.reasoning_content,
+                tokens=len(generation.ids),
+                finish_reason=generation.finish_reason,
+            )
+            for call in action.tool_calls:
+                yield ToolCallEvent(turn=outcome.turn, call=call)
+            for observation in outcome.observations:
+                yield ToolResultEvent(
+                    turn=outcome.turn,
+                    tool_call_id=observation.tool_call_id,
+                    name=observation.name,
+                    content=observation.content,
+                    ok=observation.ok,
+                    code=observation.code,
+                )
+        session.timings["generate_s"] = generate_s
+        session.timings["total_s"] = time.perf_counter() - started
+        log.info("episode_finished", stop_reason=session.stop_reason, turns=session.turns, reward=session.reward)
+        yield FinalEvent(
+            answer=session.final_answer, stop_reason=session.stop_reason, reward=session.reward, usage=session.usage()
+        )
+
+    async def run(
+        self,
+        prompt: str | Sequence[MessageLike],
+        *,
+        task: Mapping[str, Any] | None = None,
+        keep_events: bool = False,
+    ) -> RunResult:
+        """Run one episode to the end and return its final answer, trajectory and usage."""
+        session = self.new_session()
+        events = [event async for event in self.stream(prompt, task=task, session=session)]
+        final = events[-1] if events else None
+        if not isinstance(final, FinalEvent):
+            raise RuntimeError("internal error: an episode stream ended without a FinalEvent")
+        return RunResult(
+            final_answer=final.answer,
+            stop_reason=final.stop_reason,
+            reward=final.reward,
+            usage=final.usage,
+            trajectory=session.record(),
+            events=events if keep_events else [],
+        )
+
+    async def run_many(
+        self, prompts: Sequence[str | Sequence[MessageLike]], *, tasks: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[RunResult]:
+        """Run many episodes concurrently; results come back in input order."""
+        if tasks is not None and len(tasks) != len(prompts):
+            raise ValueError(f"got {len(tasks)} tasks for {len(prompts)} prompts")
+        async with asyncio.TaskGroup() as group:
+            jobs = [
+                group.create_task(self.run(prompt, task=tasks[i] if tasks is not None else None))
+                for i, prompt in enumerate(prompts)
+            ]
+        return [job.result() for job in jobs]

@@ -1,0 +1,86 @@
+"""CompactableSession: the model summarizes, a new segment starts from the summary, the episode goes on."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline
+from agent_protocol import HFTokenizer
+
+from agent_runtime import AgentRuntime, CompactableSession, CompactionEvent, ScriptedEngine
+from tests.agent_runtime.test_session import QUESTION, answer, call
+
+SUMMARY = "I computed 17 * 23 with the calculator: 391. Left to do: answer."
+
+
+@pytest.fixture(scope="module")
+def tokenizer(qwen3_tokenizer_file: Path) -> HFTokenizer:
+    return HFTokenizer.from_file(qwen3_tokenizer_file)
+
+
+def make(tokenizer: HFTokenizer, **kwargs: object) -> CompactableSession:
+    prompt_len = len(
+        tokenizer.encode(
+            CompactableSession(
+                protocol="qwen3", environment=FunctionCallEnvironment(tools=[CalculatorTool()])
+            ).protocol.render_prompt([{"role": "user", "content": QUESTION}], tools=[CalculatorTool().spec])
+        )
+    )
+    return CompactableSession(
+        environment=lambda: FunctionCallEnvironment(tools=[CalculatorTool()]),
+        protocol="qwen3",
+        rewards=RewardPipeline(result=[MatchingReward()]),
+        tokenizer=tokenizer,
+        max_new_tokens=64,
+        compact_at_tokens=prompt_len + 80,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def test_compaction_starts_a_new_segment_from_the_summary(tokenizer: HFTokenizer) -> None:
+    engine = ScriptedEngine(tokenizer, [call("17 * 23"), f"{SUMMARY}<|im_end|>", answer("391")])
+    session = make(tokenizer)
+    runtime = AgentRuntime(engine, session)
+    result = asyncio.run(runtime.run(QUESTION, task={"answer": "391"}, keep_events=True))
+
+    assert result.final_answer == "391"
+    assert result.trajectory.compactions == 1
+    first, second = result.trajectory.segments
+    # segment 1: the tool turn, then the summary turn, both trained
+    assert len(first.action_ranges) == 2
+    first_text = tokenizer.decode(first.ids)
+    assert session.instruction in first_text
+    start, end = first.action_ranges[1]
+    assert tokenizer.decode(first.ids[start:end]) == f"{SUMMARY}<|im_end|>"
+    # segment 2: system/tools + the original task + the summary, then the answer
+    second_prompt = tokenizer.decode(second.ids[: second.action_ranges[0][0]])
+    assert QUESTION in second_prompt and SUMMARY in second_prompt and "<tools>" in second_prompt
+    assert "<tool_response>" not in second_prompt  # the raw tool history is gone
+    assert len(second.action_ranges) == 1
+    # the engine was asked with the compacted context, not the long one
+    assert engine.calls[2] == second.ids[: second.action_ranges[0][0]]
+    events = [e for e in result.events if isinstance(e, CompactionEvent)]
+    assert [e.summary for e in events] == [SUMMARY]
+    assert result.reward == 1.0  # one episode reward, shared by both segments
+
+
+def test_no_compaction_when_disabled(tokenizer: HFTokenizer) -> None:
+    engine = ScriptedEngine(tokenizer, [call("17 * 23"), answer("391")])
+    result = asyncio.run(AgentRuntime(engine, make(tokenizer, max_compactions=0)).run(QUESTION))
+    assert result.trajectory.compactions == 0
+    assert len(result.trajectory.segments) == 1
+    assert result.final_answer == "391"
+
+
+def test_empty_summary_ends_the_episode_cleanly(tokenizer: HFTokenizer) -> None:
+    engine = ScriptedEngine(tokenizer, [call("17 * 23"), "<|im_end|>"])
+    result = asyncio.run(AgentRuntime(engine, make(tokenizer)).run(QUESTION))
+    assert result.stop_reason == "compaction_failed"
+    assert len(result.trajectory.segments) == 1
+
+
+def test_bad_resume_template_is_rejected() -> None:
+    with pytest.raises(ValueError, match="summary"):
+        CompactableSession(protocol="qwen3", environment=FunctionCallEnvironment(), resume_template="no slot")
