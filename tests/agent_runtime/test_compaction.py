@@ -6,9 +6,9 @@ import asyncio
 from pathlib import Path
 
 import pytest
+
 from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline
 from agent_protocol import HFTokenizer
-
 from agent_runtime import AgentRuntime, CompactableSession, CompactionEvent, ScriptedEngine
 from tests.agent_runtime.test_session import QUESTION, answer, call
 

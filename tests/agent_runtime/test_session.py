@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline, ToolCallReward
 from agent_protocol import HFTokenizer, get_protocol
-
 from agent_runtime import (
     AgentRuntime,
     AgentSession,
@@ -86,7 +86,8 @@ def test_tool_call_then_answer_is_token_in_token_out(tokenizer: HFTokenizer) -> 
 
 
 def test_malformed_call_is_answered_and_the_episode_goes_on(tokenizer: HFTokenizer) -> None:
-    broken = '<think>\nhmm\n</think>\n\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}\n</tool_call><|im_end|>'
+    body = '{"name": "calculator", "arguments": {"expression": "1+1"}'  # one closing brace missing
+    broken = f"<think>\nhmm\n</think>\n\n<tool_call>\n{body}\n</tool_call><|im_end|>"
     engine = ScriptedEngine(tokenizer, [broken, call("1 + 1"), answer("2")])
     result = asyncio.run(
         AgentRuntime(engine, make_session(tokenizer)).run("1+1?", task={"answer": "2"}, keep_events=True)

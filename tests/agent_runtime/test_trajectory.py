@@ -6,9 +6,9 @@ import asyncio
 from pathlib import Path
 
 import pytest
+
 from agent_env import CalculatorTool, FunctionCallEnvironment
 from agent_protocol import HFTokenizer
-
 from agent_runtime import (
     AgentRuntime,
     AgentSession,
