@@ -28,6 +28,7 @@ from agent_runtime.events import (
     ToolResultEvent,
     event_to_dict,
 )
+from agent_runtime.recipe import Compaction, Recipe, RecipeError, load_recipe
 from agent_runtime.runtime import AgentRuntime, RunResult
 from agent_runtime.session import AgentSession, StepOutcome, TurnRequest
 from agent_runtime.trajectory import (
@@ -44,6 +45,7 @@ __all__ = [
     "AgentSession",
     "AssistantEvent",
     "CompactableSession",
+    "Compaction",
     "CompactionEvent",
     "ContextBudgetExceeded",
     "EngineError",
@@ -55,6 +57,8 @@ __all__ = [
     "FinishReason",
     "Generation",
     "LLMEngine",
+    "Recipe",
+    "RecipeError",
     "RunResult",
     "RuntimeAgentError",
     "SamplingParams",
@@ -70,6 +74,7 @@ __all__ = [
     "Usage",
     "__version__",
     "event_to_dict",
+    "load_recipe",
     "read_trajectories",
 ]
 
