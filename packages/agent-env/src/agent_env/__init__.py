@@ -1,10 +1,122 @@
-"""agent-env: environments (`Environment`, `FunctionCallEnvironment`, `SingleTurnEnvironment`), tools (`ToolBase` and the built-ins) and reward pipelines.
+"""agent-env: environments, tools and rewards for tool-using agents, where nothing a model or a tool does
+crashes an episode.
 
-This layer is being built (see the project's issues); today it only declares its place in the stack.
+- Environments: `Environment` (the contract), `FunctionCallEnvironment`, `SingleTurnEnvironment`;
+  `step(action)` gives a `StepResult` (observations, done, final answer).
+- Tools: `ToolBase`, `@tool` (a tool from a typed function or a msgspec Struct), `ToolRunner`, and the
+  built-ins in `agent_env.tools` (`think`, `calculator`, `local_search`, `python`, `MCPBridge`).
+- Failures are `Observation`s with a code from `ObservationCode`.
+- Rewards: `ResultRewardStrategy`, `ProcessRewardStrategy`, `RewardPipeline`, and the built-ins in
+  `agent_env.rewards`.
+
+Heavy pieces (`LocalSearchTool`/`SearchIndex`: bm25s; `MCPBridge`: the mcp SDK; `MathReward`: math-verify)
+are imported on first use. This package imports `agent_protocol` and third-party libraries only.
 """
 
-from importlib.metadata import version as _version
+from __future__ import annotations
 
-__all__ = ["__version__"]
+import importlib
+from importlib.metadata import version as _version
+from typing import TYPE_CHECKING, Any
+
+from agent_env.environment import Environment, StepResult, StopReason
+from agent_env.environments import FunctionCallEnvironment, SingleTurnEnvironment
+from agent_env.errors import (
+    AgentEnvError,
+    ArgumentError,
+    EnvironmentStateError,
+    MCPBridgeError,
+    SearchIndexError,
+    ToolDefinitionError,
+    ToolError,
+)
+from agent_env.observation import (
+    FAILURE_CODES,
+    PARSE_CODES,
+    REFUSAL_CODES,
+    Observation,
+    ObservationCode,
+    error_content,
+)
+from agent_env.reward import (
+    EpisodeRecord,
+    ProcessRewardStrategy,
+    ResultRewardStrategy,
+    RewardScore,
+    StepRecord,
+)
+from agent_env.reward_pipeline import RewardBreakdown, RewardPipeline, StepReward
+from agent_env.rewards import FormatReward, JudgeGenerate, JudgeReward, MatchingReward, ToolCallReward
+from agent_env.tool import FunctionTool, ToolBase, ToolContext, tool
+from agent_env.tool_runner import ToolRunner
+from agent_env.tools import CalculatorTool, PythonTool, calculator, think
+
+if TYPE_CHECKING:
+    from agent_env.rewards.math import MathReward
+    from agent_env.tools.local_search import LocalSearchTool, SearchIndex
+    from agent_env.tools.mcp_bridge import MCPBridge, MCPTool
+
+__all__ = [
+    "FAILURE_CODES",
+    "PARSE_CODES",
+    "REFUSAL_CODES",
+    "AgentEnvError",
+    "ArgumentError",
+    "CalculatorTool",
+    "Environment",
+    "EnvironmentStateError",
+    "EpisodeRecord",
+    "FormatReward",
+    "FunctionCallEnvironment",
+    "FunctionTool",
+    "JudgeGenerate",
+    "JudgeReward",
+    "LocalSearchTool",
+    "MCPBridge",
+    "MCPBridgeError",
+    "MCPTool",
+    "MatchingReward",
+    "MathReward",
+    "Observation",
+    "ObservationCode",
+    "ProcessRewardStrategy",
+    "PythonTool",
+    "ResultRewardStrategy",
+    "RewardBreakdown",
+    "RewardPipeline",
+    "RewardScore",
+    "SearchIndex",
+    "SearchIndexError",
+    "SingleTurnEnvironment",
+    "StepRecord",
+    "StepResult",
+    "StepReward",
+    "StopReason",
+    "ToolBase",
+    "ToolCallReward",
+    "ToolContext",
+    "ToolDefinitionError",
+    "ToolError",
+    "ToolRunner",
+    "__version__",
+    "calculator",
+    "error_content",
+    "think",
+    "tool",
+]
 
 __version__ = _version("agent-env")
+
+_LAZY = {
+    "MathReward": "agent_env.rewards.math",
+    "LocalSearchTool": "agent_env.tools.local_search",
+    "SearchIndex": "agent_env.tools.local_search",
+    "MCPBridge": "agent_env.tools.mcp_bridge",
+    "MCPTool": "agent_env.tools.mcp_bridge",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

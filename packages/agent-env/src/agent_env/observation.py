@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import Final, Literal, get_args
 
 import msgspec
+
 from agent_protocol.types import Message, ParseIssue
 
 __all__ = [

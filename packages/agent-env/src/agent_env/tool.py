@@ -1,0 +1,256 @@
+"""What a tool is: `ToolBase`, and `tool`, which builds one from a typed function or a msgspec Struct.
+
+A tool has a name, a description and a JSON schema for its parameters (shown to the model through `spec`),
+checks a model's arguments before it runs (`parse_arguments`, raising `ArgumentError` naming the field), and
+runs with `async call(arguments, context)`. Its result may be any value: the tool runner turns a non-string
+into JSON text.
+
+    @tool
+    def add(a: int, b: int = 0) -> int:
+        '''Add two integers.
+
+        Args:
+            a: The first addend.
+            b: The second addend.
+        '''
+        return a + b
+
+The schema comes from the types (msgspec's JSON schema), never from hand-written JSON; descriptions come
+from the docstring's first paragraph and its ``Args:`` section, or from ``Annotated[int, msgspec.Meta(...)]``.
+A function whose only parameter is a Struct takes that Struct as its schema. A parameter annotated
+`ToolContext` receives the call's context and is not shown to the model. A sync function runs on its own
+thread so it cannot block the event loop (see `_threads.py`).
+
+Tools are shared by concurrent episodes: a tool object must not keep per-episode state on itself; it puts
+what one episode needs in `context.state`, which belongs to that episode.
+
+This module knows nothing about timeouts, truncation or observations (that is `tool_runner.py`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, get_type_hints, overload
+
+import msgspec
+
+from agent_env._threads import run_in_daemon_thread
+from agent_env.errors import ToolDefinitionError
+from agent_env.schema import check_arguments, convert_arguments, struct_schema
+from agent_protocol.types import ToolSpec
+
+__all__ = ["FunctionTool", "ToolBase", "ToolContext", "tool"]
+
+_TOOL_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+_EMPTY_SCHEMA: Final[dict[str, Any]] = {"type": "object", "properties": {}}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolContext:
+    """What a tool call knows about where it runs. `state` is the episode's own scratch space: tools share
+    nothing between episodes except through it."""
+
+    episode_id: str = ""
+    step: int = 0
+    call_id: str = ""
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+class ToolBase(ABC):
+    """A tool an environment can run. Subclass it for full control, or use `@tool` on a function.
+
+    Class or instance attributes: `name`, `description`, `parameters` (a JSON schema object),
+    `timeout_s` (None: the environment's default, 30 s) and `max_output_chars` (None: the environment's).
+    """
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = _EMPTY_SCHEMA
+    timeout_s: float | None = None
+    max_output_chars: int | None = None
+
+    @property
+    def spec(self) -> ToolSpec:
+        """The OpenAI function schema the prompt shows for this tool."""
+        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
+
+    def parse_arguments(self, arguments: dict[str, Any]) -> Any:
+        """Check a model's arguments before the call; return what `call` receives.
+
+        Raises `ArgumentError` naming the field. The default checks `parameters` (see `schema.py`) and
+        passes the dict on unchanged."""
+        check_arguments(arguments, self.parameters)
+        return arguments
+
+    @abstractmethod
+    async def call(self, arguments: Any, context: ToolContext) -> object:
+        """Run the tool. Raise `ToolError` for a failure the model should read; anything else raised is
+        reported as well (type and message). The result may be any value."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+class FunctionTool(ToolBase):
+    """A tool made from a typed Python function (sync or async). See the module docstring."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        timeout_s: float | None = None,
+        max_output_chars: int | None = None,
+        strict: bool = True,
+    ) -> None:
+        self.fn = fn
+        self.name = name or str(getattr(fn, "__name__", ""))
+        if not _TOOL_NAME.match(self.name):
+            raise ToolDefinitionError(f"tool name {self.name!r} must match {_TOOL_NAME.pattern}")
+        summary, arg_docs = _parse_docstring(inspect.getdoc(fn) or "")
+        self.description = description if description is not None else summary
+        self.timeout_s = timeout_s
+        self.max_output_chars = max_output_chars
+        self.strict = strict
+        self._is_async = inspect.iscoroutinefunction(fn)
+        self._context_param: str | None = None
+        self._struct_param: str | None = None
+        self.arguments_type = self._arguments_type(fn)
+        self.parameters = struct_schema(self.arguments_type, description_by_field=arg_docs)
+
+    def _arguments_type(self, fn: Callable[..., Any]) -> type[msgspec.Struct]:
+        where = f"tool {self.name!r}"
+        try:
+            hints = get_type_hints(fn, include_extras=True)
+            signature = inspect.signature(fn)
+        except (NameError, TypeError, ValueError) as e:
+            raise ToolDefinitionError(f"{where}: cannot read the signature: {e}") from e
+        fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+        for param in signature.parameters.values():
+            if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+                raise ToolDefinitionError(f"{where}: *args and **kwargs cannot be described to a model")
+            if param.kind is inspect.Parameter.POSITIONAL_ONLY:
+                raise ToolDefinitionError(f"{where}: parameter {param.name!r} is positional-only")
+            if param.name not in hints:
+                raise ToolDefinitionError(f"{where}: parameter {param.name!r} needs a type annotation")
+            annotation = hints[param.name]
+            if annotation is ToolContext or annotation == ToolContext | None:
+                self._context_param = param.name
+                continue
+            if param.default is inspect.Parameter.empty:
+                fields.append((param.name, annotation))
+            else:
+                fields.append((param.name, annotation, param.default))
+        if len(fields) == 1 and isinstance(fields[0][1], type) and issubclass(fields[0][1], msgspec.Struct):
+            self._struct_param = fields[0][0]
+            struct_type: type[msgspec.Struct] = fields[0][1]
+            return struct_type
+        try:
+            return msgspec.defstruct(f"{self.name}_arguments", fields, kw_only=True, forbid_unknown_fields=True)
+        except TypeError as e:
+            raise ToolDefinitionError(f"{where}: {e}") from e
+
+    def parse_arguments(self, arguments: dict[str, Any]) -> msgspec.Struct:
+        return convert_arguments(arguments, self.arguments_type, strict=self.strict)
+
+    async def call(self, arguments: Any, context: ToolContext) -> object:
+        kwargs: dict[str, Any]
+        if self._struct_param is not None:
+            kwargs = {self._struct_param: arguments}
+        else:
+            kwargs = {name: getattr(arguments, name) for name in arguments.__struct_fields__}
+        if self._context_param is not None:
+            kwargs[self._context_param] = context
+        if self._is_async:
+            result: object = await self.fn(**kwargs)
+            return result
+        return await run_in_daemon_thread(lambda: self.fn(**kwargs), name=f"tool-{self.name}")
+
+
+@overload
+def tool(
+    fn: Callable[..., Any],
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout_s: float | None = None,
+    max_output_chars: int | None = None,
+    strict: bool = True,
+) -> FunctionTool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout_s: float | None = None,
+    max_output_chars: int | None = None,
+    strict: bool = True,
+) -> Callable[[Callable[..., Any]], FunctionTool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout_s: float | None = None,
+    max_output_chars: int | None = None,
+    strict: bool = True,
+) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
+    """Build a `FunctionTool` from a typed function: ``@tool`` or ``@tool(name=..., timeout_s=...)``.
+
+    `strict` (default True) validates types exactly as the schema states them (``"3"`` is not an integer).
+    """
+
+    def build(function: Callable[..., Any]) -> FunctionTool:
+        return FunctionTool(
+            function,
+            name=name,
+            description=description,
+            timeout_s=timeout_s,
+            max_output_chars=max_output_chars,
+            strict=strict,
+        )
+
+    return build(fn) if fn is not None else build
+
+
+_SECTION: Final = re.compile(r"^(Args|Arguments|Parameters|Returns|Raises|Yields|Examples?|Notes?):\s*$")
+_ARG_LINE: Final = re.compile(r"^\s*(?P<name>\w+)\s*(\([^)]*\))?\s*:\s*(?P<text>.*)$")
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Google-style docstring -> (text before the first section, {argument: description})."""
+    summary: list[str] = []
+    args: dict[str, str] = {}
+    section: str | None = None
+    current: str | None = None
+    base_indent: int | None = None
+    for line in doc.splitlines():
+        header = _SECTION.match(line)
+        if header:
+            section, current, base_indent = header.group(1), None, None
+            continue
+        if section is None:
+            summary.append(line)
+            continue
+        if section not in ("Args", "Arguments", "Parameters") or not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        match = _ARG_LINE.match(line)
+        if match and (base_indent is None or indent <= base_indent):
+            base_indent = indent
+            current = match.group("name")
+            args[current] = match.group("text").strip()
+        elif current is not None:
+            args[current] = f"{args[current]} {line.strip()}".strip()
+    return "\n".join(summary).strip(), args

@@ -1,0 +1,244 @@
+"""Run a turn's tool calls and turn every outcome into an `Observation`; never raise.
+
+`ToolRunner.run(calls)` answers each call, in call order, with exactly one observation:
+
+1. a call the protocol could not parse (`ToolCall.error`) is answered with its parse code; nothing runs;
+2. calls past `max_calls_per_step` are refused (``too_many_calls``);
+3. an unknown tool name gets ``unknown_tool`` and the list of tools (and the closest name);
+4. arguments are checked before the call; a mismatch gets ``invalid_arguments`` naming the field;
+5. the tool runs under its timeout (the tool's `timeout_s`, else the runner's default, 30 s). A tool that
+   does not finish gets ``timeout`` and is abandoned: an async tool is cancelled, a sync tool's thread is
+   left to finish on its own (see `_threads.py`), so a tool that hangs forever cannot hang the episode;
+6. a tool that raised gets ``tool_error`` with the exception's type and message (`ToolError` shows its own
+   message, code and hint);
+7. a result that is not a string is serialized to JSON (msgspec; unknown objects fall back to `str()`);
+8. output longer than the limit is cut with a visible marker and the code ``output_truncated``.
+
+Valid calls in one turn run concurrently. A runner holds no per-episode state, so one runner (and its
+tools) can serve many concurrent episodes.
+
+This module knows tools and observations; it knows nothing about episodes, steps or chat formats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any, Final
+
+import msgspec
+import structlog
+
+from agent_env.errors import ArgumentError, ToolDefinitionError, ToolError
+from agent_env.observation import Observation, ObservationCode
+from agent_env.tool import ToolBase, ToolContext
+from agent_protocol.types import ToolCall, ToolSpec
+
+__all__ = ["DEFAULT_MAX_OUTPUT_CHARS", "DEFAULT_TOOL_TIMEOUT_S", "ToolRunner", "render_result", "truncate"]
+
+logger = structlog.get_logger(__name__)
+
+DEFAULT_TOOL_TIMEOUT_S: Final = 30.0
+DEFAULT_MAX_OUTPUT_CHARS: Final = 8000
+_MAX_MESSAGE_CHARS: Final = 1000
+_CANCEL_GRACE_S: Final = 1.0
+
+
+def _fallback_encode(value: Any) -> Any:
+    return str(value)
+
+
+_result_encoder: Final = msgspec.json.Encoder(enc_hook=_fallback_encode)
+
+
+def render_result(value: object) -> str:
+    """A tool's result as the text the model reads: strings as they are, bytes decoded, anything else as
+    JSON (objects msgspec cannot encode are written with `str()`), None as ``(no output)``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="replace")
+    if value is None:
+        return "(no output)"
+    return _result_encoder.encode(value).decode()
+
+
+def truncate(text: str, limit: int) -> tuple[str, bool]:
+    """Cut `text` to `limit` characters and append a marker saying how much was cut."""
+    if len(text) <= limit:
+        return text, False
+    marker = f"\n[output truncated: showing the first {limit} of {len(text)} characters]"
+    return text[:limit] + marker, True
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= _MAX_MESSAGE_CHARS else text[:_MAX_MESSAGE_CHARS] + "..."
+
+
+class ToolRunner:
+    """Runs tool calls against a fixed set of tools. See the module docstring for what each outcome gives."""
+
+    def __init__(
+        self,
+        tools: Iterable[ToolBase] = (),
+        *,
+        default_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
+        max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+        max_calls_per_step: int = 16,
+    ) -> None:
+        if default_timeout_s <= 0:
+            raise ValueError(f"default_timeout_s must be positive, got {default_timeout_s}")
+        if max_output_chars <= 0:
+            raise ValueError(f"max_output_chars must be positive, got {max_output_chars}")
+        if max_calls_per_step <= 0:
+            raise ValueError(f"max_calls_per_step must be positive, got {max_calls_per_step}")
+        self._tools: dict[str, ToolBase] = {}
+        for item in tools:
+            if not isinstance(item, ToolBase):
+                raise ToolDefinitionError(f"expected a ToolBase, got {type(item).__name__}")
+            if item.name in self._tools:
+                raise ToolDefinitionError(f"two tools are named {item.name!r}")
+            self._tools[item.name] = item
+        self.default_timeout_s = default_timeout_s
+        self.max_output_chars = max_output_chars
+        self.max_calls_per_step = max_calls_per_step
+
+    @property
+    def tools(self) -> dict[str, ToolBase]:
+        return dict(self._tools)
+
+    @property
+    def specs(self) -> list[ToolSpec]:
+        return [t.spec for t in self._tools.values()]
+
+    async def run(self, calls: Sequence[ToolCall], context: ToolContext | None = None) -> list[Observation]:
+        """Answer every call, in call order; runnable calls run concurrently."""
+        base = context if context is not None else ToolContext()
+        answers: list[Observation | None] = [None] * len(calls)
+        async with asyncio.TaskGroup() as group:  # run_one never raises, so no sibling is ever cancelled
+            tasks: dict[int, asyncio.Task[Observation]] = {}
+            for index, call in enumerate(calls):
+                if index >= self.max_calls_per_step and call.error is None:
+                    answers[index] = Observation.failure(
+                        tool_call_id=call.id,
+                        name=call.name,
+                        code="too_many_calls",
+                        message=f"this turn made {len(calls)} calls; at most {self.max_calls_per_step} run",
+                        hint=f"Make at most {self.max_calls_per_step} tool calls in one turn.",
+                    )
+                    continue
+                tasks[index] = group.create_task(self.run_one(call, replace(base, call_id=call.id)))
+        for index, task in tasks.items():
+            answers[index] = task.result()
+        return [answer for answer in answers if answer is not None]
+
+    async def run_one(self, call: ToolCall, context: ToolContext) -> Observation:
+        """Answer one call; never raises (except when the caller itself is cancelled)."""
+        if call.error is not None:
+            return Observation.from_parse_issue(call.error, tool_call_id=call.id, name=call.name)
+        target = self._tools.get(call.name)
+        if target is None:
+            return self._unknown(call)
+        started = time.perf_counter()
+        log = logger.bind(tool=call.name, call_id=call.id, episode_id=context.episode_id, step=context.step)
+        try:
+            arguments = target.parse_arguments(dict(call.arguments))
+        except ArgumentError as e:
+            return Observation.failure(
+                tool_call_id=call.id,
+                name=call.name,
+                code="invalid_arguments",
+                message=_short(str(e)),
+                hint=_arguments_hint(target),
+            )
+        except Exception as e:
+            log.warning("tool_validation_raised", error=repr(e))
+            return self._failure(call, "tool_error", f"argument check failed: {type(e).__name__}: {e}", started)
+        timeout = target.timeout_s if target.timeout_s is not None else self.default_timeout_s
+        task = asyncio.get_running_loop().create_task(target.call(arguments, context))
+        task.add_done_callback(_consume_outcome)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=timeout)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if not done:
+            task.cancel()
+            await asyncio.wait({task}, timeout=_CANCEL_GRACE_S)
+            log.warning("tool_timed_out", timeout_s=timeout)
+            return self._failure(call, "timeout", f"{call.name} did not finish within {timeout:g} s", started)
+        try:
+            result = task.result()
+        except ToolError as e:
+            log.info("tool_failed", code=e.code, error=_short(e.message))
+            return self._failure(call, e.code, _short(e.message), started, hint=e.hint)
+        except asyncio.CancelledError:
+            return self._failure(call, "tool_error", f"{call.name} was cancelled", started)
+        except Exception as e:
+            log.warning("tool_raised", error_type=type(e).__name__, error=_short(str(e)))
+            return self._failure(call, "tool_error", _short(f"{type(e).__name__}: {e}"), started)
+        try:
+            text = render_result(result)
+        except Exception as e:
+            message = f"the result ({type(result).__name__}) could not be serialized: {e}"
+            return self._failure(call, "tool_error", _short(message), started)
+        limit = target.max_output_chars if target.max_output_chars is not None else self.max_output_chars
+        text, cut = truncate(text, limit)
+        elapsed = time.perf_counter() - started
+        log.debug("tool_succeeded", elapsed_s=round(elapsed, 4), truncated=cut)
+        return Observation(
+            tool_call_id=call.id,
+            name=call.name,
+            content=text,
+            ok=True,
+            code="output_truncated" if cut else None,
+            elapsed_s=elapsed,
+        )
+
+    def _unknown(self, call: ToolCall) -> Observation:
+        names = list(self._tools)
+        close = difflib.get_close_matches(call.name, names, n=1)
+        hint = f"Call one of: {', '.join(names)}." if names else "No tools are available; answer directly."
+        if close:
+            hint = f"Did you mean {close[0]!r}? " + hint
+        return Observation.failure(
+            tool_call_id=call.id,
+            name=call.name,
+            code="unknown_tool",
+            message=f"there is no tool named {call.name!r}",
+            hint=hint,
+        )
+
+    @staticmethod
+    def _failure(
+        call: ToolCall, code: ObservationCode, message: str, started: float, *, hint: str | None = None
+    ) -> Observation:
+        return Observation.failure(
+            tool_call_id=call.id,
+            name=call.name,
+            code=code,
+            message=message,
+            hint=hint,
+            elapsed_s=time.perf_counter() - started,
+        )
+
+
+def _arguments_hint(target: ToolBase) -> str:
+    properties = target.parameters.get("properties", {})
+    required = set(target.parameters.get("required", []))
+    if not properties:
+        return f"{target.name} takes no arguments."
+    parts = []
+    for name, prop in properties.items():
+        kind = prop.get("type", "value") if isinstance(prop, dict) else "value"
+        parts.append(f"{name} ({kind}{', required' if name in required else ''})")
+    return f"{target.name} takes: {', '.join(parts)}."
+
+
+def _consume_outcome(task: asyncio.Task[object]) -> None:
+    """Mark an abandoned task's exception as seen, so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,110 @@
+"""The calculator: exact arithmetic, refused syntax, bounds, output format."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from fractions import Fraction
+
+import pytest
+
+from agent_env.tool_runner import ToolRunner
+from agent_env.tools.calculator import CalculatorError, CalculatorTool, calculator, evaluate, format_number
+from agent_protocol.types import ToolCall
+
+
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [
+        ("1 + 2 * 3", Fraction(7)),
+        ("(1 + 2) * 3", Fraction(9)),
+        ("7 / 2", Fraction(7, 2)),
+        ("1/3 * 3", Fraction(1)),
+        ("0.1 + 0.2", Fraction(3, 10)),
+        ("-2 ** 2", Fraction(-4)),
+        ("(-2) ** 3", Fraction(-8)),
+        ("2 ** -2", Fraction(1, 4)),
+        ("2 ** 3 ** 2", Fraction(512)),
+        ("+5 - -5", Fraction(10)),
+        ("1e3 / 8", Fraction(125)),
+        ("1_000 * 3", Fraction(3000)),
+        ("9 ** 0.5", Fraction(3)),
+        ("(8/27) ** (1/3)", Fraction(2, 3)),
+        ("(-8) ** (1/3)", Fraction(-2)),
+        ("4 ** (3/2)", Fraction(8)),
+        ("12 × 3 ÷ 4 − 1", Fraction(8)),
+        ("123456789012345678901234567890 * 10", Fraction(1234567890123456789012345678900)),
+    ],
+)
+def test_exact_values(expression: str, value: Fraction) -> None:
+    assert evaluate(expression) == value
+
+
+@pytest.mark.parametrize(
+    ("expression", "fragment"),
+    [
+        ("1 / 0", "division by zero"),
+        ("1 / (2 - 2)", "division by zero"),
+        ("0 ** -1", "division by zero"),
+        ("2 ^ 3", "write powers with **"),
+        ("7 % 3", "'%' is not supported"),
+        ("7 // 3", "'//' is not supported"),
+        ("x + 1", "unknown name 'x'"),
+        ("__import__('os')", "function calls are not supported"),
+        ("(1).real", "is not supported"),
+        ("'a' * 3", "is not a number"),
+        ("True + 1", "is not a number"),
+        ("1 +", "not a valid expression"),
+        ("", "empty"),
+        ("2 ** 100000", "exponent 100000 is too large"),
+        ("10 ** 5000", "larger than 10000 bits"),
+        ("(10 ** 1000) ** 5", "larger than 10000 bits"),
+        ("2 ** 0.5", "irrational"),
+        ("(-4) ** 0.5", "not a real number"),
+        ("1e99999", "out of range"),
+        ("1" + "+1" * 150, "the limit is 200"),
+        ("[1, 2]", "is not supported"),
+    ],
+)
+def test_errors_say_why(expression: str, fragment: str) -> None:
+    with pytest.raises(CalculatorError) as caught:
+        evaluate(expression)
+    assert fragment in caught.value.message
+
+
+def test_bounds_are_configurable() -> None:
+    assert evaluate("2 ** 20000", max_exponent=20_000, max_bits=30_000) == 2**20000
+    with pytest.raises(CalculatorError, match="limit is 10"):
+        evaluate("1 + 2 + 3 + 4", max_length=10)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (Fraction(42), "42"),
+        (Fraction(-7), "-7"),
+        (Fraction(3, 4), "0.75"),
+        (Fraction(-1, 8), "-0.125"),
+        (Fraction(1, 20), "0.05"),
+        (Fraction(1, 3), "1/3 ≈ 0.333333333333333"),
+        (Fraction(-2, 7), "-2/7 ≈ -0.285714285714286"),
+    ],
+)
+def test_output_format(value: Fraction, text: str) -> None:
+    assert format_number(value) == text
+
+
+def test_through_the_runner_errors_are_tool_error_observations() -> None:
+    runner = ToolRunner([calculator, CalculatorTool(name="calc_small", max_length=5)])
+    calls = [
+        ToolCall(id="a", name="calculator", arguments={"expression": "(3 + 4.5) * 2 / 7"}),
+        ToolCall(id="b", name="calculator", arguments={"expression": "1/0"}),
+        ToolCall(id="c", name="calculator", arguments={"expr": "1"}),
+        ToolCall(id="d", name="calc_small", arguments={"expression": "1+1+1+1"}),
+    ]
+    ok, zero, bad_field, too_long = asyncio.run(runner.run(calls))
+    assert ok.ok and ok.content == "15/7 ≈ 2.14285714285714"
+    assert zero.code == "tool_error" and json.loads(zero.content)["error"]["message"] == "division by zero"
+    assert bad_field.code == "invalid_arguments" and "`expr`" in json.loads(bad_field.content)["error"]["message"]
+    assert too_long.code == "tool_error"
+    assert calculator.spec.parameters["properties"]["expression"]["type"] == "string"
