@@ -23,8 +23,9 @@ FinishReason = Literal["stop", "length", "abort"]
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
-    """Per-request sampling settings. `top_k <= 0` disables top-k; `temperature == 0` is greedy.
-    `stop_token_ids` are added to the engine's own stop tokens."""
+    """Per-request sampling settings. `top_k <= 0` disables top-k; a temperature below 1e-5 is greedy (vLLM's
+    rule). `stop_token_ids` are added to the engine's own stop tokens. Invalid values raise ValueError here, so
+    every engine rejects them the same way."""
 
     max_new_tokens: int = 512
     temperature: float = 1.0
@@ -33,6 +34,14 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     logprobs: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
 class Generation(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,8 +69,10 @@ class LLMEngine(ABC):
 
     @abstractmethod
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
-        """Generate a continuation of `prompt_ids`. Raises `EngineError` on failure and
-        `ContextBudgetExceeded` when the prompt leaves no room for a single token."""
+        """Generate a continuation of `prompt_ids`. Logprobs are raw: the model's log-softmax before temperature,
+        top-k and top-p (vLLM's default), which is what training's importance ratios need. Raises `ValueError`
+        for invalid input, `EngineError` on failure and `ContextBudgetExceeded` when the prompt leaves no room
+        for a single token."""
 
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)

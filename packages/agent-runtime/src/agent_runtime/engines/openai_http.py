@@ -1,0 +1,244 @@
+"""`OpenAIEngine`: token ids in and out over HTTP, through an OpenAI-compatible `/v1/completions` endpoint.
+
+The request sends the prompt as a list of token ids and asks for the generated ids back, which vLLM
+(>= 0.10.2) and SGLang both support with the same fields:
+
+    {"prompt": [ids...], "return_token_ids": true, "skip_special_tokens": false, "logprobs": 1,
+     "max_tokens": n, "temperature": t, "top_p": p, "top_k": k, "stop_token_ids": [...], "seed": s}
+
+and the answer's `choices[0]` carries `token_ids` (the generated ids, a stop token included),
+`logprobs.token_logprobs` and `finish_reason`. `output_token_ids` and `output_ids` (the key of SGLang's native
+`/generate`) are read when `token_ids` is absent. The text of a `Generation` is decoded here from those ids with
+the engine's tokenizer, so it is the same text every engine gives for the same ids; the server's `text` is not
+used. A server that answers without token ids is an error: token-in-token-out cannot be rebuilt from text.
+
+Failures: 408, 429 and 5xx answers, timeouts and connection errors are retried with capped exponential backoff
+and a little jitter (honouring a short `Retry-After`); other 4xx answers raise `EngineError` at once with the
+server's message. When the retries are spent, a server that could not be reached (or kept answering 503) raises
+`EngineUnavailable`; anything else raises `EngineError`. Pass server-specific fields (e.g. SGLang's
+`no_stop_trim`) with `extra_body`.
+
+This module knows HTTP and the completions wire format; it knows nothing about chat formats or the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import structlog
+
+from agent_protocol import Tokenizer, load_tokenizer
+from agent_runtime.engines.base import FinishReason, Generation, LLMEngine, SamplingParams
+from agent_runtime.errors import EngineError, EngineUnavailable
+
+__all__ = ["OpenAIEngine"]
+
+logger = structlog.get_logger(__name__)
+
+_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_TOKEN_ID_KEYS = ("token_ids", "output_token_ids", "output_ids")
+_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    reason: str
+    unreachable: bool  # the server could not be reached (or said 503): EngineUnavailable when retries run out
+    retry_after: float | None = None
+    error: BaseException | None = None
+
+
+class OpenAIEngine(LLMEngine):
+    """An OpenAI-compatible completions server that takes and returns token ids.
+
+    `base_url` is the API root including `/v1` (as for the OpenAI SDK), e.g. `http://localhost:8000/v1`.
+    `context_length` is the server's `max_model_len`; prompts are checked and `max_tokens` clamped against it
+    here, so the server never rejects a request for its length. `stop_token_ids` default to the tokenizer's
+    `<|im_end|>` and `<|endoftext|>`; they are sent with every request.
+    """
+
+    name = "openai"
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str,
+        tokenizer: Tokenizer | str | Path,
+        context_length: int,
+        stop_token_ids: Sequence[int] | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 10.0,
+        max_retries: int = 4,
+        backoff_s: float = 0.5,
+        backoff_max_s: float = 8.0,
+        extra_body: Mapping[str, Any] | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        if context_length < 1:
+            raise ValueError(f"context_length must be positive, got {context_length}")
+        if max_retries < 0 or backoff_s < 0 or backoff_max_s < 0:
+            raise ValueError("max_retries, backoff_s and backoff_max_s must be >= 0")
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.context_length = context_length
+        if stop_token_ids is None:
+            named = ("<|im_end|>", "<|endoftext|>")
+            stop_token_ids = [i for t in named if (i := self.tokenizer.token_to_id(t)) is not None]
+        self.stop_token_ids = tuple(stop_token_ids)
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
+        self.extra_body = dict(extra_body or {})
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._owns_client = client is None
+        self._client = client or httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s), headers=headers
+        )
+        if client is not None and headers:
+            self._client.headers.update(headers)
+        self._closed = False
+
+    def request_body(self, prompt_ids: Sequence[int], sampling: SamplingParams, max_tokens: int) -> dict[str, Any]:
+        """The JSON body sent for one generation (public so callers can log or replay it)."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": [int(i) for i in prompt_ids],
+            "max_tokens": max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k if sampling.top_k > 0 else -1,
+            "stop_token_ids": sorted(set(self.stop_token_ids) | set(sampling.stop_token_ids)),
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "n": 1,
+            "stream": False,
+        }
+        if sampling.logprobs:
+            body["logprobs"] = 1
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        body.update(self.extra_body)
+        return body
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        if self._closed:
+            raise EngineUnavailable("openai: the engine is closed")
+        budget = self.max_new_tokens_for(len(prompt_ids), sampling.max_new_tokens)
+        body = self.request_body(prompt_ids, sampling, budget)
+        payload = await self._post("/completions", body)
+        return self._parse(payload, sampling)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._owns_client:
+            await self._client.aclose()
+
+    # -- HTTP ----------------------------------------------------------------------------------------------
+
+    async def _post(self, path: str, body: Mapping[str, Any]) -> Any:
+        url = f"{self.base_url}{path}"
+        log = logger.bind(url=url)
+        for attempt in itertools.count():
+            started = time.perf_counter()
+            payload, failure = await self._attempt(url, body)
+            if failure is None:
+                return payload
+            if attempt >= self.max_retries:
+                log.warning("openai_request_failed", attempts=attempt + 1, reason=failure.reason)
+                kind = EngineUnavailable if failure.unreachable else EngineError
+                raise kind(f"openai: {url} failed after {attempt + 1} attempt(s): {failure.reason}") from failure.error
+            delay = self._backoff(attempt, failure.retry_after)
+            log.info(
+                "openai_request_retrying",
+                attempt=attempt + 1,
+                reason=failure.reason,
+                delay_s=round(delay, 3),
+                seconds=round(time.perf_counter() - started, 3),
+            )
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover - itertools.count() never ends
+
+    async def _attempt(self, url: str, body: Mapping[str, Any]) -> tuple[Any, _Failure | None]:
+        """One POST: the decoded answer, or a failure worth retrying. Raises for a failure that is not."""
+        try:
+            response = await self._client.post(url, json=body)
+        except httpx.TimeoutException as e:
+            return None, _Failure(f"timed out ({type(e).__name__})", isinstance(e, httpx.ConnectTimeout), error=e)
+        except httpx.TransportError as e:
+            return None, _Failure(f"{type(e).__name__}: {e}", isinstance(e, httpx.ConnectError), error=e)
+        if response.status_code < 400:
+            try:
+                return response.json(), None
+            except ValueError as e:
+                raise EngineError(f"openai: {url} answered {response.status_code} with a non-JSON body") from e
+        message = _error_message(response)
+        if response.status_code not in _RETRY_STATUS:
+            logger.warning("openai_request_rejected", url=url, status=response.status_code, message=message)
+            raise EngineError(f"openai: {url} rejected the request ({response.status_code}): {message}")
+        reason = f"HTTP {response.status_code}: {message}"
+        return None, _Failure(reason, response.status_code == 503, retry_after=_retry_after_s(response))
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        delay = min(self.backoff_max_s, self.backoff_s * 2.0**attempt)
+        delay = min(self.backoff_max_s, delay * (1 + random.uniform(0, 0.1)))  # jitter spreads synchronized retries
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, self.backoff_max_s))
+        return delay
+
+    def _parse(self, payload: Any, sampling: SamplingParams) -> Generation:
+        try:
+            choice = payload["choices"][0]
+        except (KeyError, IndexError, TypeError) as e:
+            raise EngineError(f"openai: the response has no choices: {str(payload)[:200]}") from e
+        ids = next((choice[k] for k in _TOKEN_ID_KEYS if isinstance(choice.get(k), list)), None)
+        if ids is None:
+            raise EngineError(
+                "openai: the server returned no token ids; it must support `return_token_ids` "
+                "(vLLM >= 0.10.2, or SGLang) so generated ids are never re-tokenized from text"
+            )
+        ids = [int(i) for i in ids]
+        logprobs: list[float] | None = None
+        if sampling.logprobs:
+            raw = (choice.get("logprobs") or {}).get("token_logprobs")
+            if isinstance(raw, list) and len(raw) == len(ids) and all(isinstance(x, (int, float)) for x in raw):
+                logprobs = [float(x) for x in raw]
+            else:
+                logger.warning("openai_logprobs_missing", ids=len(ids), got=None if raw is None else len(raw))
+        reason = choice.get("finish_reason")
+        finish = _FINISH_REASONS.get(reason, "abort") if isinstance(reason, str) else "abort"
+        return Generation(ids=ids, text=self.tokenizer.decode(ids), logprobs=logprobs, finish_reason=finish)
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The server's own words: vLLM/OpenAI `{"error": {"message"}}`, older vLLM `{"message"}`, or the body."""
+    try:
+        data = response.json()
+    except ValueError:
+        return response.text.strip()[:500] or response.reason_phrase
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        for key in ("message", "detail", "error"):
+            if isinstance(data.get(key), str):
+                return str(data[key])
+    return str(data)[:500]
+
+
+def _retry_after_s(response: httpx.Response) -> float | None:
+    value: str | None = response.headers.get("retry-after")
+    try:
+        return None if value is None else max(0.0, float(value))
+    except ValueError:
+        return None

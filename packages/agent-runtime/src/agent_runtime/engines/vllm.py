@@ -1,0 +1,175 @@
+"""`VLLMEngine`: in-process vLLM (`AsyncLLM`) behind the `LLMEngine` interface, token ids in and out.
+
+Each `generate` submits a `TokensPrompt` with vLLM `SamplingParams` (`output_kind=FINAL_ONLY`, `logprobs=1`,
+`detokenize=False`, `skip_special_tokens=False`) and reads `outputs[0].token_ids`, the sampled token's logprob
+at each step and `finish_reason`. vLLM batches concurrent requests itself (continuous batching). The logprobs
+are vLLM's default `logprobs_mode="raw_logprobs"` (before temperature, top-k and top-p), the same quantity
+`HFEngine` reports. Text is decoded here from the ids with the engine's tokenizer, so every engine gives the
+same text for the same ids.
+
+vLLM is an optional extra (`agent-runtime[vllm]`, pinned to the release OpenRLHF is built against) and needs a
+CUDA GPU. Importing this module never imports vllm; constructing the engine does, and raises
+`EngineUnavailable` with the install hint when vllm is missing or cannot load. The vLLM objects are typed `Any`
+here: vllm ships no stable typed API and is not installed where the type checker runs.
+
+This module knows nothing about chat formats, training, or weight updates (OpenRLHF owns its own vLLM actors).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from agent_protocol import HFTokenizer, Tokenizer, TransformersTokenizer, load_tokenizer
+from agent_runtime.engines.base import FinishReason, Generation, LLMEngine, SamplingParams
+from agent_runtime.errors import EngineError, EngineUnavailable
+
+__all__ = ["VLLMEngine", "vllm_available"]
+
+logger = structlog.get_logger(__name__)
+
+_INSTALL_HINT = "install agent-runtime[vllm] (vllm==0.29.0) on a machine with a CUDA GPU"
+_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def vllm_available() -> bool:
+    """Whether vllm is installed (not whether it will find a GPU)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _import_vllm() -> dict[str, Any]:
+    if not vllm_available():
+        raise EngineUnavailable(f"vllm: the vllm package is not installed; {_INSTALL_HINT}")
+    try:
+        async_llm = importlib.import_module("vllm.v1.engine.async_llm")
+        arg_utils = importlib.import_module("vllm.engine.arg_utils")
+        inputs = importlib.import_module("vllm.inputs")
+        sampling = importlib.import_module("vllm.sampling_params")
+    except Exception as e:  # a broken CUDA or torch install surfaces here as anything at all
+        raise EngineUnavailable(f"vllm: cannot import vllm ({type(e).__name__}: {e}); {_INSTALL_HINT}") from e
+    return {
+        "AsyncLLM": async_llm.AsyncLLM,
+        "AsyncEngineArgs": arg_utils.AsyncEngineArgs,
+        "TokensPrompt": inputs.TokensPrompt,
+        "SamplingParams": sampling.SamplingParams,
+        "RequestOutputKind": sampling.RequestOutputKind,
+    }
+
+
+class VLLMEngine(LLMEngine):
+    """In-process vLLM on the local GPU(s). `model` is a model directory or a Hugging Face id in the local
+    cache; `engine_args` passes any further `AsyncEngineArgs` field (e.g. `tensor_parallel_size`)."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        tokenizer: Tokenizer | str | Path | None = None,
+        context_length: int | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        dtype: str = "auto",
+        gpu_memory_utilization: float = 0.9,
+        enforce_eager: bool = False,
+        seed: int = 0,
+        engine_args: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._vllm = _import_vllm()
+        source = str(model)
+        log = logger.bind(model=source)
+        options: dict[str, Any] = {
+            "model": source,
+            "dtype": dtype,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "enforce_eager": enforce_eager,
+            "seed": seed,
+            "max_model_len": context_length,
+            "logprobs_mode": "raw_logprobs",
+            "disable_log_stats": True,
+        }
+        options.update(engine_args or {})
+        try:
+            args = self._vllm["AsyncEngineArgs"](**options)
+            self._engine: Any = self._vllm["AsyncLLM"].from_engine_args(args)
+        except Exception as e:
+            raise EngineUnavailable(f"vllm: cannot start an engine for {source!r}: {type(e).__name__}: {e}") from e
+        self.context_length = int(self._engine.model_config.max_model_len)
+        if tokenizer is not None:
+            self.tokenizer = load_tokenizer(tokenizer)
+        elif (Path(source) / "tokenizer.json").is_file():
+            self.tokenizer = HFTokenizer.from_file(Path(source) / "tokenizer.json")
+        else:
+            self.tokenizer = TransformersTokenizer(self._engine.tokenizer)
+        self.stop_token_ids = tuple(stop_token_ids) if stop_token_ids is not None else _eos_ids(source, self._engine)
+        log.info("vllm_engine_started", context_length=self.context_length, stop_token_ids=list(self.stop_token_ids))
+
+    def sampling_params(self, sampling: SamplingParams, max_tokens: int) -> Any:
+        """The vLLM `SamplingParams` for one request."""
+        return self._vllm["SamplingParams"](
+            max_tokens=max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else 0,
+            seed=sampling.seed,
+            stop_token_ids=sorted(set(self.stop_token_ids) | set(sampling.stop_token_ids)),
+            logprobs=1 if sampling.logprobs else None,
+            detokenize=False,
+            skip_special_tokens=False,
+            output_kind=self._vllm["RequestOutputKind"].FINAL_ONLY,
+        )
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        prompt = [int(i) for i in prompt_ids]
+        budget = self.max_new_tokens_for(len(prompt), sampling.max_new_tokens)
+        params = self.sampling_params(sampling, budget)
+        request_id = uuid.uuid4().hex
+        final: Any = None
+        try:
+            async for output in self._engine.generate(
+                self._vllm["TokensPrompt"](prompt_token_ids=prompt), params, request_id
+            ):
+                final = output
+        except Exception as e:
+            dead = type(e).__name__ == "EngineDeadError"
+            kind = EngineUnavailable if dead else EngineError
+            raise kind(f"vllm: generation failed: {type(e).__name__}: {e}") from e
+        if final is None or not final.outputs:
+            raise EngineError("vllm: the engine finished the request without an output")
+        completion = final.outputs[0]
+        ids = [int(i) for i in completion.token_ids]
+        logprobs: list[float] | None = None
+        if sampling.logprobs and completion.logprobs is not None:
+            logprobs = [float(step[token].logprob) for token, step in zip(ids, completion.logprobs, strict=True)]
+        reason = completion.finish_reason
+        finish = _FINISH_REASONS.get(reason, "abort") if isinstance(reason, str) else "abort"
+        return Generation(ids=ids, text=self.tokenizer.decode(ids), logprobs=logprobs, finish_reason=finish)
+
+    async def close(self) -> None:
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            engine.shutdown()
+            self._engine = None
+
+
+def _eos_ids(source: str, engine: Any) -> tuple[int, ...]:
+    """The model's eos ids: generation_config.json's `eos_token_id`, else the model config's."""
+    found: list[int] = []
+    try:
+        transformers = importlib.import_module("transformers")  # a vllm dependency
+        generation = transformers.GenerationConfig.from_pretrained(source)
+        candidates: Any = generation.eos_token_id
+    except Exception:
+        candidates = None
+    if candidates is None:
+        candidates = getattr(engine.model_config.hf_config, "eos_token_id", None)
+    for token in [candidates] if isinstance(candidates, int) else candidates or []:
+        if int(token) not in found:
+            found.append(int(token))
+    return tuple(found)

@@ -1,0 +1,200 @@
+"""A minimal vLLM-compatible `/v1/completions` server for tests, serving any `LLMEngine` (in practice `HFEngine`
+on the tiny Qwen3 model), run by uvicorn in a background thread on a free local port.
+
+It speaks the subset of vLLM's completions API that `OpenAIEngine` uses: `prompt` as token ids (or one string),
+`max_tokens`, `temperature`, `top_p`, `top_k`, `seed`, `stop_token_ids`, `logprobs`, `return_token_ids`,
+`skip_special_tokens`; answers carry `choices[0].{text, token_ids, prompt_token_ids, logprobs, finish_reason}`;
+errors are `{"error": {"message", "type", "code"}}` with vLLM's status codes (400 for a bad request or a prompt
+that does not fit, 401 for a wrong API key, 404 for an unknown model).
+
+Test-only fault injection lives on `server.faults` (plain Python, same process): `fail_next(n, status)` makes
+the next n requests fail, `delay_s` answers late (to trigger client timeouts), `omit_token_ids` answers like a
+server without `return_token_ids`. `server.requests` records every body received.
+
+Public API: :class:`Faults`, :class:`CompletionsServer` (a context manager: `with CompletionsServer(engine) as
+server: server.base_url`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from agent_runtime.engines.base import LLMEngine, SamplingParams
+from agent_runtime.errors import ContextBudgetExceeded, EngineError
+
+__all__ = ["CompletionsServer", "Faults"]
+
+
+@dataclass
+class Faults:
+    """What the server does wrong, set by the test. Thread-safe enough: the test thread writes, one server
+    thread reads, and `fail_next` is taken under a lock."""
+
+    delay_s: float = 0.0
+    omit_token_ids: bool = False
+    _fail: list[tuple[int, str]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def fail_next(self, count: int, status: int = 500, message: str = "injected failure") -> None:
+        with self._lock:
+            self._fail.extend([(status, message)] * count)
+
+    def take_failure(self) -> tuple[int, str] | None:
+        with self._lock:
+            return self._fail.pop(0) if self._fail else None
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError"}.get(status, "InternalServerError")
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": None, "code": status}}, status_code=status
+    )
+
+
+class CompletionsServer:
+    def __init__(self, engine: LLMEngine, *, model: str = "tiny-qwen3", api_key: str | None = None) -> None:
+        self.engine = engine
+        self.model = model
+        self.api_key = api_key
+        self.faults = Faults()
+        self.requests: list[dict[str, Any]] = []
+        app = Starlette(routes=[Route("/v1/completions", self._completions, methods=["POST"])])
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind(("127.0.0.1", 0))
+        self.port: int = self._socket.getsockname()[1]
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> CompletionsServer:
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test completions server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._socket.close()
+
+    def __enter__(self) -> CompletionsServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    async def _completions(self, request: Request) -> JSONResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "the body is not valid JSON")
+        self.requests.append(body)
+        if self.api_key is not None and request.headers.get("authorization") != f"Bearer {self.api_key}":
+            return _error(401, "Unauthorized: invalid API key")
+        if self.faults.delay_s:
+            await asyncio.sleep(self.faults.delay_s)
+        failure = self.faults.take_failure()
+        if failure is not None:
+            return _error(*failure)
+        if body.get("model") != self.model:
+            return _error(404, f"The model `{body.get('model')}` does not exist.")
+        try:
+            prompt, sampling = self._parse(body)
+        except (KeyError, TypeError, ValueError) as e:
+            return _error(400, str(e))
+        if len(prompt) + sampling.max_new_tokens > self.engine.context_length:
+            return _error(
+                400,
+                f"This model's maximum context length is {self.engine.context_length} tokens. However, you "
+                f"requested {len(prompt) + sampling.max_new_tokens} tokens ({len(prompt)} in the messages, "
+                f"{sampling.max_new_tokens} in the completion).",
+            )
+        try:
+            generation = await self.engine.generate(prompt, sampling)
+        except (ContextBudgetExceeded, ValueError) as e:
+            return _error(400, str(e))
+        except EngineError as e:
+            return _error(500, str(e))
+        skip_special = bool(body.get("skip_special_tokens", True))
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": self.engine.tokenizer.decode(generation.ids, skip_special_tokens=skip_special),
+            "logprobs": None,
+            "finish_reason": generation.finish_reason,
+            "stop_reason": None,
+        }
+        if body.get("logprobs") is not None and generation.logprobs is not None:
+            tokens = [self.engine.tokenizer.decode([i]) for i in generation.ids]
+            choice["logprobs"] = {
+                "text_offset": [],
+                "token_logprobs": generation.logprobs,
+                "tokens": tokens,
+                "top_logprobs": [{t: lp} for t, lp in zip(tokens, generation.logprobs, strict=True)],
+            }
+        if body.get("return_token_ids") and not self.faults.omit_token_ids:
+            choice["prompt_token_ids"] = prompt
+            choice["token_ids"] = generation.ids
+        usage = {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(generation.ids),
+            "total_tokens": len(prompt) + len(generation.ids),
+        }
+        return JSONResponse(
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": self.model,
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
+
+    def _parse(self, body: dict[str, Any]) -> tuple[list[int], SamplingParams]:
+        prompt = body["prompt"]
+        if isinstance(prompt, str):
+            prompt = self.engine.tokenize(prompt)
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+            if len(prompt) != 1:
+                raise ValueError("this test server takes one prompt per request")
+            prompt = prompt[0]
+        if not isinstance(prompt, list) or not all(isinstance(i, int) for i in prompt):
+            raise ValueError("prompt must be a string or a list of token ids")
+        if body.get("n", 1) != 1 or body.get("stream", False):
+            raise ValueError("this test server supports n=1 without streaming only")
+        temperature = float(body.get("temperature", 1.0))
+        if temperature < 0:
+            raise ValueError(f"temperature must be non-negative, got {temperature}.")
+        top_k = int(body.get("top_k", 0))
+        return prompt, SamplingParams(
+            max_new_tokens=int(body.get("max_tokens", 16)),
+            temperature=temperature,
+            top_p=float(body.get("top_p", 1.0)),
+            top_k=max(top_k, 0),
+            stop_token_ids=tuple(int(i) for i in body.get("stop_token_ids") or ()),
+            seed=body.get("seed"),
+            logprobs=body.get("logprobs") is not None,
+        )

@@ -1,0 +1,140 @@
+"""A tiny random-weight Qwen3 model directory for engine tests, built offline from a ``transformers`` config.
+
+The model has the real Qwen3 architecture and the real Qwen3 tokenizer (vocab 151,669, the chat template, the
+eos ids of ``generation_config.json``), but 2 layers of width 64, so it loads in well under a second and
+generates a few tokens in milliseconds on a CPU. Its weights are random (a fixed torch seed), so its output is
+gibberish: tests compare engines with each other, never against expected text.
+
+The directory is a normal Hugging Face model directory (``config.json``, ``model.safetensors``,
+``generation_config.json``, ``tokenizer.json``, ``tokenizer_config.json``) that
+``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load, and that vLLM can serve.
+It is built into ``<repo>/.cache/tiny-qwen3/`` (git-ignored) atomically, and reused while its recipe is
+unchanged.
+
+Public API: :data:`TINY_QWEN3_RECIPE`, :func:`build_tiny_qwen3` and :func:`tiny_qwen3_path`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TINY_QWEN3_RECIPE", "build_tiny_qwen3", "tiny_qwen3_path"]
+
+_REPO = Path(__file__).resolve().parents[2]
+_CHAT_TEMPLATE = _REPO / "tests" / "data" / "golden" / "templates" / "qwen3.jinja"
+
+IM_END = 151645
+ENDOFTEXT = 151643
+
+TINY_QWEN3_RECIPE: dict[str, Any] = {
+    "vocab_size": 151_669,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000.0,
+    # Far above the usual 0.02: with tied embeddings a 0.02-initialized tiny model repeats its last token forever,
+    # which would let a wrong engine pass a comparison. At 0.3 greedy output varies token to token and the
+    # distributions are peaked enough (top logprobs near -4) that near-ties between tokens are rare.
+    "initializer_range": 0.3,
+    "seed": 1234,
+}
+"""Everything that decides the weights; a change here rebuilds the cached directory."""
+
+
+def _recipe_id(tokenizer_json: Path) -> str:
+    digest = hashlib.sha256(json.dumps(TINY_QWEN3_RECIPE, sort_keys=True).encode())
+    digest.update(_CHAT_TEMPLATE.read_bytes())
+    digest.update(hashlib.sha256(tokenizer_json.read_bytes()).digest())
+    return digest.hexdigest()[:16]
+
+
+def build_tiny_qwen3(out_dir: Path, tokenizer_json: Path) -> None:
+    """Write the model directory into `out_dir` (which must not exist yet)."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    recipe = dict(TINY_QWEN3_RECIPE)
+    seed = recipe.pop("seed")
+    rope_theta = recipe.pop("rope_theta")
+    config = Qwen3Config(
+        **recipe,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        bos_token_id=ENDOFTEXT,
+        eos_token_id=IM_END,
+        pad_token_id=ENDOFTEXT,
+        dtype="float32",
+    )
+    model_class: Any = Qwen3ForCausalLM  # transformers is untyped here
+    generation_class: Any = GenerationConfig
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config).eval()
+    model.generation_config = generation_class(
+        bos_token_id=ENDOFTEXT, eos_token_id=[IM_END, ENDOFTEXT], pad_token_id=ENDOFTEXT
+    )
+    out_dir.mkdir(parents=True)
+    model.save_pretrained(out_dir)
+    shutil.copyfile(tokenizer_json, out_dir / "tokenizer.json")
+    tokenizer_config = {
+        "tokenizer_class": "Qwen2Tokenizer",
+        "chat_template": _CHAT_TEMPLATE.read_text(encoding="utf-8"),
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "add_prefix_space": False,
+        "clean_up_tokenization_spaces": False,
+        "errors": "replace",
+        "split_special_tokens": False,
+        "model_max_length": TINY_QWEN3_RECIPE["max_position_embeddings"],
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
+    (out_dir / "recipe.json").write_text(
+        json.dumps({"id": _recipe_id(tokenizer_json), **TINY_QWEN3_RECIPE}, indent=2) + "\n", encoding="utf-8"
+    )
+    for file in out_dir.iterdir():
+        file.chmod(0o644)  # safetensors writes 0600; the directory is shared with other tools (vLLM, a GPU box)
+
+
+def _is_current(path: Path, tokenizer_json: Path) -> bool:
+    try:
+        recipe = json.loads((path / "recipe.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    needed = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+    return recipe.get("id") == _recipe_id(tokenizer_json) and all((path / name).is_file() for name in needed)
+
+
+def tiny_qwen3_path(tokenizer_json: Path, cache_dir: Path | None = None) -> Path:
+    """The cached model directory, built first if missing or stale. Safe against concurrent builders: each
+    builds in a private temporary directory and renames it into place; the loser of a race discards its copy."""
+    target = (cache_dir or _REPO / ".cache") / "tiny-qwen3"
+    if _is_current(target, tokenizer_json):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".tiny-qwen3-", dir=target.parent))
+    try:
+        build_tiny_qwen3(scratch / "model", tokenizer_json)
+        if target.exists() and not _is_current(target, tokenizer_json):
+            stale = scratch / "stale"
+            os.replace(target, stale)  # moved aside, deleted with the scratch directory
+        try:
+            os.replace(scratch / "model", target)
+        except OSError:
+            if not _is_current(target, tokenizer_json):  # someone else won the race with a good copy, or not
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
