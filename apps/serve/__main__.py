@@ -1,0 +1,252 @@
+"""`uv run apps/serve`: serve a trained agent behind an OpenAI-compatible API and a web chat page.
+
+With no arguments it serves the project's demo agent (built first if missing) on http://127.0.0.1:8000. This file
+only parses arguments, configures logging, builds the engine and the recipe, and starts uvicorn; the server is
+`agent_runtime.serving`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import structlog
+import uvicorn
+
+from agent_runtime import LLMEngine, RuntimeAgentError
+from agent_runtime.engines import make_engine
+from agent_runtime.recipe import Recipe, RecipeError, load_recipe
+from agent_runtime.serving import ServeConfig, calculator_recipe, create_app
+
+DEMO_RECIPE = "agent_train.demo.recipe"
+DEMO_MODEL_MODULE = "agent_train.demo"
+DEMO_MODEL_FUNCTION = "ensure_demo_model"  # find the demo model's directory, building it first when missing
+API_KEY_ENV = "AGENT_SERVE_API_KEY"
+
+logger = structlog.get_logger("apps.serve")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="uv run apps/serve",
+        description=(
+            "Serve a tool-using agent: POST /v1/chat/completions (OpenAI-compatible; without `tools` the server runs "
+            "the whole episode with the recipe's tools, with `tools` it returns tool calls for the client to run), "
+            "GET /v1/models, GET /health, GET /metrics, and a web chat page at /."
+        ),
+    )
+    parser.add_argument(
+        "--model",
+        help="a Hugging Face model directory or model id. Omitted: the project's demo agent, built first if missing "
+        "(see agent_train.demo). With --engine openai: the local directory whose tokenizer the remote model uses.",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("hf", "vllm", "openai"),
+        default="hf",
+        help="the model backend: hf (transformers, CPU or GPU, in process), vllm (in-process vLLM, needs the "
+        "agent-runtime[vllm] extra and a GPU) or openai (an OpenAI-compatible completions server that takes and "
+        "returns token ids, e.g. `vllm serve`, at --engine-url; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--engine-url", help="base URL of the completions server for --engine openai, e.g. http://gpu:8001/v1"
+    )
+    parser.add_argument(
+        "--engine-model", help="the model name the --engine-url server knows (default: the value of --model)"
+    )
+    parser.add_argument(
+        "--context-length",
+        type=int,
+        help="the model's context in tokens (default: the model's max_position_embeddings; 32768 if unknown)",
+    )
+    parser.add_argument(
+        "--device", default="cpu", help="device of the hf engine: cpu, cuda, cuda:1, ... (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--recipe",
+        help="the agent definition: a recipe .py file or a module path (`package.module[:attr]`) defining `recipe` "
+        f"or `make_recipe()`. Default: the demo recipe ({DEMO_RECIPE}), or a built-in calculator recipe when the "
+        "demo is not installed",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="interface to listen on; 0.0.0.0 for every interface (default: %(default)s)"
+    )
+    parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default: %(default)s)")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV),
+        help=f"require `Authorization: Bearer KEY` on /v1/* and /metrics (default: ${API_KEY_ENV}; unset: no key)",
+    )
+    parser.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=64,
+        help="chat completions in flight at once; more are answered 429 at once, never queued (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--served-model-name", help="the model id clients send (default: the model directory's name or the model id)"
+    )
+    parser.add_argument("--trajectory-log", help="append one trajectory record (JSONL) per request to this file")
+    parser.add_argument(
+        "--log-format",
+        choices=("auto", "console", "json"),
+        default="auto",
+        help="log lines for people (console) or machines (json); auto (default): console on a terminal, else json",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="the lowest level logged (default: %(default)s)",
+    )
+    args = parser.parse_args(argv)
+    if args.engine == "openai" and not args.engine_url:
+        parser.error("--engine openai needs --engine-url")
+    if args.engine == "openai" and not args.model:
+        parser.error("--engine openai needs --model (a local model directory holding the tokenizer)")
+    if args.max_concurrency < 1:
+        parser.error("--max-concurrency must be at least 1")
+    return args
+
+
+def configure_logging(log_format: str, level: str) -> None:
+    """structlog for our events, the same renderer for the standard library's (uvicorn's) records, on stderr."""
+    console = log_format == "console" or (log_format == "auto" and sys.stderr.isatty())
+    renderer: Any = structlog.dev.ConsoleRenderer() if console else structlog.processors.JSONRenderer()
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_logger_name,
+        structlog.stdlib.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso"),
+    ]
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
+        cache_logger_on_first_use=True,
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=shared,
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                *([] if console else [structlog.processors.format_exc_info]),
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.captureWarnings(True)
+
+
+def serving_recipe(source: str | None) -> Recipe:
+    """The recipe to serve: `--recipe`, else the demo recipe, else the built-in calculator recipe."""
+    if source is not None:
+        return load_recipe(source)
+    try:
+        demo_installed = importlib.util.find_spec(DEMO_RECIPE) is not None
+    except ModuleNotFoundError:  # agent_train itself (or agent_train.demo) is missing
+        demo_installed = False
+    if demo_installed:
+        return load_recipe(DEMO_RECIPE)
+    logger.warning(
+        "demo_recipe_unavailable", module=DEMO_RECIPE, using="agent_runtime.serving.calculator_recipe",
+        hint="pass --recipe to serve your own agent",
+    )  # fmt: skip
+    return calculator_recipe()
+
+
+def demo_model_dir() -> Path:
+    """The demo model's directory, built first when missing (agent_train.demo does both)."""
+    try:
+        demo = importlib.import_module(DEMO_MODEL_MODULE)
+    except ImportError as e:
+        raise SystemExit(f"no --model given and the demo agent ({DEMO_MODEL_MODULE}) cannot be imported ({e}); "
+                         "pass --model PATH_OR_HF_ID") from e  # fmt: skip
+    ensure = getattr(demo, DEMO_MODEL_FUNCTION, None)
+    if ensure is None:
+        raise SystemExit(f"no --model given and {DEMO_MODEL_MODULE} has no {DEMO_MODEL_FUNCTION}() to build the demo "
+                         "model yet; pass --model PATH_OR_HF_ID")  # fmt: skip
+    return Path(ensure())
+
+
+def context_length_of(model: str, given: int | None) -> int:
+    if given is not None:
+        return given
+    config = Path(model) / "config.json"
+    if config.is_file():
+        value = json.loads(config.read_text()).get("max_position_embeddings")
+        if isinstance(value, int) and value > 0:
+            return value
+    return 32768
+
+
+def build_engine(args: argparse.Namespace, model: str) -> LLMEngine:
+    if args.engine == "hf":
+        return make_engine("hf", model=model, device=args.device, context_length=args.context_length)
+    if args.engine == "vllm":
+        options: dict[str, Any] = {"context_length": args.context_length} if args.context_length else {}
+        return make_engine("vllm", model=model, **options)
+    return make_engine(
+        "openai",
+        base_url=args.engine_url,
+        model=args.engine_model or model,
+        tokenizer=model,
+        context_length=context_length_of(model, args.context_length),
+        api_key=os.environ.get("AGENT_ENGINE_API_KEY"),
+    )
+
+
+async def serve(app: Any, host: str, port: int, url: str) -> None:
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, timeout_graceful_shutdown=10)
+    )
+    running = asyncio.create_task(server.serve())
+    while not server.started and not running.done():
+        await asyncio.sleep(0.05)
+    if server.started:
+        print(f"Serving at {url}  (web chat: {url}/  API: {url}/v1  health: {url}/health)", flush=True)
+    await running
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_logging(args.log_format, args.log_level)
+    try:
+        recipe = serving_recipe(args.recipe)
+        model = args.model or str(demo_model_dir())
+        logger.info("engine_loading", engine=args.engine, model=model, recipe=recipe.name)
+        engine = build_engine(args, model)
+    except (RecipeError, RuntimeAgentError, OSError) as e:
+        logger.error("startup_failed", error=str(e))
+        return 1
+    name = args.served_model_name or (Path(model).name if Path(model).exists() else model)
+    aliases = (recipe.name,) if recipe.name != name else ()
+    config = ServeConfig(
+        model_name=name,
+        aliases=aliases,
+        api_key=args.api_key,
+        max_concurrency=args.max_concurrency,
+        trajectory_log=args.trajectory_log,
+    )
+    app = create_app(engine, recipe, config, close_engine=True)
+    shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled, after a clean shutdown
+        asyncio.run(serve(app, args.host, args.port, f"http://{shown_host}:{args.port}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""Requests per second and added latency of the agent server, against a bare endpoint, side by side in one run.
+
+Two servers run as separate processes under the same uvicorn settings, each on its own port:
+
+  (a) bare: a Starlette app whose POST /v1/chat/completions reads the body and returns a canned chat.completion
+      (the floor: HTTP, the framework, JSON in and out, nothing else);
+  (b) agent: `agent_runtime.serving.create_app` serving the calculator recipe on a `ScriptedEngine` whose policy
+      answers from the prompt (no model time, real Qwen3 token ids, the real calculator tool, logging on at info
+      level as JSON into /dev/null).
+
+Three kinds of request go to the agent server: agent mode (a whole episode server-side: render, two generations,
+one calculator call, feedback tokenized alone, a trajectory record), the same streamed as SSE with agent events,
+and one tools-mode turn (render, one generation, parse, store the transcript). The load generator (httpx, asyncio,
+keep-alive connections) runs closed-loop: `--concurrency` clients each sending one request after another for
+`--seconds`. Rounds alternate bare and agent so both see the same machine; the median round is reported. Latency
+is measured at concurrency 1; throughput at `--concurrency`.
+
+    uv run python bench/bench_serve.py [--seconds 3] [--rounds 3] [--concurrency 16] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MODEL = "calculator-agent"
+QUESTION = "What is 17 * 23?"
+CANNED = {
+    "object": "chat.completion",
+    "id": "chatcmpl-canned",
+    "created": 0,
+    "model": MODEL,
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "The answer is 391."}, "finish_reason": "stop"}
+    ],
+    "usage": {"prompt_tokens": 258, "completion_tokens": 51, "total_tokens": 309},
+}
+CALCULATOR_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    },
+}
+REQUESTS: dict[str, dict[str, Any]] = {
+    "agent": {"model": MODEL, "messages": [{"role": "user", "content": QUESTION}]},
+    "agent_stream": {"model": MODEL, "messages": [{"role": "user", "content": QUESTION}], "stream": True},
+    "tools_turn": {"model": MODEL, "messages": [{"role": "user", "content": QUESTION}], "tools": [CALCULATOR_TOOL]},
+}
+
+
+# -- the servers (run in child processes) ----------------------------------------------------------------------
+
+
+def bare_app() -> Any:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    body = json.dumps(CANNED).encode()
+
+    async def completions(request: Request) -> Response:
+        await request.body()
+        return Response(body, media_type="application/json")
+
+    async def health(request: Request) -> Response:
+        return Response(b'{"status":"ok"}', media_type="application/json")
+
+    return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"]), Route("/health", health)])
+
+
+def agent_app() -> Any:
+    import structlog
+
+    from agent_protocol import HFTokenizer
+    from agent_runtime import ScriptedEngine
+    from agent_runtime.serving import ServeConfig, calculator_recipe, create_app
+    from tests.support.calculator_policy import calculator_policy
+    from tests.support.qwen3_tokenizer import qwen3_tokenizer_path
+
+    structlog.configure(
+        processors=[structlog.processors.TimeStamper(fmt="iso"), structlog.processors.JSONRenderer()],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        logger_factory=structlog.PrintLoggerFactory(open(os.devnull, "w")),  # noqa: SIM115 - lives as long as the process
+    )
+    tokenizer = HFTokenizer.from_file(qwen3_tokenizer_path())
+    engine = ScriptedEngine(tokenizer, policy=calculator_policy(tokenizer))
+    trajectories = Path(os.environ.get("BENCH_TRAJECTORY_LOG", os.devnull))
+    config = ServeConfig(model_name=MODEL, max_concurrency=1024, trajectory_log=str(trajectories))
+    return create_app(engine, calculator_recipe(), config)
+
+
+def serve(kind: str, port: int) -> None:
+    import uvicorn
+
+    app = bare_app() if kind == "bare" else agent_app()
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False)
+
+
+# -- the load generator --------------------------------------------------------------------------------------
+
+
+def start(kind: str, port: int) -> subprocess.Popen[bytes]:
+    command = [sys.executable, __file__, "--serve", kind, "--port", str(port)]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return process
+        except httpx.TransportError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"the {kind} server did not start")
+
+
+async def load(url: str, body: dict[str, Any], concurrency: int, seconds: float) -> dict[str, float]:
+    """Closed loop: `concurrency` clients, each sending its next request when the last one is answered."""
+    payload = json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    latencies: list[float] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
+
+        async def one() -> None:
+            t0 = time.perf_counter()
+            response = await client.post("/v1/chat/completions", content=payload, headers=headers)
+            response.raise_for_status()
+            if body.get("stream") and not response.text.endswith("data: [DONE]\n\n"):
+                raise RuntimeError("a stream ended without [DONE]")
+            latencies.append(time.perf_counter() - t0)
+
+        for _ in range(3):  # warm the connections and the server
+            await one()
+        latencies.clear()
+        stop = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            while time.perf_counter() < stop:
+                await one()
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    latencies.sort()
+    return {
+        "requests": len(latencies),
+        "rps": len(latencies) / elapsed,
+        "mean_ms": statistics.fmean(latencies) * 1000,
+        "p50_ms": latencies[len(latencies) // 2] * 1000,
+        "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+    }
+
+
+def median_round(rounds: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+
+
+def run(seconds: float, rounds: int, concurrency: int, base_port: int) -> dict[str, Any]:
+    bare = start("bare", base_port)
+    agent = start("agent", base_port + 1)
+    urls = {"bare": f"http://127.0.0.1:{base_port}", "agent": f"http://127.0.0.1:{base_port + 1}"}
+    results: dict[str, Any] = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"load average {os.getloadavg()[0]:.1f} at the start",
+        "seconds": seconds,
+        "rounds": rounds,
+        "concurrency": concurrency,
+    }
+    try:
+        for label, clients in (("latency", 1), ("throughput", concurrency)):
+            collected: dict[str, list[dict[str, float]]] = {"bare": [], **{kind: [] for kind in REQUESTS}}
+            for _ in range(rounds):
+                collected["bare"].append(asyncio.run(load(urls["bare"], REQUESTS["agent"], clients, seconds)))
+                for kind, body in REQUESTS.items():
+                    collected[kind].append(asyncio.run(load(urls["agent"], body, clients, seconds)))
+            results[label] = {kind: median_round(values) for kind, values in collected.items()}
+    finally:
+        for process in (bare, agent):
+            process.terminate()
+            process.wait(timeout=30)
+    return results
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lat, thr = result["latency"], result["throughput"]
+    base_lat, base_thr = lat["bare"], thr["bare"]
+    names = {
+        "bare": "bare endpoint (canned completion)",
+        "agent": "agent mode (episode: 2 generations + 1 tool call)",
+        "agent_stream": "agent mode, streamed (SSE + agent events)",
+        "tools_turn": "tools mode (one turn)",
+    }
+    lines = [
+        f"Machine: {result['machine']}; {result['rounds']} rounds of {result['seconds']:g} s, median round.",
+        "",
+        f"| endpoint | p50 latency (1 client) | added vs bare | req/s ({result['concurrency']} clients) "
+        "| req/s ratio to bare |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for kind, name in names.items():
+        added = lat[kind]["p50_ms"] - base_lat["p50_ms"]
+        lines.append(
+            f"| {name} | {lat[kind]['p50_ms']:.2f} ms | {'' if kind == 'bare' else f'+{added:.2f} ms'} "
+            f"| {thr[kind]['rps']:.0f} | {thr[kind]['rps'] / base_thr['rps']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of one measured round (default 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per endpoint; the median is reported (default 3)")
+    parser.add_argument("--concurrency", type=int, default=16, help="clients in the throughput runs (default 16)")
+    parser.add_argument("--port", type=int, default=18700, help="first of the two ports used (default 18700)")
+    parser.add_argument("--json", type=Path, help="also write the raw numbers to this file")
+    parser.add_argument("--serve", choices=("bare", "agent"), help=argparse.SUPPRESS)  # child process mode
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve, args.port)
+        return
+    result = run(args.seconds, args.rounds, args.concurrency, args.port)
+    print(markdown(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""agent_runtime.serving: one agent behind an OpenAI-compatible HTTP API and a web chat page.
+
+    from agent_runtime.serving import ServeConfig, create_app
+    app = create_app(engine, recipe, ServeConfig(model_name="my-agent", api_key="secret"))
+    uvicorn.run(app, host="127.0.0.1", port=8000)
+
+`POST /v1/chat/completions` without `tools` runs the recipe's whole episode server-side (agent mode); with `tools`
+it is one model turn that returns `tool_calls` for the client to run, token-in-token-out across follow-ups (tools
+mode). See `app.py` for the routes and errors, `openai_wire.py` for the wire format and its extensions
+(`agent_event` on stream chunks, `agent` on completions).
+
+A separate import from `agent_runtime`: it needs the `serve` extra (Starlette, uvicorn); `import agent_runtime`
+never imports a web framework.
+"""
+
+from agent_runtime.serving.api_error import ApiError
+from agent_runtime.serving.app import create_app
+from agent_runtime.serving.backend import ServingBackend
+from agent_runtime.serving.config import ServeConfig
+from agent_runtime.serving.fallback_recipe import calculator_recipe
+from agent_runtime.serving.metrics import ServerMetrics
+from agent_runtime.serving.openai_wire import (
+    AGENT_EVENT_FIELD,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+)
+from agent_runtime.serving.transcript_store import StoredConversation, TranscriptStore, conversation_key
+
+__all__ = [
+    "AGENT_EVENT_FIELD",
+    "ApiError",
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatCompletionRequest",
+    "ServeConfig",
+    "ServerMetrics",
+    "ServingBackend",
+    "StoredConversation",
+    "TranscriptStore",
+    "calculator_recipe",
+    "conversation_key",
+    "create_app",
+]

@@ -1,0 +1,244 @@
+"""Agent mode: a chat completion without `tools` runs a whole episode server-side, the recipe's tools included, and
+answers with the final assistant message.
+
+    complete_agent(backend, request, messages)   -> ChatCompletion (with usage and an `agent` summary)
+    stream_agent(backend, request, messages)     -> SSE frames: a role chunk; one chunk per runtime event, its
+                                                    `agent_event` field holding `event_to_dict(event)` and no
+                                                    choices; then the answer as a content delta, the finish
+                                                    chunk, a usage chunk (`stream_options.include_usage`), [DONE]
+
+Only the final answer is assistant content; the turns before it (tool calls, their results, compactions) are
+reported as agent events, so a plain OpenAI client sees one answer and a client that knows the extension can
+show the episode live. An engine failure, an engine timeout or a broken environment ends the request with a 500
+(or an error frame mid-stream); the episode is recorded in the trajectory log either way, and a client that goes
+away mid-stream leaves a record marked ``client_disconnected``. This module knows the runtime and the wire
+format; routing, auth and the overload gate are the app's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from agent_protocol import Message, MessageError
+from agent_runtime.events import (
+    AssistantEvent,
+    CompactionEvent,
+    ErrorEvent,
+    Event,
+    FinalEvent,
+    ToolCallEvent,
+    event_to_dict,
+)
+from agent_runtime.runtime import AgentRuntime
+from agent_runtime.serving.api_error import ApiError, from_message_error
+from agent_runtime.serving.backend import ServingBackend, new_completion_id
+from agent_runtime.serving.openai_wire import (
+    AgentSummary,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Choice,
+    ChunkChoice,
+    CompletionUsage,
+    Delta,
+    ErrorBody,
+    FinishReason,
+    ResponseMessage,
+)
+from agent_runtime.serving.sse import SSE_DONE, sse_data
+from agent_runtime.session import AgentSession
+from agent_runtime.trajectory import EpisodeError, Usage
+
+__all__ = ["complete_agent", "stream_agent"]
+
+logger = structlog.get_logger(__name__)
+
+_FAILED_STOPS = {"engine_error", "engine_timeout", "environment_error"}
+
+
+@dataclass
+class _Episode:
+    """One agent-mode request's episode and what its events said."""
+
+    backend: ServingBackend
+    request: ChatCompletionRequest
+    messages: Sequence[Message]
+    runtime: AgentRuntime = field(init=False)
+    session: AgentSession = field(init=False)
+    last_assistant: AssistantEvent | None = None
+    final: FinalEvent | None = None
+    error: ErrorEvent | None = None
+    raised: ApiError | None = None  # what an exception out of the episode became (streaming only)
+
+    def __post_init__(self) -> None:
+        self.runtime = AgentRuntime(
+            self.backend.engine,
+            self.backend.session,
+            sampling=self.backend.sampling_for(self.request),
+            engine_timeout_s=self.backend.config.engine_timeout_s,
+        )
+        self.session = self.runtime.new_session()
+
+    async def events(self) -> AsyncGenerator[Event]:
+        metrics = self.backend.metrics
+        stream = self.runtime.stream(list(self.messages), session=self.session)
+        try:
+            async for event in stream:
+                if isinstance(event, AssistantEvent):
+                    self.last_assistant = event
+                elif isinstance(event, ToolCallEvent):
+                    metrics.tool_calls += 1
+                elif isinstance(event, CompactionEvent):
+                    metrics.compactions += 1
+                elif isinstance(event, ErrorEvent):
+                    self.error = event
+                elif isinstance(event, FinalEvent):
+                    self.final = event
+                yield event
+        finally:
+            if isinstance(stream, AsyncGenerator):  # close it now, not whenever it is collected
+                await stream.aclose()
+
+    def failure(self) -> ApiError | None:
+        """The error that ends this request, if the episode failed."""
+        final = self.final
+        if self.raised is not None:
+            return self.raised
+        if self.error is not None:
+            return ApiError(500, self.error.message, type="server_error", code=self.error.code)
+        if final is None:
+            return ApiError(500, "the episode ended without a result", type="server_error", code="internal_error")
+        if final.stop_reason in _FAILED_STOPS:
+            errors = [e.message for e in self.session.errors if e.code == final.stop_reason]
+            message = errors[-1] if errors else final.stop_reason
+            return ApiError(500, f"{final.stop_reason}: {message}", type="server_error", code=final.stop_reason)
+        if final.stop_reason == "context_exhausted" and final.usage.generations == 0:
+            reason = next((e.message for e in self.session.errors if e.code == "context_exhausted"), "")
+            return ApiError(400, f"the conversation does not fit the model's context: {reason}",
+                            param="messages", code="context_length_exceeded")  # fmt: skip
+        return None
+
+    def answer(self) -> tuple[ResponseMessage, FinishReason, CompletionUsage]:
+        """The final message, the finish reason and the usage (call after `failure()` said None)."""
+        final = self.final
+        if final is None:
+            raise RuntimeError("internal error: answer() before the episode's final event")
+        last = self.last_assistant
+        content = final.answer if final.answer is not None else (last.content if last is not None else "")
+        reasoning = last.reasoning_content if last is not None else None
+        cut = last is not None and last.finish_reason == "length"  # the final turn ran out of tokens
+        finish: FinishReason = "stop" if final.stop_reason in ("final_answer", None) and not cut else "length"
+        return ResponseMessage(content=content, reasoning_content=reasoning), finish, _usage(final.usage)
+
+    def summary(self) -> AgentSummary:
+        s = self.session
+        return AgentSummary(
+            episode_id=s.episode_id,
+            stop_reason=s.stop_reason,
+            turns=s.turns,
+            tool_calls=s.tool_calls,
+            compactions=s.compactions,
+            reward=s.reward,
+        )
+
+    def finish(self, *, disconnected: bool = False) -> None:
+        """Record the episode (always) and count it."""
+        session = self.session
+        if disconnected and not session.done:
+            session.errors.append(
+                EpisodeError(code="client_disconnected", message="the client went away", turn=session.turns)
+            )
+        self.backend.metrics.episodes += 1
+        self.backend.metrics.generated_tokens += session.usage().completion_tokens
+        self.backend.record(session.record())
+
+
+def _usage(usage: Usage) -> CompletionUsage:
+    return CompletionUsage(
+        prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens, total_tokens=usage.total_tokens
+    )
+
+
+async def complete_agent(
+    backend: ServingBackend, request: ChatCompletionRequest, messages: Sequence[Message]
+) -> ChatCompletion:
+    """Run the episode to its end and answer with the final assistant message."""
+    episode = _Episode(backend, request, messages)
+    try:
+        async for _ in episode.events():
+            pass
+    finally:
+        episode.finish()
+    failure = episode.failure()
+    if failure is not None:
+        raise failure
+    message, finish, usage = episode.answer()
+    return ChatCompletion(
+        id=new_completion_id(),
+        created=int(time.time()),
+        model=request.model,
+        choices=[Choice(index=0, message=message, finish_reason=finish)],
+        usage=usage,
+        agent=episode.summary(),
+    )
+
+
+def stream_agent(
+    backend: ServingBackend, request: ChatCompletionRequest, messages: Sequence[Message]
+) -> AsyncGenerator[bytes]:
+    """The episode as SSE frames, each runtime event as it happens (see the module docstring). The episode's
+    session is made here, before the stream starts, so a failure to make it is an HTTP error, not a frame."""
+    return _stream(backend, request, _Episode(backend, request, messages))
+
+
+async def _stream(backend: ServingBackend, request: ChatCompletionRequest, episode: _Episode) -> AsyncGenerator[bytes]:
+    log = logger.bind(episode_id=episode.session.episode_id, mode="agent", stream=True)
+    chunk_id, created, model = new_completion_id(), int(time.time()), request.model
+
+    def chunk(
+        choices: list[ChunkChoice], *, usage: CompletionUsage | None = None, agent_event: dict[str, Any] | None = None
+    ) -> bytes:
+        return sse_data(
+            ChatCompletionChunk(
+                id=chunk_id, created=created, model=model, choices=choices, usage=usage, agent_event=agent_event
+            )
+        )
+
+    finished = False
+    try:
+        yield chunk([ChunkChoice(index=0, delta=Delta(role="assistant", content=""))])
+        try:
+            async for event in episode.events():
+                yield chunk([], agent_event=event_to_dict(event))
+        except MessageError as e:  # a conversation the chat format cannot render
+            episode.raised = from_message_error(e)
+        except Exception as e:  # a bug or a broken environment reset: this request fails, the server goes on
+            log.error("request_failed", error_type=type(e).__name__, error=str(e), exc_info=True)
+            why = f"internal error: {type(e).__name__}: {e}"
+            episode.raised = ApiError(500, why, type="server_error", code="internal_error")
+        finished = True
+        failure = episode.failure()
+        if failure is not None:
+            if failure.status >= 500:
+                backend.metrics.server_errors += 1
+            else:
+                backend.metrics.client_errors += 1
+            log.warning("request_failed", code=failure.code, error=failure.message)
+            yield sse_data(ErrorBody(error=failure.detail()))
+            yield SSE_DONE
+            return
+        message, finish, usage = episode.answer()
+        delta = Delta(content=message.content, reasoning_content=message.reasoning_content)
+        yield chunk([ChunkChoice(index=0, delta=delta)])
+        yield chunk([ChunkChoice(index=0, delta=Delta(), finish_reason=finish)])
+        if request.stream_options is not None and request.stream_options.include_usage:
+            yield chunk([], usage=usage)
+        yield SSE_DONE
+        backend.metrics.completed += 1
+    finally:
+        episode.finish(disconnected=not finished)

@@ -1,0 +1,293 @@
+"""`create_app`: the ASGI application (Starlette) that serves one agent.
+
+Routes:
+
+- ``POST /v1/chat/completions``: OpenAI's chat completions. Without `tools`, agent mode (`agent_mode.py`): the
+  server runs the whole episode with the recipe's tools. With `tools`, tools mode (`tools_mode.py`): one model
+  turn, tool calls returned for the client to run, token-in-token-out across follow-ups. `stream: true` in both.
+- ``GET /v1/models``, ``GET /v1/models/{id}``: the served model.
+- ``GET /health``: liveness and what is served. ``GET /metrics``: the counters (`ServerMetrics`) as JSON.
+- ``GET /``: the web chat page (``static/``: plain HTML and JavaScript, no build step).
+
+Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``: 400 for a malformed body, naming
+the field; 401 for a missing or wrong key (when `ServeConfig.api_key` is set; `/v1/*` and `/metrics` only);
+404 for an unknown model or route; 429 at once when `max_concurrency` requests are in flight; 500 when the engine
+or the environment fails mid-request (the server goes on serving).
+
+This module knows HTTP routing, auth and the overload gate; what a completion does is the modes' business.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib import resources
+from typing import Any, Final
+
+import msgspec
+import structlog
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from agent_protocol import Message, MessageError, ToolSpec, coerce_messages, coerce_tools
+from agent_runtime.engines.base import LLMEngine
+from agent_runtime.recipe import Recipe
+from agent_runtime.serving.agent_mode import complete_agent, stream_agent
+from agent_runtime.serving.api_error import ApiError, from_decode_error, from_message_error
+from agent_runtime.serving.backend import ServingBackend
+from agent_runtime.serving.config import ServeConfig
+from agent_runtime.serving.openai_wire import ChatCompletionRequest, ModelCard, ModelList, decode_request, encode
+from agent_runtime.serving.sse import EventStream
+from agent_runtime.serving.tools_mode import complete_tools, stream_tools
+
+__all__ = ["create_app"]
+
+logger = structlog.get_logger(__name__)
+
+_JSON: Final = "application/json"
+_STATIC: Final = {
+    "index.html": "text/html; charset=utf-8",
+    "chat.js": "text/javascript; charset=utf-8",
+    "chat.css": "text/css; charset=utf-8",
+}
+
+
+def _json(value: Any, status: int = 200) -> Response:
+    return Response(encode(value), status_code=status, media_type=_JSON)
+
+
+def _error_response(error: ApiError) -> Response:
+    return Response(error.body(), status_code=error.status, media_type=_JSON, headers=error.headers)
+
+
+def _backend(request: Request) -> ServingBackend:
+    backend: ServingBackend = request.app.state.backend
+    return backend
+
+
+def _authorize(request: Request, backend: ServingBackend) -> None:
+    key = backend.config.api_key
+    if key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if not header:
+        raise ApiError(
+            401, "missing API key: send `Authorization: Bearer <key>`", code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )  # fmt: skip
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
+        raise ApiError(401, "incorrect API key", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+def _parse(body: bytes, backend: ServingBackend) -> tuple[ChatCompletionRequest, list[Message], list[ToolSpec]]:
+    """Decode and check a chat completion request; raises `ApiError` (400 naming the field, 404 for the model)."""
+    try:
+        chat = decode_request(body)
+    except msgspec.DecodeError as e:
+        raise from_decode_error(e) from e
+    if chat.model not in backend.model_ids:
+        raise ApiError(
+            404,
+            f"the model {chat.model!r} does not exist; this server serves {backend.config.model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
+    if chat.n != 1:
+        raise ApiError(400, f"only n=1 is supported, got n={chat.n}", param="n", code="invalid_value")
+    if chat.stop:
+        raise ApiError(400, "stop sequences are not supported; the model stops at its end-of-turn token",
+                       param="stop", code="unsupported_value")  # fmt: skip
+    try:
+        messages = coerce_messages(chat.messages)
+        tools = coerce_tools(chat.tools)
+    except MessageError as e:
+        raise from_message_error(e) from e
+    if not messages:
+        raise ApiError(400, "`messages` must hold at least one message", param="messages", code="invalid_value")
+    return chat, messages, tools
+
+
+async def chat_completions(request: Request) -> Response:
+    backend = _backend(request)
+    metrics = backend.metrics
+    metrics.requests += 1
+    _authorize(request, backend)
+    if not backend.try_enter():
+        raise ApiError(
+            429,
+            f"the server is at its limit of {backend.config.max_concurrency} requests in flight; retry shortly",
+            type="rate_limit_error",
+            code="server_overloaded",
+            headers={"Retry-After": "1"},
+        )
+    streaming = False
+    started = time.perf_counter()
+    try:
+        chat, messages, tools = _parse(await request.body(), backend)
+        mode = "tools" if tools else "agent"
+        if tools:
+            metrics.requests_tools += 1
+        else:
+            metrics.requests_agent += 1
+        log = logger.bind(mode=mode, stream=chat.stream, messages=len(messages))
+        if chat.stream:
+            metrics.requests_streamed += 1
+            frames = stream_tools(backend, chat, messages, tools) if tools else stream_agent(backend, chat, messages)
+            streaming = True
+
+            def done() -> None:
+                backend.leave()
+                log.info("request_served", duration_ms=round((time.perf_counter() - started) * 1000, 1))
+
+            return EventStream(frames, on_close=done)
+        if tools:
+            result = await complete_tools(backend, chat, messages, tools)
+        else:
+            result = await complete_agent(backend, chat, messages)
+        metrics.completed += 1
+        log.info("request_served", duration_ms=round((time.perf_counter() - started) * 1000, 1))
+        return _json(result)
+    except MessageError as e:
+        raise from_message_error(e) from e
+    except (ApiError, HTTPException):
+        raise
+    except ClientDisconnect:  # gone before its request was read: nobody to answer
+        logger.info("client_disconnected", path=request.url.path)
+        return Response(status_code=499)
+    except Exception as e:  # a bug must fail this request only, with a clear error
+        logger.error("request_failed", error_type=type(e).__name__, error=str(e), exc_info=True)
+        raise ApiError(
+            500, f"internal error: {type(e).__name__}: {e}", type="server_error", code="internal_error"
+        ) from e
+    finally:
+        if not streaming:
+            backend.leave()
+
+
+async def list_models(request: Request) -> Response:
+    backend = _backend(request)
+    _authorize(request, backend)
+    return _json(ModelList(data=[ModelCard(id=name, created=backend.created) for name in backend.model_ids]))
+
+
+async def get_model(request: Request) -> Response:
+    backend = _backend(request)
+    _authorize(request, backend)
+    model_id = request.path_params["model_id"]
+    if model_id not in backend.model_ids:
+        raise ApiError(404, f"the model {model_id!r} does not exist", param="model", code="model_not_found")
+    return _json(ModelCard(id=model_id, created=backend.created))
+
+
+async def health(request: Request) -> Response:
+    backend = _backend(request)
+    return _json(
+        {
+            "status": "ok",
+            "model": backend.config.model_name,
+            "recipe": backend.recipe.name,
+            "engine": backend.engine.name,
+            "protocol": backend.protocol.name,
+            "tools": [spec.name for spec in backend.session.environment.tools],
+            "in_flight": backend.metrics.in_flight,
+            "max_concurrency": backend.config.max_concurrency,
+            "api_key_required": backend.config.api_key is not None,
+            "uptime_s": round(time.time() - backend.created, 1),
+        }
+    )
+
+
+async def metrics_view(request: Request) -> Response:
+    backend = _backend(request)
+    _authorize(request, backend)
+    store = backend.store
+    counters = msgspec.to_builtins(backend.metrics)
+    counters["transcript_store"] = {
+        "conversations": len(store),
+        "tokens": store.tokens,
+        "evictions": store.evictions,
+        "max_conversations": store.max_conversations,
+        "max_tokens": store.max_tokens,
+    }
+    return _json(counters)
+
+
+def _static_routes() -> list[Route]:
+    folder = resources.files("agent_runtime.serving") / "static"
+    files = {name: (folder / name).read_bytes() for name in _STATIC}
+
+    def serve(name: str) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            return Response(files[name], media_type=_STATIC[name], headers={"Cache-Control": "no-cache"})
+
+        return endpoint
+
+    return [Route("/", serve("index.html"), methods=["GET"])] + [
+        Route(f"/static/{name}", serve(name), methods=["GET"]) for name in _STATIC
+    ]
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    if not isinstance(exc, ApiError):  # pragma: no cover - registered for ApiError only
+        raise exc
+    metrics = _backend(request).metrics
+    if exc.status >= 500:
+        metrics.server_errors += 1
+    elif exc.status != 429:
+        metrics.client_errors += 1
+    return _error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    if not isinstance(exc, HTTPException):  # pragma: no cover - registered for HTTPException only
+        raise exc
+    kind = "not_found" if exc.status_code == 404 else "invalid_request"
+    message = f"no route for {request.method} {request.url.path}" if exc.status_code in (404, 405) else exc.detail
+    return _error_response(ApiError(exc.status_code, message, code=kind, headers=exc.headers))
+
+
+def create_app(
+    engine: LLMEngine,
+    recipe: Recipe,
+    config: ServeConfig | None = None,
+    *,
+    close_engine: bool = False,
+) -> Starlette:
+    """The server of `recipe` on `engine`. `config` defaults to serving the recipe under its own name.
+    With `close_engine`, the engine is closed when the app shuts down (the app then owns it)."""
+    backend = ServingBackend(engine, recipe, config or ServeConfig(model_name=recipe.name))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        logger.info(
+            "server_started", model=backend.config.model_name, recipe=recipe.name, engine=engine.name,
+            max_concurrency=backend.config.max_concurrency, trajectory_log=backend.config.trajectory_log,
+        )  # fmt: skip
+        try:
+            yield
+        finally:
+            if close_engine:
+                await engine.close()
+            logger.info("server_stopped", requests=backend.metrics.requests)
+
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics_view, methods=["GET"]),
+        *_static_routes(),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error},
+        lifespan=lifespan,
+    )
+    app.state.backend = backend
+    return app

@@ -1,0 +1,105 @@
+"""`ServingBackend`: what every request of one server shares: the engine, the recipe's session definition and
+chat protocol, the tools-mode transcript store, the metrics, the trajectory log, and the overload gate.
+
+It also turns a request's sampling fields into `SamplingParams` (the recipe's sampling, overridden field by
+field). This module knows the runtime and the wire request; it knows nothing about HTTP routing.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Final
+
+import msgspec
+import structlog
+
+from agent_protocol import ChatProtocol
+from agent_runtime.engines.base import LLMEngine, SamplingParams
+from agent_runtime.recipe import Recipe
+from agent_runtime.serving.config import ServeConfig
+from agent_runtime.serving.metrics import ServerMetrics
+from agent_runtime.serving.openai_wire import ChatCompletionRequest
+from agent_runtime.serving.transcript_store import TranscriptStore
+from agent_runtime.session import AgentSession
+from agent_runtime.trajectory import Trajectory, TrajectoryWriter
+
+__all__ = ["ServingBackend", "new_completion_id"]
+
+logger = structlog.get_logger(__name__)
+
+_ID_HEX: Final = 24
+
+
+def new_completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex[:_ID_HEX]}"
+
+
+class ServingBackend:
+    """Shared state of a server. One event loop uses it."""
+
+    def __init__(self, engine: LLMEngine, recipe: Recipe, config: ServeConfig) -> None:
+        self.engine = engine
+        self.recipe = recipe
+        self.config = config
+        self.session: AgentSession = recipe.make_session(engine.tokenizer)
+        self.protocol: ChatProtocol = self.session.protocol
+        self.store = TranscriptStore(
+            max_conversations=config.transcript_store_conversations, max_tokens=config.transcript_store_tokens
+        )
+        self.metrics = ServerMetrics()
+        self.writer = TrajectoryWriter(config.trajectory_log) if config.trajectory_log else None
+        self.model_ids = (config.model_name, *config.aliases)
+        self.created = int(time.time())
+
+    # -- the overload gate -------------------------------------------------------------------------------
+
+    def try_enter(self) -> bool:
+        """Take a slot for one chat completion; False when `max_concurrency` are already in flight."""
+        metrics = self.metrics
+        if metrics.in_flight >= self.config.max_concurrency:
+            metrics.rejected_overloaded += 1
+            return False
+        metrics.in_flight += 1
+        metrics.peak_in_flight = max(metrics.peak_in_flight, metrics.in_flight)
+        return True
+
+    def leave(self) -> None:
+        self.metrics.in_flight -= 1
+
+    # -- per request -------------------------------------------------------------------------------------
+
+    @property
+    def context_limit(self) -> int:
+        """The most tokens a tools-mode conversation may hold (the engine's context, or the recipe's if smaller)."""
+        limits = [x for x in (self.engine.context_length, self.recipe.max_context_tokens) if x]
+        return min(limits)
+
+    def sampling_for(self, request: ChatCompletionRequest) -> SamplingParams:
+        """The recipe's sampling with the request's fields laid over it."""
+        base = self.recipe.sampling
+        changes: dict[str, object] = {}
+        max_tokens = request.max_completion_tokens or request.max_tokens
+        if max_tokens is not None:
+            changes["max_new_tokens"] = max_tokens
+        if request.temperature is not None:
+            changes["temperature"] = request.temperature
+        if request.top_p is not None:
+            changes["top_p"] = request.top_p
+        if request.top_k is not None:
+            changes["top_k"] = request.top_k
+        if request.seed is not None:
+            changes["seed"] = request.seed
+        return msgspec.structs.replace(base, **changes) if changes else base
+
+    def record(self, trajectory: Trajectory) -> None:
+        """Append one trajectory to the log (when there is one). A failing disk is logged, never raised.
+
+        Synchronous on purpose (one small O_APPEND write): it runs in cleanup paths of cancelled requests too,
+        where an await would be cancelled again."""
+        if self.writer is None:
+            return
+        try:
+            self.writer.write(trajectory)
+        except OSError as e:
+            logger.error("trajectory_write_failed", path=str(self.writer.path), error=str(e))
