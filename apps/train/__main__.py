@@ -1,0 +1,233 @@
+"""apps/train: train an agent recipe, locally or with OpenRLHF on a Ray cluster.
+
+    uv run apps/train                                   # the local demo trainer (backend "local")
+    uv run apps/train --backend openrlhf --recipe recipes/calculator.py --pretrain Qwen/Qwen3-4B --dry-run
+    uv run apps/train --backend openrlhf --recipe R --pretrain M --ray-address http://head:8265 -- --ckpt.save_steps 20
+    uv run apps/train data --recipe recipes/calculator.py --output data/train.jsonl
+
+Argument parsing, logging setup and wiring only; the work is agent_train's (`LaunchConfig`, `plan_launch`,
+`prepare_data`, `check_plan`, `run_plan`, the dataset functions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+
+from agent_runtime.recipe import RecipeError, load_recipe
+from agent_train import (
+    ALGORITHMS,
+    MODES,
+    DatasetError,
+    LaunchConfig,
+    LaunchError,
+    check_plan,
+    format_command,
+    plan_launch,
+    prepare_data,
+    prepare_jsonl_dataset,
+    prepare_recipe_dataset,
+    run_plan,
+)
+
+LOCAL_TRAINER = "agent_train.local.cli"  # provides main(argv: list[str]) -> int
+
+EPILOG = """\
+backends:
+  local     train on this machine (the embedded demo agent by default); arguments after `--` go to it
+  openrlhf  build `python -m openrlhf.cli.train_ppo_ray` for the recipe, prepare its dataset, check the flags
+            with OpenRLHF's own parser, then run it on a local Ray or submit it with --ray-address;
+            arguments after `--` are appended to the OpenRLHF command verbatim (any OpenRLHF flag)
+
+presets:
+  --algo reinforce_baseline  REINFORCE++-baseline (group-mean baseline, KL as a k2 loss)
+  --algo grpo                GRPO (group_norm advantages, KL as a k3 loss)
+  --mode hybrid              vLLM, actor and reference share all GPUs and sleep in turn (colocate_all)
+  --mode async               rollouts on their own vLLM GPUs overlap training (train.async_enable)
+
+examples:
+  uv run apps/train --backend openrlhf --recipe recipes/calculator.py --pretrain Qwen/Qwen3-4B --dry-run
+  uv run apps/train --backend openrlhf --recipe recipes/calculator.py --pretrain Qwen/Qwen3-4B \\
+      --algo grpo --gpus-per-node 8 --ray-address http://127.0.0.1:8265 -- --logger.wandb.key "$WANDB_KEY"
+  uv run apps/train data --input prompts.jsonl --label-key solution --output runs/data/train.jsonl
+"""
+
+
+def configure_logging(verbose: bool) -> None:
+    """Console logs on a terminal, JSON lines otherwise."""
+    renderer: Any = structlog.dev.ConsoleRenderer() if sys.stderr.isatty() else structlog.processors.JSONRenderer()
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG if verbose else logging.INFO),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="apps/train",
+        description="Train a tool-using agent recipe: locally, or with OpenRLHF (Ray + vLLM + DeepSpeed).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--backend", choices=["local", "openrlhf"], default="local", help="default: local")
+    parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(dest="command", metavar="{data}")
+
+    run = parser.add_argument_group("openrlhf: what to train")
+    run.add_argument("--recipe", help="recipe file (.py) or module path (package.module[:attr])")
+    run.add_argument("--pretrain", help="the model to start from: a Hugging Face id or directory")
+    run.add_argument("--dataset", help="JSONL of prompts to train on instead of the recipe's dataset")
+    run.add_argument("--split", default="train", help="the recipe's dataset split to train on (default: train)")
+    run.add_argument("--eval-split", help="a recipe dataset split to evaluate on every 10 steps")
+    run.add_argument("--run-dir", help="where data, checkpoints and logs go (default: runs/<recipe name>)")
+
+    algo = parser.add_argument_group("openrlhf: algorithm")
+    algo.add_argument("--algo", choices=sorted(ALGORITHMS), default="reinforce_baseline")
+    algo.add_argument("--samples-per-prompt", type=int, default=8, help="group size (default: 8)")
+    algo.add_argument("--rollout-batch-size", type=int, default=64, help="prompts per rollout (default: 64)")
+    algo.add_argument("--train-batch-size", type=int, default=512, help="samples per optimizer step (default: 512)")
+    algo.add_argument("--micro-train-batch-size", type=int, default=2)
+    algo.add_argument("--micro-rollout-batch-size", type=int, default=4)
+    algo.add_argument("--lr", type=float, default=1e-6, help="actor learning rate (default: 1e-6)")
+    algo.add_argument("--kl-coef", type=float, default=1e-3, help="KL to the reference; 0 drops it (default: 1e-3)")
+    algo.add_argument("--temperature", type=float, default=1.0)
+    algo.add_argument("--episodes", type=int, default=1, help="passes over the prompts (default: 1)")
+    algo.add_argument("--max-len", type=int, help="tokens per trained sequence (default: recipe's context or 8192)")
+    algo.add_argument("--max-new-tokens", type=int, help="cap on each turn (default: the recipe's max_new_tokens)")
+    algo.add_argument("--seed", type=int, default=42)
+
+    place = parser.add_argument_group("openrlhf: placement")
+    place.add_argument("--mode", choices=MODES, default="hybrid", help="default: hybrid")
+    place.add_argument("--nodes", type=int, default=1)
+    place.add_argument("--gpus-per-node", type=int, default=8, help="training GPUs per node (default: 8)")
+    place.add_argument("--vllm-engines", type=int, help="default: one per --vllm-tp training GPUs")
+    place.add_argument("--vllm-tp", type=int, default=1, help="tensor parallel size of each vLLM engine")
+    place.add_argument("--zero-stage", type=int, default=3)
+    place.add_argument("--attn", help="attention implementation (default: flash_attention_2 if installed, else sdpa)")
+    place.add_argument("--engine-timeout", type=float, help="seconds one generation may take (default: no limit)")
+
+    where = parser.add_argument_group("openrlhf: where it runs")
+    where.add_argument("--ray-address", help="submit to this Ray cluster (e.g. http://head:8265); default: local Ray")
+    where.add_argument("--working-dir", help="directory Ray uploads with the job (cluster runs)")
+    where.add_argument("--python", default="python3", help="the Python the Ray job runs (cluster runs)")
+    where.add_argument("--dry-run", action="store_true", help="prepare the dataset, print the command, start nothing")
+
+    data = commands.add_parser(
+        "data",
+        help="write OpenRLHF's prompt JSONL from a recipe's dataset or a JSONL of prompts",
+        description="Write the JSONL OpenRLHF reads (--data.input_key agent_task --data.label_key label). Bad rows "
+        "are reported with their file, line and field, and nothing is written.",
+    )
+    source = data.add_mutually_exclusive_group(required=True)
+    source.add_argument("--recipe", dest="data_recipe", help="use this recipe's dataset")
+    source.add_argument("--input", help="a JSONL file with a prompt (string or messages) and a label per row")
+    data.add_argument("--split", dest="data_split", default="train", help="recipe split (default: train)")
+    data.add_argument("--prompt-key", default="prompt", help="the prompt field of --input rows (default: prompt)")
+    data.add_argument("--label-key", help="the label field of --input rows (default: answer/label/references)")
+    data.add_argument("--output", required=True, help="the JSONL to write")
+    return parser
+
+
+def run_data(args: argparse.Namespace) -> int:
+    if args.input:
+        rows = prepare_jsonl_dataset(args.input, args.output, prompt_key=args.prompt_key, label_key=args.label_key)
+    else:
+        rows = prepare_recipe_dataset(load_recipe(args.data_recipe), args.output, split=args.data_split)
+    print(f"wrote {rows} rows to {args.output}")
+    return 0
+
+
+def run_openrlhf(args: argparse.Namespace, extra: list[str]) -> int:
+    if not args.recipe or not args.pretrain:
+        raise LaunchError("--backend openrlhf needs --recipe PATH and --pretrain MODEL")
+    recipe = load_recipe(args.recipe)
+    config = LaunchConfig(
+        recipe=args.recipe,
+        pretrain=args.pretrain,
+        algorithm=args.algo,
+        mode=args.mode,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        vllm_engines=args.vllm_engines,
+        vllm_tensor_parallel=args.vllm_tp,
+        samples_per_prompt=args.samples_per_prompt,
+        rollout_batch_size=args.rollout_batch_size,
+        train_batch_size=args.train_batch_size,
+        micro_train_batch_size=args.micro_train_batch_size,
+        micro_rollout_batch_size=args.micro_rollout_batch_size,
+        max_len=args.max_len,
+        max_new_tokens=args.max_new_tokens,
+        learning_rate=args.lr,
+        kl_coef=args.kl_coef,
+        temperature=args.temperature,
+        episodes=args.episodes,
+        zero_stage=args.zero_stage,
+        attn_implementation=args.attn,
+        seed=args.seed,
+        run_dir=args.run_dir,
+        split=args.split,
+        eval_split=args.eval_split,
+        dataset=args.dataset,
+        ray_address=args.ray_address,
+        working_dir=args.working_dir,
+        python=args.python,
+        engine_timeout_s=args.engine_timeout,
+        extra_args=tuple(extra),
+    )
+    plan = plan_launch(config, recipe)
+    check_plan(plan)  # OpenRLHF's own parser and checks: a bad flag fails here, not on the cluster
+    rows = prepare_data(plan, recipe)
+    print(f"# {rows} prompts in {plan.dataset}", file=sys.stderr)
+    print(format_command(plan))
+    if args.dry_run:
+        return 0
+    return run_plan(plan)
+
+
+def run_local(extra: list[str]) -> int:
+    try:
+        trainer = importlib.import_module(LOCAL_TRAINER)
+    except ModuleNotFoundError as e:
+        if e.name is not None and LOCAL_TRAINER.startswith(e.name):
+            print(
+                "apps/train: the local trainer (--backend local, the default) is not available yet.\n"
+                "Use --backend openrlhf --recipe PATH --pretrain MODEL to train with OpenRLHF; see --help.",
+                file=sys.stderr,
+            )
+            return 2
+        raise
+    return int(trainer.main(extra))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:  # everything after `--` goes to the backend untouched
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1 :]
+    args = build_parser().parse_args(argv)
+    configure_logging(args.verbose)
+    try:
+        if args.command == "data":
+            return run_data(args)
+        if args.backend == "openrlhf":
+            return run_openrlhf(args, extra)
+        return run_local(extra)
+    except (LaunchError, DatasetError, RecipeError) as e:
+        print(f"apps/train: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

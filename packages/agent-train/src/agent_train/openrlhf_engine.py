@@ -1,0 +1,109 @@
+"""`OpenRLHFEngine`: OpenRLHF's rollout engine behind the `LLMEngine` interface, so the session drives it.
+
+Inside OpenRLHF the executor gets `llm_engine`, the vLLM rollout actor, whose contract is
+``await llm_engine.generate(prompt_token_ids, sampling_params, multi_modal_data=None)`` returning a vLLM
+`RequestOutput` (`outputs[0].token_ids`, `.text`, `.logprobs` as one ``{token_id: Logprob}`` dict per token,
+`.finish_reason`). This adapter turns one session turn into one such call and the answer into a `Generation`:
+
+- the sampling settings are OpenRLHF's own vLLM `SamplingParams` (temperature, top-p, ... from the launch
+  flags); per turn only `max_tokens` (the session's budget for the turn, capped by OpenRLHF's `max_tokens`
+  when that is set) and `stop_token_ids` (the protocol's end-of-turn token added) change, on a copy;
+- logprobs are read only when OpenRLHF asked vLLM for them (`sampling_params.logprobs` set), one per
+  generated token, the sampled token's own;
+- the token ids are kept exactly as vLLM returned them; the text is never re-tokenized.
+
+vLLM and OpenRLHF are untyped third-party code: everything they hand over is `Any` here and checked where read.
+This module does not import either.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any, Final
+
+import msgspec
+
+from agent_protocol import Tokenizer
+from agent_runtime import EngineError, FinishReason, Generation, LLMEngine, SamplingParams
+
+__all__ = ["OpenRLHFEngine", "generation_from_output", "turn_sampling_params"]
+
+_FINISH_REASONS: Final[frozenset[str]] = frozenset({"stop", "length", "abort"})
+
+
+class OpenRLHFEngine(LLMEngine):
+    """Adapts OpenRLHF's rollout engine (or anything with its `generate` signature) to `LLMEngine`."""
+
+    name = "openrlhf"
+
+    def __init__(
+        self,
+        rollout_engine: Any,
+        tokenizer: Tokenizer,
+        sampling_params: Any,
+        *,
+        context_length: int,
+        stop_token_ids: Sequence[int] = (),
+    ) -> None:
+        if context_length < 1:
+            raise ValueError(f"context_length must be at least 1, got {context_length}")
+        self.rollout_engine = rollout_engine
+        self.tokenizer = tokenizer
+        self.sampling_params = sampling_params
+        self.context_length = context_length
+        self.stop_token_ids = tuple(int(i) for i in stop_token_ids)
+        self.with_logprobs = getattr(sampling_params, "logprobs", None) is not None
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        budget = self.max_new_tokens_for(len(prompt_ids), sampling.max_new_tokens)
+        params = turn_sampling_params(
+            self.sampling_params, max_tokens=budget, stop_token_ids=[*self.stop_token_ids, *sampling.stop_token_ids]
+        )
+        try:
+            output = await self.rollout_engine.generate([int(i) for i in prompt_ids], params, multi_modal_data=None)
+        except Exception as e:
+            raise EngineError(f"openrlhf: the rollout engine failed: {type(e).__name__}: {e}") from e
+        return generation_from_output(output, with_logprobs=self.with_logprobs)
+
+
+def turn_sampling_params(base: Any, *, max_tokens: int, stop_token_ids: Sequence[int] = ()) -> Any:
+    """A copy of OpenRLHF's sampling params for one turn: `max_tokens` at most `max_tokens` (and at most the
+    base's own `max_tokens` when set), `stop_token_ids` extended. vLLM's params are a msgspec Struct, replaced
+    so that vLLM recomputes its derived stop set; any other object is deep-copied and assigned to."""
+    cap = getattr(base, "max_tokens", None)
+    tokens = max_tokens if cap is None else min(max_tokens, int(cap))
+    stops = list(dict.fromkeys([*(getattr(base, "stop_token_ids", None) or []), *stop_token_ids]))
+    if isinstance(base, msgspec.Struct):
+        return msgspec.structs.replace(base, max_tokens=tokens, stop_token_ids=stops)
+    params = copy.deepcopy(base)
+    params.max_tokens = tokens
+    params.stop_token_ids = stops
+    return params
+
+
+def generation_from_output(output: Any, *, with_logprobs: bool) -> Generation:
+    """A vLLM `RequestOutput` (its first completion) as a `Generation`. Raises `EngineError` when it is not
+    shaped like one."""
+    try:
+        completion = output.outputs[0]
+        ids = [int(t) for t in completion.token_ids]
+        text = str(completion.text or "")
+        reason = completion.finish_reason
+        entries = completion.logprobs
+    except (AttributeError, IndexError, TypeError, ValueError) as e:
+        raise EngineError(f"openrlhf: the rollout engine answered {type(output).__name__}, not a RequestOutput") from e
+    logprobs: list[float] | None = None
+    if with_logprobs and entries is not None:
+        if len(entries) != len(ids):
+            raise EngineError(f"openrlhf: {len(entries)} logprob entries for {len(ids)} generated tokens")
+        logprobs = [_sampled_logprob(entry, token) for entry, token in zip(entries, ids, strict=True)]
+    finish: FinishReason = reason if reason in _FINISH_REASONS else "abort"
+    return Generation(ids=ids, text=text, logprobs=logprobs, finish_reason=finish)
+
+
+def _sampled_logprob(entry: Any, token: int) -> float:
+    """The sampled token's logprob from one position's ``{token_id: Logprob}``; vLLM always includes the sampled
+    token, 0.0 stands in if it did not (as OpenRLHF's own executor does)."""
+    found = entry.get(token) if entry is not None else None
+    return 0.0 if found is None else float(found.logprob)

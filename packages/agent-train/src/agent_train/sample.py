@@ -1,0 +1,178 @@
+"""`RolloutSample`: what OpenRLHF trains from one episode, built from the episode's `Trajectory`.
+
+OpenRLHF's agent contract (`AgentExecutorBase.execute`) returns one dict per rollout: a single token sequence
+(`observation_tokens`), the half-open `action_ranges` inside it (loss mask 1), one `rollout_log_probs` value per
+token (0.0 outside actions; None when vLLM was not asked for logprobs), `reward` and `scores`, `truncated`, and
+`extra_logs`, plus the prompt fields it echoes. `RolloutSample` is that dict as a typed record.
+
+Which tokens are trained: the trajectory's last segment. Without compaction that is the whole episode. After a
+compaction, the earlier segments were generated under contexts that no longer exist in the last one; OpenRLHF
+takes one sequence per rollout and computes every token's logprob from the tokens before it in that sequence,
+so concatenating segments would train tokens on contexts they were never sampled from. Training only the last
+segment (the one that earned the final answer, under the summary it was really sampled with) keeps every trained
+token exact; the earlier segments, the summary turns included, are not trained by the OpenRLHF backend and are
+counted in `agent_untrained_tokens`.
+
+`extra_logs` carries one float per key, and the keys are the same for every episode of a run (OpenRLHF stacks
+each key over the batch and rejects a key that some samples lack): counts of turns, generations, tool calls,
+compactions and errors by code, whether the episode gave a final answer, trained and untrained action tokens,
+and each reward strategy's unweighted score. This module knows trajectories and numbers; it runs nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any, Final, get_args
+
+import msgspec
+
+from agent_env import ObservationCode, RewardPipeline
+from agent_runtime import Trajectory
+
+__all__ = [
+    "ERROR_CODES",
+    "RolloutSample",
+    "extra_log_keys",
+    "extra_logs",
+    "mean_logs",
+    "sample_from_trajectory",
+]
+
+ERROR_CODES: Final[tuple[str, ...]] = tuple(
+    sorted(
+        {code for code in get_args(ObservationCode) if code != "output_truncated"}
+        | {"engine_error", "engine_timeout", "environment_error", "context_exhausted", "compaction_failed"}
+    )
+)
+"""The error codes that get their own `agent_error_<code>` count; any other code counts as `agent_error_other`."""
+
+_COUNTS: Final = (
+    "agent_turns",
+    "agent_generations",
+    "agent_tool_calls",
+    "agent_compactions",
+    "agent_final_answer",
+    "agent_trained_tokens",
+    "agent_untrained_tokens",
+    "agent_errors",
+)
+
+
+class RolloutSample(msgspec.Struct, frozen=True, kw_only=True):
+    """One OpenRLHF rollout record; `to_openrlhf()` gives the exact dict `execute` returns."""
+
+    prompt: Any
+    label: Any
+    observation_tokens: list[int]
+    action_ranges: list[tuple[int, int]]
+    reward: float
+    scores: float
+    rollout_log_probs: list[float] | None = None
+    truncated: bool = False
+    extra_logs: dict[str, float] = msgspec.field(default_factory=dict)
+    images: Any = None
+    mm_train_inputs: Any = None
+
+    def to_openrlhf(self) -> dict[str, Any]:
+        return {
+            "prompt": self.prompt,
+            "label": self.label,
+            "images": self.images,
+            "mm_train_inputs": self.mm_train_inputs,
+            "reward": self.reward,
+            "scores": self.scores,
+            "observation_tokens": list(self.observation_tokens),
+            "action_ranges": [tuple(r) for r in self.action_ranges],
+            "rollout_log_probs": None if self.rollout_log_probs is None else list(self.rollout_log_probs),
+            "truncated": self.truncated,
+            "extra_logs": dict(self.extra_logs),
+        }
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+def _reward_names(rewards: RewardPipeline | None) -> list[str]:
+    if rewards is None:
+        return []
+    return list(dict.fromkeys([*rewards.result, *rewards.process]))
+
+
+def extra_log_keys(rewards: RewardPipeline | None) -> list[str]:
+    """Every key `extra_logs` has for a recipe with this reward pipeline, in order."""
+    return [
+        *_COUNTS,
+        *(f"agent_error_{code}" for code in ERROR_CODES),
+        "agent_error_other",
+        *(f"agent_reward_{_key(name)}" for name in _reward_names(rewards)),
+    ]
+
+
+def extra_logs(trajectory: Trajectory, rewards: RewardPipeline | None) -> dict[str, float]:
+    """The episode's numbers under the fixed keys of `extra_log_keys(rewards)`."""
+    *earlier, last = trajectory.segments
+    logs: dict[str, float] = dict.fromkeys(extra_log_keys(rewards), 0.0)
+    logs["agent_turns"] = float(trajectory.turns)
+    logs["agent_generations"] = float(trajectory.usage.generations)
+    logs["agent_tool_calls"] = float(trajectory.tool_calls)
+    logs["agent_compactions"] = float(trajectory.compactions)
+    logs["agent_final_answer"] = float(trajectory.final_answer is not None)
+    logs["agent_trained_tokens"] = float(sum(last.loss_mask))
+    logs["agent_untrained_tokens"] = float(sum(sum(s.loss_mask) for s in earlier))
+    logs["agent_errors"] = float(len(trajectory.errors))
+    for error in trajectory.errors:
+        key = f"agent_error_{error.code}" if error.code in ERROR_CODES else "agent_error_other"
+        logs[key] += 1.0
+    breakdown = trajectory.breakdown
+    if breakdown is not None:
+        for name in _reward_names(rewards):
+            score = breakdown.result.get(name, breakdown.process.get(name, 0.0))
+            logs[f"agent_reward_{_key(name)}"] = float(score)
+    return logs
+
+
+def sample_from_trajectory(
+    trajectory: Trajectory,
+    *,
+    prompt: Any,
+    label: Any,
+    rewards: RewardPipeline | None,
+    with_logprobs: bool,
+    truncated: bool,
+) -> RolloutSample:
+    """The OpenRLHF record of an episode: its last segment's tokens and actions, the episode's reward.
+
+    With `with_logprobs`, every action token must carry the logprob the engine reported (0.0 stands in for one
+    it did not report) and every other token gets 0.0, as OpenRLHF's own executors do."""
+    segment = trajectory.last_segment
+    log_probs: list[float] | None = None
+    if with_logprobs:
+        log_probs = [
+            float(lp) if mask and lp is not None else 0.0
+            for lp, mask in zip(segment.logprobs, segment.loss_mask, strict=True)
+        ]
+    reward = float(trajectory.reward)
+    return RolloutSample(
+        prompt=prompt,
+        label=label,
+        observation_tokens=list(segment.ids),
+        action_ranges=list(segment.action_ranges),
+        reward=reward,
+        scores=reward,
+        rollout_log_probs=log_probs,
+        truncated=truncated,
+        extra_logs=extra_logs(trajectory, rewards),
+    )
+
+
+def mean_logs(samples: Iterable[RolloutSample]) -> dict[str, float]:
+    """The per-key mean of the samples' `extra_logs` (what OpenRLHF logs for a batch)."""
+    totals: dict[str, float] = {}
+    count = 0
+    for sample in samples:
+        count += 1
+        for key, value in sample.extra_logs.items():
+            totals[key] = totals.get(key, 0.0) + value
+    return {key: value / count for key, value in totals.items()} if count else {}
