@@ -37,7 +37,7 @@ from agent_runtime.compaction import DEFAULT_COMPACTION_INSTRUCTION, DEFAULT_RES
 from agent_runtime.engines.base import SamplingParams
 from agent_runtime.session import AgentSession
 
-__all__ = ["Compaction", "Recipe", "RecipeError", "load_recipe", "read_jsonl_rows"]
+__all__ = ["Compaction", "Recipe", "RecipeError", "iter_jsonl", "load_recipe", "read_jsonl_rows"]
 
 DatasetSource = str | Path | Callable[[str], Iterable[Mapping[str, Any]]] | None
 
@@ -128,22 +128,32 @@ def _checked_row(row: dict[str, Any], where: str) -> dict[str, Any]:
     return row
 
 
-def read_jsonl_rows(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Rows of a JSONL dataset file, each checked to carry a prompt; errors name the file and line."""
+def iter_jsonl(
+    path: str | Path, error: Callable[[str], Exception] = RecipeError
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """`("file:line", row)` for every JSON object line of a JSONL file; blank lines are skipped. A missing file,
+    a line that is not JSON or not an object raises `error(message)`, the message naming the file and line."""
     path = Path(path)
     if not path.is_file():
-        raise RecipeError(f"dataset file {path} does not exist")
+        raise error(f"dataset file {path} does not exist")
     with path.open(encoding="utf-8") as file:
         for number, line in enumerate(file, start=1):
             if not line.strip():
                 continue
+            where = f"{path}:{number}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise RecipeError(f"{path}:{number}: not valid JSON ({e.msg})") from e
+                raise error(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from e
             if not isinstance(row, dict):
-                raise RecipeError(f"{path}:{number}: a row must be a JSON object")
-            yield _checked_row(row, f"{path}:{number}")
+                raise error(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+            yield where, row
+
+
+def read_jsonl_rows(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Rows of a JSONL dataset file, each checked to carry a prompt; errors name the file and line."""
+    for where, row in iter_jsonl(path):
+        yield _checked_row(row, where)
 
 
 def load_recipe(source: str | Path) -> Recipe:

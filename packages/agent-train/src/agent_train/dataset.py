@@ -24,7 +24,7 @@ import msgspec
 import structlog
 
 from agent_protocol import MessageError, coerce_messages
-from agent_runtime.recipe import Recipe
+from agent_runtime.recipe import Recipe, iter_jsonl
 from agent_train.errors import DatasetError
 from agent_train.task import encode_task, label_of
 
@@ -80,21 +80,8 @@ def openrlhf_record(row: Mapping[str, Any], where: str) -> dict[str, str]:
 def read_rows(path: str | Path, *, prompt_key: str = "prompt", label_key: str | None = None) -> Iterator[LocatedRow]:
     """The rows of a JSONL file with their "file:line", `prompt_key` renamed to "prompt" and `label_key` to
     "answer". Blank lines are skipped; a line that is not a JSON object, or lacks a named key, raises."""
-    path = Path(path)
-    if not path.is_file():
-        raise DatasetError(f"dataset file {path} does not exist")
-    with path.open(encoding="utf-8") as file:
-        for number, line in enumerate(file, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DatasetError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from e
-            if not isinstance(row, dict):
-                raise DatasetError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-            yield where, _renamed(row, where, prompt_key=prompt_key, label_key=label_key)
+    for where, row in iter_jsonl(path, DatasetError):
+        yield where, _renamed(row, where, prompt_key=prompt_key, label_key=label_key)
 
 
 def _renamed(row: dict[str, Any], where: str, *, prompt_key: str, label_key: str | None) -> dict[str, Any]:
