@@ -1,0 +1,34 @@
+"""The local trainer: the demo agent trained on one CPU machine, SFT on expert episodes then RL through the
+OpenRLHF agent executor with the `hf` engine. One idea per module:
+
+- `config`: `LocalTrainConfig` and its presets (``default``, ``ci``);
+- `batch`: padded token batches and per-token logprobs;
+- `sft`: expert episodes through the recipe's session, and the cross-entropy step;
+- `rollout`: groups of episodes through `AgentExecutor.execute` and `LocalRolloutEngine`;
+- `rl`: group-normalized advantages and the clipped policy-gradient step (optional KL to the SFT model);
+- `evaluate`: greedy held-out success through `AgentRuntime`;
+- `metrics` (JSONL), `plot` (PNG), `checkpoint` (HF model directory + trainer state, resume);
+- `trainer`: `train_local`, the phases in order; `cli`: `main(argv)`, what `uv run apps/train` runs.
+
+Importing this package is light; `train_local` and `TrainResult` load torch, transformers and vLLM on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from agent_train.local.config import PRESETS, LocalTrainConfig, preset
+
+if TYPE_CHECKING:
+    from agent_train.local.trainer import TrainResult, train_local
+
+__all__ = ["PRESETS", "LocalTrainConfig", "TrainResult", "preset", "train_local"]
+
+_LAZY = {"train_local": "agent_train.local.trainer", "TrainResult": "agent_train.local.trainer"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

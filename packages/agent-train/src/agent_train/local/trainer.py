@@ -1,0 +1,370 @@
+"""The local trainer: the demo agent from nothing to a trained model on one CPU machine, in the visible steps
+of `train_local`.
+
+    result = train_local(LocalTrainConfig(), Path("runs/demo"))      # or resume=True to continue a run
+    result.figures     # {"before": 0.0, "after_sft": 0.3, "after_rl": 0.6}: held-out success, greedy
+
+1. tokenizer: a byte-level BPE trained on the task's conversations, with Qwen3's special tokens;
+2. model: a tiny Qwen3 from `DemoModelSpec`, served by the `hf` engine (which shares its weights, so every
+   optimizer step is live for the next rollout, as a weight sync would make it);
+3. held-out success before training;
+4. SFT: expert episodes from the scripted expert through the recipe's `AgentSession`, cross-entropy on their
+   action tokens; held-out success every `sft_eval_every` steps and after SFT; the SFT model is saved (the KL
+   reference);
+5. RL: each step samples `rl_prompts` training prompts `rl_group_size` times through `AgentExecutor.execute`
+   (OpenRLHF's executor contract), computes group-normalized advantages and takes a policy-gradient step on the
+   action tokens; held-out success every `eval_every` steps and at the end;
+6. the final model (a Hugging Face directory), the metrics JSONL, the learning-curve PNG and ``summary.json``.
+
+Run directory: ``metrics.jsonl``, ``learning_curve.png``, ``summary.json``, ``checkpoint/`` (latest, with
+trainer state; what ``resume`` reads), ``sft/`` and ``final/`` (model directories). This module wires the
+pieces of `agent_train.local` together; each step's mechanics live in its own module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+import torch
+from tqdm import tqdm  # type: ignore[import-untyped]
+
+from agent_protocol import HFTokenizer
+from agent_runtime import Recipe
+from agent_runtime.engines.hf import HFEngine
+from agent_train.demo.expert import ExpertPolicy
+from agent_train.demo.model import build_demo_model, load_demo_model, save_model_dir
+from agent_train.demo.recipe import make_recipe
+from agent_train.demo.tokenizer import train_demo_tokenizer
+from agent_train.errors import TrainError
+from agent_train.local.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+from agent_train.local.config import LocalTrainConfig
+from agent_train.local.evaluate import EvalResult, evaluate
+from agent_train.local.metrics import MetricsWriter, read_metrics
+from agent_train.local.plot import plot_metrics
+from agent_train.local.rl import group_advantages, rl_update
+from agent_train.local.rollout import Rollouts
+from agent_train.local.sft import SFTExample, expert_trajectories, sample_batch, sft_examples, sft_step
+
+__all__ = ["TrainResult", "train_local", "train_local_async"]
+
+logger = structlog.get_logger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """What a run produced: held-out success `figures` (``before``, ``after_sft``, ``after_rl``) and paths."""
+
+    run_dir: Path
+    model_dir: Path
+    figures: dict[str, float]
+    elapsed_s: float
+    config: LocalTrainConfig
+    eval_episodes: int
+    finished: bool = True  # False when `stop_after` paused the run (resume it with resume=True)
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+def train_local(
+    config: LocalTrainConfig | None = None,
+    run_dir: str | Path = "runs/demo",
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    recipe: Recipe | None = None,
+    stop_after: int | None = None,
+) -> TrainResult:
+    """Train the demo agent (see the module docstring). Blocking; safe to call from inside an event loop.
+
+    `resume` continues from ``run_dir/checkpoint`` when there is one (with the same config). `stop_after` pauses
+    the run once that many steps (SFT + RL) are done: it checkpoints and returns with ``finished=False``."""
+    return _run_sync(
+        train_local_async(config, run_dir, resume=resume, progress=progress, recipe=recipe, stop_after=stop_after)
+    )
+
+
+def _run_sync[T](coroutine: Coroutine[Any, Any, T]) -> T:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = asyncio.run(coroutine)
+        except BaseException as e:  # re-raised in the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=target, name="local-trainer")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    value: T = box["value"]
+    return value
+
+
+class _Run:
+    """The state one run carries between its phases."""
+
+    def __init__(
+        self, config: LocalTrainConfig, run_dir: Path, recipe: Recipe, progress: bool, stop_after: int | None
+    ) -> None:
+        self.config = config
+        self.stop_after = stop_after
+        self.run_dir = run_dir
+        self.recipe = recipe
+        self.progress = progress
+        self.protocol = recipe.chat_protocol()
+        self.checkpoint_dir = run_dir / "checkpoint"
+        self.rng = random.Random(config.seed)
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    # -- setup ---------------------------------------------------------------------------------------------
+
+    def start(self, resume: bool) -> None:
+        config = self.config
+        checkpoint = load_checkpoint(self.checkpoint_dir) if resume else None
+        if checkpoint is not None:
+            if checkpoint.state.config != config:
+                raise TrainError(
+                    f"{self.checkpoint_dir} was written with a different configuration; resume it with the same "
+                    "options, or start a new run (another --run-dir, or without --resume)"
+                )
+            self.model, self.raw_tokenizer, self.state = checkpoint.model, checkpoint.tokenizer, checkpoint.state
+            self._restore_rng(checkpoint.rng)
+            self.optimizer_state = checkpoint.optimizer_state
+            logger.info("local_train_resumed", phase=self.state.phase, step=self.state.step)
+        else:
+            torch.manual_seed(config.seed)
+            tools = self.recipe.environment().tools
+            self.raw_tokenizer = train_demo_tokenizer(
+                self.protocol, tools, vocab_size=config.vocab_size, episodes=config.tokenizer_episodes, seed=config.seed
+            )
+            self.model = build_demo_model(self.raw_tokenizer, config.model, seed=config.seed)
+            self.state = TrainerState(config=config)
+            self.optimizer_state = None
+        self.tokenizer = HFTokenizer(self.raw_tokenizer, source="demo")
+        self.pad_id = int(self.raw_tokenizer.token_to_id("<|endoftext|>"))
+        self.engine = HFEngine(
+            self.model,
+            self.tokenizer,
+            context_length=self.recipe.max_context_tokens,
+            max_batch_size=config.max_batch_size,
+            batch_wait_s=0.05,
+        )
+        self.metrics = MetricsWriter(
+            self.run_dir / "metrics.jsonl",
+            keep_until_step=self.state.step if checkpoint is not None else None,
+            elapsed_s=self.state.elapsed_s,
+        )
+        rows = list(self.recipe.rows("train"))
+        self.train_rows = rows
+        held_out = list(self.recipe.rows("test"))
+        if len(held_out) < config.eval_size:
+            raise TrainError(f"the recipe has {len(held_out)} held-out rows; eval_size is {config.eval_size}")
+        self.held_out = held_out[: config.eval_size]
+        total = config.sft_steps + config.rl_steps
+        self.bar = tqdm(total=total, initial=self.state.step, disable=not self.progress, desc="train", unit="step")
+
+    def should_pause(self) -> bool:
+        """True once `stop_after` steps are done; the caller checkpoints and stops."""
+        return self.stop_after is not None and self.state.step >= self.stop_after
+
+    def _rng_state(self) -> dict[str, Any]:
+        return {"python": self.rng.getstate(), "torch": torch.get_rng_state()}
+
+    def _restore_rng(self, saved: dict[str, Any]) -> None:
+        if "python" in saved:
+            self.rng.setstate(saved["python"])
+        if "torch" in saved:
+            torch.set_rng_state(saved["torch"])
+
+    def save(self) -> None:
+        self.state.elapsed_s = self.metrics.elapsed_s
+        save_checkpoint(
+            self.checkpoint_dir,
+            model=self.model,
+            tokenizer=self.raw_tokenizer,
+            state=self.state,
+            optimizer=self.optimizer,
+            rng=self._rng_state(),
+        )
+
+    # -- evaluation ----------------------------------------------------------------------------------------
+
+    async def evaluate(self, label: str | None = None) -> EvalResult:
+        result, _ = await evaluate(self.engine, self.recipe, self.held_out)
+        record = self.metrics.write("eval", step=self.state.step, label=label, **msgspec.structs.asdict(result))
+        if label is not None:
+            self.state.figures[label] = result.success
+        self.bar.set_postfix_str(f"held-out success {result.success:.0%}")
+        logger.info("local_eval", **record)
+        return result
+
+    # -- phases --------------------------------------------------------------------------------------------
+
+    async def sft(self) -> None:
+        config = self.config
+        policy = ExpertPolicy(self.tokenizer, self.protocol)
+        rows = self.train_rows[: config.sft_episodes]
+        trajectories = await expert_trajectories(self.recipe, self.tokenizer, rows, policy)
+        examples: list[SFTExample] = sft_examples(trajectories, min_reward=config.sft_min_reward)
+        if not examples:
+            raise TrainError("no expert episode to learn from; the recipe and the expert disagree")
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.sft_lr, betas=(0.9, 0.95))
+        if self.optimizer_state is not None:
+            self.optimizer.load_state_dict(self.optimizer_state)
+        self.bar.set_description("SFT")
+        while self.state.sft_step < config.sft_steps:
+            for group in self.optimizer.param_groups:
+                group["lr"] = config.sft_lr * min(1.0, (self.state.sft_step + 1) / max(1, config.sft_warmup_steps))
+            loss = sft_step(
+                self.model, self.optimizer, sample_batch(examples, config.sft_batch_size, self.rng), pad_id=self.pad_id
+            )
+            self.state.sft_step += 1
+            self.metrics.write("sft", step=self.state.step, loss=round(loss, 5))
+            self.bar.update(1)
+            self.bar.set_postfix_str(f"loss {loss:.3f}")
+            if self.state.sft_step < config.sft_steps and self.state.sft_step % config.sft_eval_every == 0:
+                await self.evaluate()
+            if self.state.sft_step < config.sft_steps and self.should_pause():
+                self.save()
+                return
+            if self.state.sft_step % config.checkpoint_every == 0 and self.state.sft_step < config.sft_steps:
+                self.save()
+        await self.evaluate("after_sft")
+        save_model_dir(self.model, self.raw_tokenizer, self.run_dir / "sft")
+        self.state.phase = "rl"
+        self.optimizer, self.optimizer_state = None, None
+        self.save()
+
+    async def rl(self) -> None:
+        config = self.config
+        reference: Any = None
+        if config.rl_kl_coef > 0:
+            reference = load_demo_model(self.run_dir / "sft")
+            reference.eval()
+            reference.requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.rl_lr, betas=(0.9, 0.95))
+        if self.optimizer_state is not None:
+            self.optimizer.load_state_dict(self.optimizer_state)
+        rollouts = Rollouts(self.recipe, self.engine)
+        self.bar.set_description("RL")
+        last_eval = -1
+        while self.state.rl_step < config.rl_steps:
+            started = time.perf_counter()
+            prompts = self.rng.sample(self.train_rows, config.rl_prompts)
+            records = await rollouts.collect(
+                prompts,
+                group_size=config.rl_group_size,
+                temperature=config.rl_temperature,
+                seed=config.seed * 1_000_003 + self.state.rl_step,
+            )
+            generate_s = time.perf_counter() - started
+            advantages = group_advantages([r.reward for r in records], [r.group for r in records], config.rl_estimator)
+            stats = rl_update(
+                self.model,
+                self.optimizer,
+                records,
+                advantages,
+                pad_id=self.pad_id,
+                ref_model=reference,
+                kl_coef=config.rl_kl_coef,
+                clip_eps=config.rl_clip_eps,
+                minibatches=config.rl_minibatches,
+                rng=self.rng,
+            )
+            self.state.rl_step += 1
+            reward = sum(r.reward for r in records) / len(records)
+            self.metrics.write(
+                "rl",
+                step=self.state.step,
+                reward=round(reward, 4),
+                tool_calls=round(sum(r.extra_logs.get("agent_tool_calls", 0.0) for r in records) / len(records), 3),
+                generate_s=round(generate_s, 2),
+                update_s=round(time.perf_counter() - started - generate_s, 2),
+                **{k: round(v, 5) for k, v in stats.items()},
+            )
+            self.bar.update(1)
+            self.bar.set_postfix_str(f"reward {reward:.2f}")
+            if self.state.rl_step % config.eval_every == 0 or self.state.rl_step == config.rl_steps:
+                await self.evaluate("after_rl" if self.state.rl_step == config.rl_steps else None)
+                last_eval = self.state.rl_step
+            if self.state.rl_step < config.rl_steps and self.should_pause():
+                self.save()
+                return
+            if self.state.rl_step % config.checkpoint_every == 0 and self.state.rl_step < config.rl_steps:
+                self.save()
+        if last_eval != self.state.rl_step:  # zero RL steps, or resumed at the very end
+            await self.evaluate("after_rl")
+        save_model_dir(self.model, self.raw_tokenizer, self.run_dir / "final")
+        self.state.phase = "done"
+        self.save()
+
+    def finish(self) -> TrainResult:
+        self.bar.close()
+        files = {
+            "metrics": self.metrics.path,
+            "plot": plot_metrics(read_metrics(self.metrics.path), self.run_dir / "learning_curve.png"),
+            "checkpoint": self.checkpoint_dir,
+        }
+        result = TrainResult(
+            run_dir=self.run_dir,
+            model_dir=self.run_dir / "final",
+            figures=dict(self.state.figures),
+            elapsed_s=self.metrics.elapsed_s,
+            config=self.config,
+            eval_episodes=len(self.held_out),
+            finished=self.state.phase == "done",
+            files=files,
+        )
+        summary = {
+            "finished": result.finished,
+            "figures": result.figures,
+            "eval_episodes": result.eval_episodes,
+            "seed": self.config.seed,
+            "elapsed_s": round(result.elapsed_s, 1),
+            "model_dir": str(result.model_dir),
+            "config": msgspec.to_builtins(self.config),
+        }
+        (self.run_dir / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary)) + b"\n")
+        files["summary"] = self.run_dir / "summary.json"
+        logger.info("local_train_finished", figures=result.figures, elapsed_s=round(result.elapsed_s, 1))
+        return result
+
+
+async def train_local_async(
+    config: LocalTrainConfig | None = None,
+    run_dir: str | Path = "runs/demo",
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    recipe: Recipe | None = None,
+    stop_after: int | None = None,
+) -> TrainResult:
+    """`train_local` for callers already in an event loop (the engine's worker thread does the heavy work, but the
+    optimizer steps run on the loop's thread)."""
+    run = _Run(config or LocalTrainConfig(), Path(run_dir), recipe or make_recipe(), progress, stop_after)
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    run.start(resume)  # raises before anything is started when the checkpoint does not fit the config
+    try:
+        if "before" not in run.state.figures:
+            await run.evaluate("before")
+        if run.state.phase == "sft" and not run.should_pause():
+            await run.sft()
+        if run.state.phase == "rl" and not run.should_pause():
+            await run.rl()
+        return run.finish()
+    finally:
+        run.bar.close()
+        await run.engine.close()
