@@ -131,12 +131,13 @@ def save_model_dir(model: Any, tokenizer: Tokenizer, path: str | Path) -> Path:
     from transformers.utils import logging as hf_logging
 
     shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # one "Writing model shards" bar per save would cut through our own bar
+    # one "Writing model shards" bar per save would cut through the trainer's own progress bar
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     try:
         model.save_pretrained(out, safe_serialization=True)
     finally:
         if shown:
-            hf_logging.enable_progress_bar()
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
     tokenizer.save(str(out / "tokenizer.json"), pretty=True)
     config = _tokenizer_config(model)
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
 
 import msgspec
@@ -63,6 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     config = msgspec.structs.replace(config, **{k: v for k, v in overrides.items() if v is not None})
 
+    # torch warns on import that pynvml is deprecated (on every machine, GPU or not); not actionable for a user here
+    warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
     from agent_train.demo.build import install_demo_model  # torch, transformers and vLLM load from here on
     from agent_train.local.trainer import train_local
 

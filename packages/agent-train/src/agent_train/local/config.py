@@ -1,5 +1,5 @@
 """`LocalTrainConfig`: every hyperparameter of the local trainer, with defaults that train the demo agent on
-two CPU cores in about ten minutes, and a `ci` preset (a third of the RL steps, half the held-out problems) that
+two CPU cores in about twelve minutes, and a `ci` preset (a third of the RL steps, half the held-out problems) that
 the test suite runs in about four.
 
     config = LocalTrainConfig()                       # the full run of `uv run apps/train`
