@@ -2,10 +2,15 @@
 
     result = await evaluate(engine, recipe, rows)      # AgentRuntime, temperature 0
     result.success                                     # fraction of episodes with reward >= 1
+    success_by(trajectories, rows, "phrasing")         # {"plain": 0.88, "word": 0.88}
+
+From a shell, for any saved demo model (the SFT model and the final one of a run, say):
+
+    uv run python -m agent_train.local.evaluate runs/demo/final [--size 200]
 
 Evaluation runs the agent the way `apps/serve` does (an `AgentRuntime` over the recipe's session), so the number
 is what a user of the served model would see. All episodes are started at once; the engine batches them. This
-module knows runtimes and trajectories; it knows nothing about training.
+module knows runtimes and trajectories (and, in `main`, the demo recipe); it knows nothing about training.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import msgspec.structs
 
 from agent_runtime import AgentRuntime, LLMEngine, Recipe, Trajectory
 
-__all__ = ["EvalResult", "evaluate", "summarize"]
+__all__ = ["EvalResult", "evaluate", "main", "success_by", "summarize"]
 
 
 class EvalResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -57,3 +62,61 @@ async def evaluate(
     results = await runtime.run_many([row["prompt"] for row in rows], tasks=list(rows))
     trajectories = [result.trajectory for result in results]
     return summarize(trajectories), trajectories
+
+
+def success_by(trajectories: Sequence[Trajectory], rows: Sequence[Mapping[str, Any]], key: str) -> dict[str, float]:
+    """Success rate per value of `rows[i][key]` (rows without the key count under ``"?"``)."""
+    groups: dict[str, list[bool]] = {}
+    for trajectory, row in zip(trajectories, rows, strict=True):
+        groups.setdefault(str(row.get(key, "?")), []).append(trajectory.reward >= 1.0)
+    return {name: sum(hits) / len(hits) for name, hits in sorted(groups.items())}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Held-out success of a saved demo model, overall and by phrasing (plain / word problems)."""
+    import argparse
+    import asyncio
+    import logging
+    import warnings
+
+    import structlog
+
+    warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)  # torch's
+    from agent_runtime.engines.hf import HFEngine
+    from agent_train.demo.recipe import make_recipe
+
+    parser = argparse.ArgumentParser(
+        prog="python -m agent_train.local.evaluate", description=main.__doc__.splitlines()[0] if main.__doc__ else None
+    )
+    parser.add_argument("model_dir", help="a demo model directory (runs/demo/final, runs/demo/sft, ...)")
+    parser.add_argument("--size", type=int, default=200, help="held-out problems, the first N (default: 200)")
+    args = parser.parse_args(argv)
+    from agent_train.demo.model import is_model_dir
+
+    if not is_model_dir(args.model_dir):
+        parser.error(f"{args.model_dir} is not a model directory (no config.json, model.safetensors, ...)")
+    # an entry point: every episode logs at info level, and 200 of them would bury the one line this prints
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    recipe = make_recipe()
+    rows = list(recipe.rows("test"))[: args.size]
+
+    async def run() -> tuple[EvalResult, list[Trajectory]]:
+        engine = HFEngine.from_pretrained(args.model_dir)
+        try:
+            return await evaluate(engine, recipe, rows)
+        finally:
+            await engine.close()
+
+    result, trajectories = asyncio.run(run())
+    groups = ", ".join(f"{name} {rate:.1%}" for name, rate in success_by(trajectories, rows, "phrasing").items())
+    print(f"held-out success ({result.episodes} problems, greedy): {result.success:.1%} ({groups})")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
