@@ -1,6 +1,7 @@
 """apps/train: train an agent recipe, locally or with OpenRLHF on a Ray cluster.
 
-    uv run apps/train                                   # the local demo trainer (backend "local")
+    uv run apps/train                                   # train the demo agent on CPU (backend "local")
+    uv run apps/train -- --seed 1 --run-dir runs/seed1  # local trainer options go after `--`
     uv run apps/train --backend openrlhf --recipe recipes/calculator.py --pretrain Qwen/Qwen3-4B --dry-run
     uv run apps/train --backend openrlhf --recipe R --pretrain M --ray-address http://head:8265 -- --ckpt.save_steps 20
     uv run apps/train data --recipe recipes/calculator.py --output data/train.jsonl
@@ -12,9 +13,9 @@ Argument parsing, logging setup and wiring only; the work is agent_train's (`Lau
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,11 +37,12 @@ from agent_train import (
     run_plan,
 )
 
-LOCAL_TRAINER = "agent_train.local.cli"  # provides main(argv: list[str]) -> int
-
 EPILOG = """\
 backends:
-  local     train on this machine (the embedded demo agent by default); arguments after `--` go to it
+  local     train the embedded demo agent on this machine's CPUs (about 12 minutes on 2 cores): tokenizer, tiny
+            Qwen3 model, SFT on expert episodes, RL through the OpenRLHF executor; prints held-out success
+            before training, after SFT and after RL, and installs the model apps/serve serves by default;
+            its options go after `--` (`uv run apps/train -- --help` lists them)
   openrlhf  build `python -m openrlhf.cli.train_ppo_ray` for the recipe, prepare its dataset, check the flags
             with OpenRLHF's own parser, then run it on a local Ray or submit it with --ray-address;
             arguments after `--` are appended to the OpenRLHF command verbatim (any OpenRLHF flag)
@@ -52,6 +54,9 @@ presets:
   --mode async               rollouts on their own vLLM GPUs overlap training (train.async_enable)
 
 examples:
+  uv run apps/train                                     # the demo agent, into runs/demo
+  uv run apps/train -- --seed 1 --run-dir runs/seed1    # local trainer options after `--`
+  uv run apps/train -- --resume                         # continue an interrupted run from its checkpoint
   uv run apps/train --backend openrlhf --recipe recipes/calculator.py --pretrain Qwen/Qwen3-4B --dry-run
   uv run apps/train --backend openrlhf --recipe recipes/calculator.py --pretrain Qwen/Qwen3-4B \\
       --algo grpo --gpus-per-node 8 --ray-address http://127.0.0.1:8265 -- --logger.wandb.key "$WANDB_KEY"
@@ -195,35 +200,48 @@ def run_openrlhf(args: argparse.Namespace, extra: list[str]) -> int:
     return run_plan(plan)
 
 
-def run_local(extra: list[str]) -> int:
-    try:
-        trainer = importlib.import_module(LOCAL_TRAINER)
-    except ModuleNotFoundError as e:
-        if e.name is not None and LOCAL_TRAINER.startswith(e.name):
-            print(
-                "apps/train: the local trainer (--backend local, the default) is not available yet.\n"
-                "Use --backend openrlhf --recipe PATH --pretrain MODEL to train with OpenRLHF; see --help.",
-                file=sys.stderr,
-            )
-            return 2
-        raise
-    return int(trainer.main(extra))
+def openrlhf_only_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The OpenRLHF options given a value other than their default (the local backend would silently ignore them)."""
+    shared = {"help", "backend", "verbose", "command"}
+    return [
+        action.option_strings[0]
+        for action in parser._actions  # argparse keeps no public list of a parser's options
+        if action.dest not in shared and action.option_strings and getattr(args, action.dest, None) != action.default
+    ]
+
+
+def run_local(extra: list[str], verbose: bool = False) -> int:
+    from agent_train.local import cli  # torch, transformers and vLLM load from here on
+
+    # every rollout logs at info level, and thousands of them would drown the trainer's progress bar and its
+    # summary, so the local trainer logs warnings only unless --verbose
+    if not verbose:
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    return cli.main(extra)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # torch warns on import that pynvml is deprecated (on every machine, GPU or not); not actionable here
+    warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
     if "--" in argv:  # everything after `--` goes to the backend untouched
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1 :]
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None and args.backend == "local" and (misplaced := openrlhf_only_options(parser, args)):
+        parser.error(
+            f"{', '.join(misplaced)}: for --backend openrlhf only; the local trainer's options go after `--` "
+            "(uv run apps/train -- --help)"
+        )
     configure_logging(args.verbose)
     try:
         if args.command == "data":
             return run_data(args)
         if args.backend == "openrlhf":
             return run_openrlhf(args, extra)
-        return run_local(extra)
+        return run_local(extra, args.verbose)
     except (LaunchError, DatasetError, RecipeError) as e:
         print(f"apps/train: error: {e}", file=sys.stderr)
         return 2

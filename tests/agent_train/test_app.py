@@ -70,12 +70,21 @@ def test_data_command(app: ModuleType, tmp_path: Path, capsys: pytest.CaptureFix
     assert len(out.read_text().splitlines()) == 256
 
 
-def test_local_backend_says_when_it_is_not_there(
-    app: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_openrlhf_options_with_the_local_backend_are_refused_not_ignored(
+    app: ModuleType, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(app, "LOCAL_TRAINER", "agent_train.no_such_trainer")
-    assert app.main([]) == 2
-    assert "not available yet" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        app.main(["--seed", "3", "--lr", "1e-5"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--lr, --seed: for --backend openrlhf only" in err and "after `--`" in err
+
+
+def test_the_local_trainer_reports_a_bad_option_of_its_own(app: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        app.main(["--", "--preset", "nope"])
+    assert exited.value.code == 2
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
 
 
 def test_the_directory_runs_as_a_script() -> None:
