@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -179,7 +180,10 @@ def demo_model_dir() -> Path:
     if ensure is None:
         raise SystemExit(f"no --model given and {DEMO_MODEL_MODULE} has no {DEMO_MODEL_FUNCTION}() to build the demo "
                          "model yet; pass --model PATH_OR_HF_ID")  # fmt: skip
-    return Path(ensure())
+    try:
+        return Path(ensure())
+    except Exception as e:  # the build failed (its error names the build log); nothing is served
+        raise SystemExit(f"apps/serve: the demo model could not be built: {e}") from e
 
 
 def context_length_of(model: str, given: int | None) -> int:
@@ -222,6 +226,8 @@ async def serve(app: Any, host: str, port: int, url: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # torch warns on import that pynvml is deprecated (on every machine, GPU or not); not actionable here
+    warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
     args = parse_args(argv)
     configure_logging(args.log_format, args.log_level)
     try:
@@ -232,7 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     except (RecipeError, RuntimeAgentError, OSError) as e:
         logger.error("startup_failed", error=str(e))
         return 1
-    name = args.served_model_name or (Path(model).name if Path(model).exists() else model)
+    if args.served_model_name:
+        name = args.served_model_name
+    elif args.model is None:  # the demo model's directory is called "model"; the recipe's name says what it is
+        name = recipe.name
+    else:
+        name = Path(model).name if Path(model).exists() else model
     aliases = (recipe.name,) if recipe.name != name else ()
     config = ServeConfig(
         model_name=name,

@@ -5,19 +5,14 @@ default recipe is found (or the fallback is logged)."""
 from __future__ import annotations
 
 import json
-import queue
-import signal
-import socket
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 from openai import OpenAI
 
-ROOT = Path(__file__).resolve().parents[2]
-APP = ROOT / "apps" / "serve"
+from tests.support.serve_process import APP, ServeProcess, free_port
+
 OPTIONS = [
     "--model",
     "--engine",
@@ -40,37 +35,17 @@ def test_help_explains_every_option() -> None:
     assert "hf,vllm,openai" in result.stdout
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def test_the_app_serves_a_real_model_and_stops_cleanly(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "trajectories.jsonl"
-    command = [
-        sys.executable, str(APP), "--model", str(tiny_qwen3_dir), "--port", str(port), "--log-format", "json",
+    args = [
+        "--model", str(tiny_qwen3_dir), "--port", str(port), "--log-format", "json",
         "--recipe", "agent_runtime.serving.fallback_recipe:calculator_recipe", "--trajectory-log", str(log),
         "--api-key", "k",
     ]  # fmt: skip
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout or []], daemon=True).start()
-    try:
-        deadline = time.monotonic() + 120
-        banner = ""
-        while "Serving at" not in banner:
-            assert process.poll() is None, process.stderr.read() if process.stderr else ""
-            assert time.monotonic() < deadline, "the app did not start"
-            try:
-                banner = lines.get(timeout=1)
-            except queue.Empty:
-                continue
-        assert f"http://127.0.0.1:{port}" in banner
-
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0, timeout=60)
+    with ServeProcess(args) as app:
+        assert app.url == f"http://127.0.0.1:{port}"
+        client = OpenAI(base_url=f"{app.url}/v1", api_key="k", max_retries=0, timeout=60)
         assert [m.id for m in client.models.list().data] == ["tiny-qwen3", "calculator-agent"]
         completion = client.chat.completions.create(
             model="tiny-qwen3", messages=[{"role": "user", "content": "What is 2 + 2?"}], max_tokens=4, seed=0
@@ -80,15 +55,8 @@ def test_the_app_serves_a_real_model_and_stops_cleanly(tiny_qwen3_dir: Path, tmp
         # random weights: the text is gibberish, but the served tokens are the model's and are logged
         ((record),) = [json.loads(line) for line in log.read_text().splitlines()]
         assert sum(record["segments"][-1]["loss_mask"]) == completion.usage.completion_tokens
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            stderr = process.communicate(timeout=30)[1]
-        except subprocess.TimeoutExpired:
-            process.kill()
-            raise
-    assert process.returncode == 0, stderr[-3000:]
-    events = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    assert app.returncode == 0, app.stderr[-3000:]
+    events = [json.loads(line) for line in app.stderr.splitlines() if line.startswith("{")]
     names = [e.get("event") for e in events]
     assert "server_started" in names and "request_served" in names and "server_stopped" in names
     assert all("timestamp" in e and "level" in e for e in events)
