@@ -3,6 +3,7 @@ policy-gradient loss with its KL term, batches aligned on targets, and OpenRLHF'
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -126,3 +127,18 @@ def test_an_rl_update_raises_the_logprob_of_the_rewarded_episode() -> None:
     assert stats["tokens"] == 4.0
     assert logprob_of(good) > before_good and logprob_of(bad) < before_bad
     assert rl_update(model, optimizer, records[2:], [0.0, 0.0], pad_id=0) == {"samples": 0.0, "tokens": 0.0}
+
+
+def test_the_sft_learning_rate_warms_up_then_stays_or_decays_to_its_floor() -> None:
+    from agent_train.local.config import LocalTrainConfig
+    from agent_train.local.trainer import sft_learning_rate
+
+    constant = LocalTrainConfig(sft_lr=1e-3, sft_warmup_steps=10, sft_steps=100)
+    assert sft_learning_rate(constant, 0) == pytest.approx(1e-4)
+    assert [sft_learning_rate(constant, s) for s in (9, 50, 99)] == [pytest.approx(1e-3)] * 3
+    cosine = LocalTrainConfig(sft_lr=1e-3, sft_warmup_steps=10, sft_steps=100, sft_final_lr_ratio=0.1)
+    assert sft_learning_rate(cosine, 0) == pytest.approx(1e-4)
+    assert sft_learning_rate(cosine, 10) == pytest.approx(1e-3)
+    assert sft_learning_rate(cosine, 99) == pytest.approx(1e-4)
+    rates = [sft_learning_rate(cosine, s) for s in range(10, 100)]
+    assert all(a >= b for a, b in itertools.pairwise(rates))  # never rises after the warmup

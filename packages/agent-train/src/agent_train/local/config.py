@@ -37,12 +37,14 @@ class LocalTrainConfig(msgspec.Struct, frozen=True, kw_only=True):
     sft_batch_size: int = 32
     sft_lr: float = 2e-3
     sft_warmup_steps: int = 20
+    sft_final_lr_ratio: float = 1.0  # < 1: cosine decay to this fraction of sft_lr by the last step; 1: constant
     sft_min_reward: float = 1.0  # imitate the expert episodes that earned at least this much
     # RL: `rl_prompts` prompts per step, `rl_group_size` samples each
     rl_steps: int = 60
     rl_prompts: int = 16
     rl_group_size: int = 8
     rl_lr: float = 2e-4
+    rl_warmup_steps: int = 1  # linear warmup of rl_lr over this many steps (1: none)
     rl_temperature: float = 1.0
     rl_estimator: Literal["grpo", "reinforce_baseline"] = "grpo"
     rl_kl_coef: float = 0.0

@@ -24,6 +24,7 @@ pieces of `agent_train.local` together; each step's mechanics live in its own mo
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import threading
 import time
@@ -54,7 +55,7 @@ from agent_train.local.rl import group_advantages, rl_update
 from agent_train.local.rollout import Rollouts
 from agent_train.local.sft import SFTExample, expert_trajectories, sample_batch, sft_examples, sft_step
 
-__all__ = ["TrainResult", "train_local", "train_local_async"]
+__all__ = ["TrainResult", "sft_learning_rate", "train_local", "train_local_async"]
 
 logger = structlog.get_logger(__name__)
 
@@ -111,6 +112,18 @@ def _run_sync[T](coroutine: Coroutine[Any, Any, T]) -> T:
         raise box["error"]
     value: T = box["value"]
     return value
+
+
+def sft_learning_rate(config: LocalTrainConfig, step: int) -> float:
+    """The SFT learning rate at `step` (0-based): linear warmup over `sft_warmup_steps`, then constant, or, when
+    `sft_final_lr_ratio` < 1, a cosine decay that reaches that fraction of `sft_lr` on the last step."""
+    warmup = min(1.0, (step + 1) / max(1, config.sft_warmup_steps))
+    floor = config.sft_final_lr_ratio
+    if floor >= 1.0:
+        return config.sft_lr * warmup
+    span = max(1, config.sft_steps - config.sft_warmup_steps - 1)
+    progress = min(1.0, max(0.0, (step - config.sft_warmup_steps) / span))
+    return config.sft_lr * warmup * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
 class _Run:
@@ -227,7 +240,7 @@ class _Run:
         self.bar.set_description("SFT")
         while self.state.sft_step < config.sft_steps:
             for group in self.optimizer.param_groups:
-                group["lr"] = config.sft_lr * min(1.0, (self.state.sft_step + 1) / max(1, config.sft_warmup_steps))
+                group["lr"] = sft_learning_rate(config, self.state.sft_step)
             loss = sft_step(
                 self.model, self.optimizer, sample_batch(examples, config.sft_batch_size, self.rng), pad_id=self.pad_id
             )
@@ -271,6 +284,8 @@ class _Run:
                 seed=config.seed * 1_000_003 + self.state.rl_step,
             )
             generate_s = time.perf_counter() - started
+            for group in self.optimizer.param_groups:
+                group["lr"] = config.rl_lr * min(1.0, (self.state.rl_step + 1) / max(1, config.rl_warmup_steps))
             advantages = group_advantages([r.reward for r in records], [r.group for r in records], config.rl_estimator)
             stats = rl_update(
                 self.model,
