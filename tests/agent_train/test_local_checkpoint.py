@@ -90,3 +90,31 @@ def test_presets() -> None:
     assert preset("ci").sft_steps <= LocalTrainConfig().sft_steps
     with pytest.raises(ValueError, match="unknown preset"):
         preset("huge")
+
+
+def test_ctrl_c_during_training_says_how_to_resume(tmp_path: Path) -> None:
+    """A real `python -m agent_train.local.cli` run interrupted with SIGINT once its first checkpoint exists."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "agent_train.local.cli", "--run-dir", str(run_dir), "--no-install"]
+    log = (tmp_path / "stderr.txt").open("w+")  # a file, not a pipe: the progress bar would fill a pipe and block
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (run_dir / "checkpoint").is_dir():  # the first SFT checkpoint (step 20)
+            assert process.poll() is None, (tmp_path / "stderr.txt").read_text()[-2000:]
+            assert time.monotonic() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        log.close()
+    err = (tmp_path / "stderr.txt").read_text()
+    assert process.returncode == 130, err[-2000:]
+    assert "interrupted;" in err and "--resume" in err and "Traceback" not in err

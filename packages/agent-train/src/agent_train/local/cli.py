@@ -76,6 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrainError as e:
         print(f"apps/train: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            f"\ninterrupted; {args.run_dir}/checkpoint holds the last checkpoint (if one was written): continue with "
+            f"`uv run apps/train -- --resume --run-dir {args.run_dir}` and the same options",
+            file=sys.stderr,
+        )
+        return 130
     figures = result.figures
     if not result.finished:
         print(f"paused after {args.stop_after} steps; continue with --resume --run-dir {result.run_dir}")
