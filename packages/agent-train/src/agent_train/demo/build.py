@@ -35,6 +35,8 @@ from typing import Any, Final
 
 import structlog
 
+from agent_train.atomic_dir import replacing_dir
+from agent_train.demo.model import is_model_dir
 from agent_train.errors import TrainError
 
 __all__ = [
@@ -53,7 +55,6 @@ DEMO_BUILD: Final = 1
 previously installed demo model wrong for this code, and it is rebuilt on next use."""
 
 _STAMP: Final = "demo_build.json"
-_MODEL_FILES: Final = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json")
 
 
 def demo_home() -> Path:
@@ -81,7 +82,7 @@ def _stamp(path: Path) -> dict[str, Any] | None:
 def find_demo_model() -> Path | None:
     """The installed demo model directory when it is complete and of the current `DEMO_BUILD`, else None."""
     path = demo_model_dir()
-    if not all((path / name).is_file() for name in _MODEL_FILES):
+    if not is_model_dir(path):
         return None
     stamp = _stamp(path)
     if stamp is None or stamp.get("build") != DEMO_BUILD:
@@ -93,22 +94,15 @@ def install_demo_model(model_dir: str | Path, *, summary: str | Path | None = No
     """Copy a trained model directory into the cache as the demo model (atomically: a reader sees the old one or
     the new one, never a half-copied one). `summary` is the run's ``summary.json``, kept in the stamp."""
     source = Path(model_dir)
-    if not all((source / name).is_file() for name in _MODEL_FILES):
+    if not is_model_dir(source):
         raise TrainError(f"{source} is not a complete model directory; nothing installed")
     target = demo_model_dir()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = target.with_name(f".model.tmp-{os.getpid()}")
-    shutil.rmtree(scratch, ignore_errors=True)
-    shutil.copytree(source, scratch)
     run = json.loads(Path(summary).read_text(encoding="utf-8")) if summary is not None else {}
     stamp = {"build": DEMO_BUILD, "installed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "source": str(source)}
     stamp.update({k: run[k] for k in ("figures", "eval_episodes", "seed", "elapsed_s") if k in run})
-    (scratch / _STAMP).write_text(json.dumps(stamp, indent=2) + "\n", encoding="utf-8")
-    old = target.with_name(f".model.old-{os.getpid()}")
-    if target.exists():
-        os.replace(target, old)
-    os.replace(scratch, target)
-    shutil.rmtree(old, ignore_errors=True)
+    with replacing_dir(target) as scratch:
+        shutil.copytree(source, scratch)
+        (scratch / _STAMP).write_text(json.dumps(stamp, indent=2) + "\n", encoding="utf-8")
     logger.info("demo_model_installed", path=str(target), figures=stamp.get("figures"))
     return target
 

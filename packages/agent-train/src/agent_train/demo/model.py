@@ -34,6 +34,7 @@ __all__ = [
     "DemoModelSpec",
     "build_demo_model",
     "chat_template",
+    "is_model_dir",
     "load_demo_model",
     "save_model_dir",
 ]

@@ -13,8 +13,6 @@ msgspec; it knows nothing about how the phases train.
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -23,6 +21,7 @@ import msgspec
 import torch
 from tokenizers import Tokenizer
 
+from agent_train.atomic_dir import replacing_dir
 from agent_train.demo.model import is_model_dir, load_demo_model, save_model_dir
 from agent_train.local.config import LocalTrainConfig
 
@@ -71,20 +70,13 @@ def save_checkpoint(
     rng: dict[str, Any],
 ) -> Path:
     """Write the checkpoint at `path`, replacing the previous one only once the new one is complete."""
-    target = Path(path)
-    scratch = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    shutil.rmtree(scratch, ignore_errors=True)
-    save_model_dir(model, tokenizer, scratch)
-    (scratch / _STATE).write_bytes(msgspec.json.format(msgspec.json.encode(state)) + b"\n")
-    if optimizer is not None:
-        torch.save(optimizer.state_dict(), scratch / _OPTIMIZER)
-    torch.save(rng, scratch / _RNG)
-    old = target.with_name(f".{target.name}.old-{os.getpid()}")
-    if target.exists():
-        os.replace(target, old)
-    os.replace(scratch, target)
-    shutil.rmtree(old, ignore_errors=True)
-    return target
+    with replacing_dir(path) as scratch:
+        save_model_dir(model, tokenizer, scratch)
+        (scratch / _STATE).write_bytes(msgspec.json.format(msgspec.json.encode(state)) + b"\n")
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), scratch / _OPTIMIZER)
+        torch.save(rng, scratch / _RNG)
+    return Path(path)
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint | None:
