@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -48,8 +49,10 @@ class ServeProcess:
 
     def __enter__(self) -> ServeProcess:
         command = [sys.executable, str(APP), *self.args]
+        # stderr (the server's logs) goes to a file: a pipe nobody reads until the end fills up and blocks the server
+        self._log = tempfile.TemporaryFile(mode="w+")
         self.process = subprocess.Popen(
-            command, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            command, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=self._log, text=True
         )
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=lambda: [lines.put(line) for line in self.process.stdout or []], daemon=True).start()
@@ -75,14 +78,17 @@ class ServeProcess:
         self._stop()
 
     def _stderr(self) -> str:
-        return self.process.stderr.read() if self.process.stderr else ""
+        self._log.seek(0)
+        return self._log.read()
 
     def _stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
         try:
-            self.stderr = self.process.communicate(timeout=30)[1] or ""
+            self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            self.stderr = self.process.communicate()[1] or ""
+            self.process.wait()
+        self.stderr = self._stderr()
+        self._log.close()
         self.returncode = self.process.returncode
