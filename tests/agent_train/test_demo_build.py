@@ -77,8 +77,9 @@ def test_a_model_of_another_build_or_an_incomplete_one_is_not_found(home: Path, 
         install_demo_model(home / "nowhere")
 
 
-def test_a_failed_build_raises_and_names_its_log(home: Path, model_dir: Path) -> None:
-    """A real child build that stops at once: the run directory holds a checkpoint of another configuration."""
+@pytest.fixture
+def build_that_fails(home: Path, model_dir: Path) -> Path:
+    """A cache whose build directory holds a checkpoint of another configuration: a real child build stops at once."""
     pytest.importorskip("torch")
     from tokenizers import Tokenizer
 
@@ -94,7 +95,31 @@ def test_a_failed_build_raises_and_names_its_log(home: Path, model_dir: Path) ->
         optimizer=None,
         rng={},
     )
+    return home
+
+
+def test_a_failed_build_raises_and_names_its_log(build_that_fails: Path) -> None:
     with pytest.raises(TrainError, match=r"build\.log"):
         ensure_demo_model(progress=False)
-    assert "different configuration" in (home / "build.log").read_text()
+    assert "different configuration" in (build_that_fails / "build.log").read_text()
     assert find_demo_model() is None
+
+
+def test_apps_serve_exits_with_the_build_log_when_the_demo_build_fails(build_that_fails: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.serve_process import APP, ROOT, free_port
+
+    done = subprocess.run(
+        [sys.executable, str(APP), "--port", str(free_port())],
+        cwd=ROOT,
+        env={**os.environ, "OPENRLHF_AGENT_HOME": str(build_that_fails.parent)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "apps/serve: the demo model could not be built" in done.stderr
+    assert str(build_that_fails / "build.log") in done.stderr and "Traceback" not in done.stderr
