@@ -28,16 +28,9 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("torch")
-    from agent_train.demo.model import DemoModelSpec, build_demo_model, save_model_dir
-    from agent_train.demo.recipe import make_recipe
-    from agent_train.demo.tokenizer import train_demo_tokenizer
+    from tests.support.tiny_demo import save_tiny_demo_model
 
-    recipe = make_recipe()
-    raw = train_demo_tokenizer(recipe.chat_protocol(), recipe.environment().tools, episodes=300)
-    spec = DemoModelSpec(hidden_size=32, num_hidden_layers=1, intermediate_size=64, num_attention_heads=2, head_dim=16)
-    path = tmp_path_factory.mktemp("trained")
-    save_model_dir(build_demo_model(raw, spec), raw, path)
-    return path
+    return save_tiny_demo_model(tmp_path_factory.mktemp("trained"))
 
 
 def test_the_cache_location_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,6 @@ from agent_protocol import HFTokenizer  # noqa: E402
 from agent_runtime import SamplingParams  # noqa: E402
 from agent_runtime.engines.hf import HFEngine  # noqa: E402
 from agent_train.demo.model import (  # noqa: E402
-    DemoModelSpec,
     build_demo_model,
     chat_template,
     is_model_dir,
@@ -25,9 +24,10 @@ from agent_train.demo.model import (  # noqa: E402
 )
 from agent_train.demo.recipe import make_recipe  # noqa: E402
 from agent_train.demo.tokenizer import train_demo_tokenizer  # noqa: E402
+from tests.support.tiny_demo import TINY_DEMO_SPEC  # noqa: E402
 
 RECIPE = make_recipe()
-SMALL = DemoModelSpec(hidden_size=32, num_hidden_layers=1, intermediate_size=64, num_attention_heads=2, head_dim=16)
+SMALL = TINY_DEMO_SPEC
 
 
 @pytest.fixture(scope="module")

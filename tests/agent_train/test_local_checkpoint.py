@@ -12,15 +12,16 @@ torch = pytest.importorskip("torch")
 
 from tokenizers import Tokenizer  # noqa: E402
 
-from agent_train.demo.model import DemoModelSpec, build_demo_model  # noqa: E402
+from agent_train.demo.model import build_demo_model  # noqa: E402
 from agent_train.demo.recipe import make_recipe  # noqa: E402
 from agent_train.demo.tokenizer import train_demo_tokenizer  # noqa: E402
 from agent_train.local.checkpoint import TrainerState, load_checkpoint, save_checkpoint  # noqa: E402
 from agent_train.local.config import LocalTrainConfig, preset  # noqa: E402
 from agent_train.local.metrics import MetricsWriter, read_metrics  # noqa: E402
 from agent_train.local.plot import plot_metrics  # noqa: E402
+from tests.support.tiny_demo import TINY_DEMO_SPEC  # noqa: E402
 
-SMALL = DemoModelSpec(hidden_size=32, num_hidden_layers=1, intermediate_size=64, num_attention_heads=2, head_dim=16)
+SMALL = TINY_DEMO_SPEC
 
 
 @pytest.fixture(scope="module")

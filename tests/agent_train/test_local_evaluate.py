@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from agent_train.local.evaluate import success_by
+from tests.support.tiny_demo import save_tiny_demo_model
 
 
 def test_success_is_split_by_a_row_field() -> None:
@@ -21,15 +22,9 @@ def test_success_is_split_by_a_row_field() -> None:
 
 def test_the_command_evaluates_a_saved_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("torch")
-    from agent_train.demo.model import DemoModelSpec, build_demo_model, save_model_dir
-    from agent_train.demo.recipe import make_recipe
-    from agent_train.demo.tokenizer import train_demo_tokenizer
     from agent_train.local.evaluate import main
 
-    recipe = make_recipe()
-    raw = train_demo_tokenizer(recipe.chat_protocol(), recipe.environment().tools, episodes=300)
-    spec = DemoModelSpec(hidden_size=32, num_hidden_layers=1, intermediate_size=64, num_attention_heads=2, head_dim=16)
-    save_model_dir(build_demo_model(raw, spec), raw, tmp_path)
+    save_tiny_demo_model(tmp_path)
     assert main([str(tmp_path), "--size", "6"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]  # (structlog's default logger prints to stdout too)
     # an untrained model solves nothing; the first six held-out problems hold both phrasings

@@ -27,10 +27,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-from agent_train.demo.model import DemoModelSpec
 from agent_train.local.config import LocalTrainConfig, preset
 from agent_train.local.metrics import read_metrics
 from agent_train.local.trainer import TrainResult, train_local
+from tests.support.tiny_demo import TINY_DEMO_SPEC
 
 SEED = 0
 MIN_SFT_GAIN = 0.25  # measured: 0.44 / 0.51 / 0.54 over seeds 0 / 1 / 2
@@ -79,7 +79,7 @@ def test_the_run_directory_holds_metrics_plot_summary_and_a_servable_model(ci_ru
 
 
 def test_a_paused_run_resumes_where_it_stopped(tmp_path: Path) -> None:
-    tiny = DemoModelSpec(hidden_size=32, num_hidden_layers=1, intermediate_size=64, num_attention_heads=2, head_dim=16)
+    tiny = TINY_DEMO_SPEC
     config = msgspec.structs.replace(
         LocalTrainConfig(),
         model=tiny,
