@@ -50,3 +50,16 @@ def test_corrupt_file_names_the_path(tmp_path: Path, content: bytes) -> None:
 def test_load_tokenizer_rejects_other_things() -> None:
     with pytest.raises(TypeError, match="cannot use int as a tokenizer"):
         load_tokenizer(3)
+
+
+def test_long_texts_take_the_gil_free_path_and_give_the_same_ids(qwen3_tokenizer_file: Path) -> None:
+    from agent_protocol import GIL_FREE_MIN_CHARS
+    from tests.agent_protocol.golden import renders
+
+    tokenizer = HFTokenizer.from_file(qwen3_tokenizer_file)
+    texts = [r.text for r in renders()]
+    joined = "".join(texts)  # every golden render: special tokens, tool calls, think blocks, CJK and emoji
+    assert len(joined) >= GIL_FREE_MIN_CHARS
+    cut = GIL_FREE_MIN_CHARS  # the shortest text that takes the batch path, and one just below it
+    for text in (joined, joined[:cut], joined[: cut - 1], joined[17 : 17 + cut]):
+        assert tokenizer.encode(text) == list(tokenizer.backend.encode(text, add_special_tokens=False).ids)

@@ -10,7 +10,7 @@ from agent_protocol.chat_protocol import ChatProtocol
 from agent_protocol.errors import MessageError, ProtocolError, TokenizerLoadError, UnknownProtocolError
 from agent_protocol.protocols.qwen3 import Qwen3Protocol, ThinkingMode
 from agent_protocol.registry import get_protocol, list_protocols, register_protocol
-from agent_protocol.tokenizer import HFTokenizer, Tokenizer, TransformersTokenizer, load_tokenizer
+from agent_protocol.tokenizer import GIL_FREE_MIN_CHARS, HFTokenizer, Tokenizer, TransformersTokenizer, load_tokenizer
 from agent_protocol.transcript import Span, TokenTranscript, TranscriptRecord
 from agent_protocol.types import (
     Action,
@@ -25,6 +25,7 @@ from agent_protocol.types import (
 )
 
 __all__ = [
+    "GIL_FREE_MIN_CHARS",
     "Action",
     "ChatProtocol",
     "HFTokenizer",

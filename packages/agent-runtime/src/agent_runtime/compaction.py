@@ -102,7 +102,7 @@ class CompactableSession(AgentSession):
         threshold = self.threshold
         if threshold is None or self.compactions >= self.max_compactions:
             return await super()._append_feedback(messages, closed=closed, turn=turn)
-        plain = self._tok().encode(self.protocol.render_feedback(messages, turn_closed=closed))
+        plain = await self._encode(self.protocol.render_feedback(messages, turn_closed=closed))
         if len(self.transcript) + len(plain) + self.max_new_tokens <= threshold:
             return await super()._append_feedback(messages, closed=closed, turn=turn)
         instruction = Message(role="user", content=self.instruction)
@@ -136,7 +136,7 @@ class CompactableSession(AgentSession):
         resume = Message(role="user", content=self.resume_template.format(summary=summary))
         prompt = [*self.prompt_messages, resume]
         self.messages.append(resume)
-        ids = self._render_prompt(prompt)
+        ids = await self._render_prompt(prompt)
         logger.bind(episode_id=self.episode_id).info(
             "compacted", segment=len(self.segments), prompt_tokens=len(ids), summary_chars=len(summary)
         )

@@ -51,6 +51,7 @@ from agent_protocol import (
     get_protocol,
     load_tokenizer,
 )
+from agent_runtime.encoding import encode_off_loop
 from agent_runtime.engines.base import Generation, SamplingParams
 from agent_runtime.errors import SessionStateError
 from agent_runtime.trajectory import EpisodeError, Trajectory, Usage
@@ -204,7 +205,7 @@ class AgentSession:
         await self.environment.reset(self.task)
         self.prompt_messages = list(messages)
         self.messages = list(messages)
-        ids = self._render_prompt(messages)
+        ids = await self._render_prompt(messages)
         log = logger.bind(episode_id=self.episode_id)
         log.debug("session_reset", prompt_tokens=len(ids))
         if self.max_context_tokens is not None and len(ids) + _MIN_TURN_TOKENS > self.max_context_tokens:
@@ -212,9 +213,9 @@ class AgentSession:
             await self._fail_with("context_exhausted", f"the prompt has {len(ids)} tokens; the context holds {limit}")
         return ids
 
-    def _render_prompt(self, messages: Sequence[Message]) -> list[int]:
+    async def _render_prompt(self, messages: Sequence[Message]) -> list[int]:
         t0 = time.perf_counter()
-        ids = self._tok().encode(self.protocol.render_prompt(messages, tools=self.environment.tools))
+        ids = await self._encode(self.protocol.render_prompt(messages, tools=self.environment.tools))
         self.timings["render_s"] += time.perf_counter() - t0
         transcript = TokenTranscript()
         transcript.append_prompt(ids)
@@ -294,13 +295,17 @@ class AgentSession:
 
     async def _append_feedback(self, messages: list[Message], *, closed: bool, turn: int) -> list[int]:
         t0 = time.perf_counter()
-        ids = self._tok().encode(self.protocol.render_feedback(messages, turn_closed=closed))
+        ids = await self._encode(self.protocol.render_feedback(messages, turn_closed=closed))
         self.timings["render_s"] += time.perf_counter() - t0
         if self._room(len(ids) + _MIN_TURN_TOKENS) < len(ids) + _MIN_TURN_TOKENS:
             await self._fail_with("context_exhausted", f"the feedback of turn {turn} ({len(ids)} tokens) does not fit")
             return []
         self.transcript.append_observation(ids)
         return ids
+
+    async def _encode(self, text: str) -> list[int]:
+        """Encode `text` alone; a long one on a worker thread, so other episodes on the loop keep running."""
+        return await encode_off_loop(self._tok(), text)
 
     def _closes_turn(self, ids: Sequence[int]) -> bool:
         end = self._tok().token_to_id(self.protocol.end_of_turn)

@@ -138,7 +138,10 @@ async def chat_completions(request: Request) -> Response:
         log = logger.bind(mode=mode, stream=chat.stream, messages=len(messages))
         if chat.stream:
             metrics.requests_streamed += 1
-            frames = stream_tools(backend, chat, messages, tools) if tools else stream_agent(backend, chat, messages)
+            if tools:
+                frames = await stream_tools(backend, chat, messages, tools)
+            else:
+                frames = stream_agent(backend, chat, messages)
             streaming = True
 
             def done() -> None:

@@ -26,6 +26,7 @@ import msgspec
 import structlog
 
 from agent_protocol import Action, Message, TokenTranscript, ToolCall, ToolSpec
+from agent_runtime.encoding import encode_off_loop
 from agent_runtime.engines.base import Generation
 from agent_runtime.serving.api_error import ApiError
 from agent_runtime.serving.backend import ServingBackend, new_completion_id
@@ -76,7 +77,7 @@ class _Turn:
     started: float = field(default_factory=time.perf_counter)
     generate_s: float = 0.0
 
-    def prepare(self) -> None:
+    async def prepare(self) -> None:
         """Continue a stored transcript or render the conversation; raises `ApiError` when it cannot fit."""
         backend, messages, metrics = self.backend, self.messages, self.backend.metrics
         tokenizer, protocol = backend.engine.tokenizer, backend.protocol
@@ -88,14 +89,15 @@ class _Turn:
             self.conversation_id, self.transcript, self.turns = stored.conversation_id, stored.transcript, stored.turns
             reused = len(self.transcript)
             feedback = protocol.render_feedback(messages[last + 1 :], turn_closed=stored.turn_closed)
-            self.transcript.append_observation(tokenizer.encode(feedback))
+            self.transcript.append_observation(await encode_off_loop(tokenizer, feedback))
             self.prepared = "prefix_hit"
             metrics.transcript_prefix_hits += 1
             metrics.reused_prompt_tokens += reused
             metrics.rendered_prompt_tokens += len(self.transcript) - reused
         else:
             self.conversation_id = uuid.uuid4().hex[:12]
-            self.transcript.append_prompt(tokenizer.encode(protocol.render_prompt(messages, tools=self.tools)))
+            prompt = protocol.render_prompt(messages, tools=self.tools)
+            self.transcript.append_prompt(await encode_off_loop(tokenizer, prompt))
             self.turns = sum(1 for m in messages if m.role == "assistant")
             self.prepared = "rerender" if last is not None else "new"
             if last is not None:
@@ -203,11 +205,11 @@ class _Turn:
         )
 
 
-def _new_turn(
+async def _new_turn(
     backend: ServingBackend, request: ChatCompletionRequest, messages: Sequence[Message], tools: Sequence[ToolSpec]
 ) -> _Turn:
     turn = _Turn(backend, request, list(messages), list(tools))
-    turn.prepare()
+    await turn.prepare()
     return turn
 
 
@@ -215,7 +217,7 @@ async def complete_tools(
     backend: ServingBackend, request: ChatCompletionRequest, messages: Sequence[Message], tools: Sequence[ToolSpec]
 ) -> ChatCompletion:
     """One model turn: text, or tool calls for the client to run."""
-    turn = _new_turn(backend, request, messages, tools)
+    turn = await _new_turn(backend, request, messages, tools)
     try:
         await turn.generate()
     finally:
@@ -229,12 +231,12 @@ async def complete_tools(
     )
 
 
-def stream_tools(
+async def stream_tools(
     backend: ServingBackend, request: ChatCompletionRequest, messages: Sequence[Message], tools: Sequence[ToolSpec]
 ) -> AsyncGenerator[bytes]:
     """The turn as SSE frames. The prompt is prepared here, before the stream starts, so a conversation that does
     not fit is a 400, not an error frame."""
-    return _stream(backend, request, _new_turn(backend, request, messages, tools))
+    return _stream(backend, request, await _new_turn(backend, request, messages, tools))
 
 
 async def _stream(backend: ServingBackend, request: ChatCompletionRequest, turn: _Turn) -> AsyncGenerator[bytes]:
