@@ -50,7 +50,7 @@ __all__ = [
 
 logger = structlog.get_logger(__name__)
 
-DEMO_BUILD: Final = 1
+DEMO_BUILD: Final = 2  # 2: the expert states its plan before the call
 """The version of the demo's definition (task, tokenizer, model shape, trainer); bump it when a change makes a
 previously installed demo model wrong for this code, and it is rebuilt on next use."""
 
