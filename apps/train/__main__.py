@@ -39,7 +39,7 @@ from agent_train import (
 
 EPILOG = """\
 backends:
-  local     train the embedded demo agent on this machine's CPUs (about 12 minutes on 2 cores): tokenizer, tiny
+  local     train the embedded demo agent on this machine's CPUs (about 8 minutes on 2 cores): tokenizer, tiny
             Qwen3 model, SFT on expert episodes, RL through the OpenRLHF executor; prints held-out success
             before training, after SFT and after RL, and installs the model apps/serve serves by default;
             its options go after `--` (`uv run apps/train -- --help` lists them)

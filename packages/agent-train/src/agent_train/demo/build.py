@@ -2,7 +2,7 @@
 `apps/serve` calls when no model is named.
 
     path = find_demo_model()                  # the installed demo model directory, or None
-    path = ensure_demo_model(progress=True)   # ... or train it first (about 12 minutes on two CPU cores)
+    path = ensure_demo_model(progress=True)   # ... or train it first (about 8 minutes on two CPU cores)
 
 Cache location (the first that applies):
 
@@ -130,7 +130,7 @@ def _build(home: Path, progress: bool) -> Path:
         command.append("--no-progress")
     logger.info("demo_model_building", run_dir=str(home / "build"), log=str(log_path))
     if progress:
-        print(f"Building the demo model (about 12 minutes on 2 CPU cores, once); log: {log_path}", file=sys.stderr)
+        print(f"Building the demo model (about 8 minutes on 2 CPU cores, once); log: {log_path}", file=sys.stderr)
     started = time.monotonic()
     with log_path.open("ab") as log:
         code = subprocess.run(command, stdout=log, stderr=None if progress else log, check=False).returncode

@@ -1,6 +1,6 @@
 """`LocalTrainConfig`: every hyperparameter of the local trainer, with defaults that train the demo agent on
-two CPU cores in about twelve minutes, and a `ci` preset (a third of the RL steps, half the held-out problems) that
-the test suite runs in about four.
+two CPU cores in about eight minutes, and a `ci` preset (a third of the RL steps, half the held-out problems) that
+the test suite runs in about five.
 
     config = LocalTrainConfig()                       # the full run of `uv run apps/train`
     config = preset("ci")                             # the shortened run the test suite asserts on
