@@ -111,7 +111,7 @@ def test_ctrl_c_during_training_says_how_to_resume(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "no checkpoint within 300 s"
             time.sleep(0.5)
         process.send_signal(signal.SIGINT)
-        process.wait(timeout=60)
+        process.wait(timeout=120)  # within a step of SFT (it yields to the loop after each)
     finally:
         if process.poll() is None:
             process.kill()

@@ -248,6 +248,9 @@ class _Run:
             self.metrics.write("sft", step=self.state.step, loss=round(loss, 5))
             self.bar.update(1)
             self.bar.set_postfix_str(f"loss {loss:.3f}")
+            # an SFT step never awaits; yield once per step so that Ctrl-C (asyncio.run cancels this task) lands
+            # within a step, not at the next evaluation
+            await asyncio.sleep(0)
             if self.state.sft_step < config.sft_steps and self.state.sft_step % config.sft_eval_every == 0:
                 await self.evaluate()
             if self.state.sft_step < config.sft_steps and self.should_pause():
