@@ -101,7 +101,15 @@ def test_ctrl_c_during_training_says_how_to_resume(tmp_path: Path) -> None:
     import time
 
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "agent_train.local.cli", "--run-dir", str(run_dir), "--no-install"]
+    # A child inherits an ignored SIGINT, and something earlier in a full test session leaves SIGINT ignored in
+    # this process (the test passed alone and timed out in the suite), so the child restores Python's handler
+    # itself before it runs the command line a user types.
+    start = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "sys.argv = ['agent_train.local.cli', *sys.argv[1:]]; "
+        "runpy.run_module('agent_train.local.cli', run_name='__main__')"
+    )
+    command = [sys.executable, "-c", start, "--run-dir", str(run_dir), "--no-install"]
     log = (tmp_path / "stderr.txt").open("w+")  # a file, not a pipe: the progress bar would fill a pipe and block
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, text=True)
     try:
@@ -117,5 +125,5 @@ def test_ctrl_c_during_training_says_how_to_resume(tmp_path: Path) -> None:
             process.kill()
         log.close()
     err = (tmp_path / "stderr.txt").read_text()
-    assert process.returncode == 130, err[-2000:]
+    assert process.returncode == 130, (signal.getsignal(signal.SIGINT), err[-2000:])
     assert "interrupted;" in err and "--resume" in err and "Traceback" not in err
