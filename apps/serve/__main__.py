@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from agent_runtime import LLMEngine, RuntimeAgentError
 from agent_runtime.engines import make_engine
 from agent_runtime.recipe import Recipe, RecipeError, load_recipe
 from agent_runtime.serving import ServeConfig, calculator_recipe, create_app
+from agent_runtime.torch_warnings import ignore_pynvml_deprecation
 
 DEMO_RECIPE = "agent_train.demo.recipe"
 DEMO_MODEL_MODULE = "agent_train.demo"
@@ -226,8 +226,7 @@ async def serve(app: Any, host: str, port: int, url: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # torch warns on import that pynvml is deprecated (on every machine, GPU or not); not actionable here
-    warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
+    ignore_pynvml_deprecation()
     args = parse_args(argv)
     configure_logging(args.log_format, args.log_level)
     try:

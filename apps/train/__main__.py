@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import structlog
 
 from agent_runtime.recipe import RecipeError, load_recipe
+from agent_runtime.torch_warnings import ignore_pynvml_deprecation
 from agent_train import (
     ALGORITHMS,
     MODES,
@@ -221,8 +221,7 @@ def run_local(extra: list[str], verbose: bool = False) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # torch warns on import that pynvml is deprecated (on every machine, GPU or not); not actionable here
-    warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
+    ignore_pynvml_deprecation()
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
     if "--" in argv:  # everything after `--` goes to the backend untouched

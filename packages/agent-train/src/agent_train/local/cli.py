@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from collections.abc import Sequence
 
 import msgspec
 
+from agent_runtime.torch_warnings import ignore_pynvml_deprecation
 from agent_train.errors import TrainError
 from agent_train.local.config import PRESETS, preset
 
@@ -64,8 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     config = msgspec.structs.replace(config, **{k: v for k, v in overrides.items() if v is not None})
 
-    # torch warns on import that pynvml is deprecated (on every machine, GPU or not); not actionable for a user here
-    warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
+    ignore_pynvml_deprecation()
     from agent_train.demo.build import install_demo_model  # torch, transformers and vLLM load from here on
     from agent_train.local.trainer import train_local
 

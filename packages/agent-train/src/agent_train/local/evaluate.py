@@ -22,6 +22,7 @@ import msgspec
 import msgspec.structs
 
 from agent_runtime import AgentRuntime, LLMEngine, Recipe, Trajectory
+from agent_runtime.torch_warnings import ignore_pynvml_deprecation
 
 __all__ = ["EvalResult", "evaluate", "main", "success_by", "summarize"]
 
@@ -77,11 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import asyncio
     import logging
-    import warnings
 
     import structlog
 
-    warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)  # torch's
+    ignore_pynvml_deprecation()
     from agent_runtime.engines.hf import HFEngine
     from agent_train.demo.recipe import make_recipe
 
