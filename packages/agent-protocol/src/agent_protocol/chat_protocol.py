@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 
-from agent_protocol.types import Action, Message, MessageLike, ToolSpecLike
+from agent_protocol.types import Action, Message, MessageLike, ParseIssue, ToolSpecLike
 
 __all__ = ["ChatProtocol"]
 
@@ -41,10 +41,25 @@ class ChatProtocol(ABC):
     def generation_prompt(self) -> str:
         """The text that opens an assistant turn for the model to continue."""
 
-    @abstractmethod
     def parse_assistant_text(self, text: str, *, call_id_prefix: str = "call") -> Action:
         """Split one generated turn (the text after the generation prompt) into reasoning, content and tool
-        calls. Never raises on malformed output."""
+        calls. Never raises, whatever the text: this is the boundary around the family's `parse_turn`, so
+        that a parser bug on some degenerate generation costs that turn (an `Action` with the issue
+        ``parse_error``) and never the episode, its batch or the server."""
+        try:
+            return self.parse_turn(text, call_id_prefix=call_id_prefix)
+        except Exception as e:  # a family parser that raised: the turn is kept, unread, with a coded issue
+            issue = ParseIssue(
+                code="parse_error",
+                message=f"Your turn could not be read ({type(e).__name__}); nothing in it was run. "
+                "Write it again, shorter and in the expected format.",
+            )
+            return Action(content="", error=issue)
+
+    @abstractmethod
+    def parse_turn(self, text: str, *, call_id_prefix: str = "call") -> Action:
+        """The family's parser, called through `parse_assistant_text` (call that, not this). Malformed output
+        should become `ParseIssue`s; anything this raises is caught there as ``parse_error``."""
 
     @abstractmethod
     def render_generation(self, message: MessageLike) -> str:

@@ -8,6 +8,7 @@ file that cannot be loaded. Malformed *model output* never raises; it becomes a 
 from __future__ import annotations
 
 __all__ = [
+    "JsonLimitError",
     "MessageError",
     "ProtocolError",
     "TokenizerLoadError",
@@ -30,6 +31,11 @@ class MessageError(ProtocolError, ValueError):
         self.location = location
         self.problem = problem
         super().__init__(f"{location}: {problem}")
+
+
+class JsonLimitError(ProtocolError, ValueError):
+    """JSON text or a decoded value is beyond what is accepted: nested too deeply, a number too long to read,
+    or a string that is not valid Unicode text. The message says which, written to be shown as it is."""
 
 
 class UnknownProtocolError(ProtocolError, ValueError):

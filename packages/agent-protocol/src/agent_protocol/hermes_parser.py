@@ -25,6 +25,8 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
+from agent_protocol.errors import JsonLimitError
+from agent_protocol.json_limits import loads_bounded
 from agent_protocol.types import Action, ParseIssue, ToolCall
 
 __all__ = ["parse_hermes_turn", "split_reasoning", "split_tool_calls"]
@@ -101,7 +103,14 @@ def split_tool_calls(content: str, *, call_id_prefix: str = "call") -> tuple[str
 def _parse_call_body(body: str, *, closed: bool, call_id: str) -> ToolCall:
     raw = body if len(body) <= _RAW_PREVIEW else body[:_RAW_PREVIEW] + "..."
     try:
-        payload = json.loads(body)
+        payload = loads_bounded(body)
+    except JsonLimitError as e:
+        issue = ParseIssue(
+            code="invalid_json",
+            message=f"The tool call cannot be read: {e}. Write a plain "
+            '{"name": <function-name>, "arguments": <args-json-object>} inside <tool_call></tool_call>.',
+        )
+        return ToolCall(id=call_id, name="", error=issue, raw=raw)
     except json.JSONDecodeError as e:
         if closed:
             issue = ParseIssue(
@@ -150,7 +159,9 @@ def _arguments(value: Any) -> tuple[dict[str, Any], str | None]:
         return value, None
     if isinstance(value, str):
         try:
-            decoded = json.loads(value) if value.strip() else {}
+            decoded = loads_bounded(value) if value.strip() else {}
+        except JsonLimitError as e:
+            return {}, f'"arguments" is a string that holds JSON that cannot be read: {e}.'
         except json.JSONDecodeError:
             decoded = value
         if isinstance(decoded, dict):

@@ -13,7 +13,8 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from agent_protocol.errors import MessageError
+from agent_protocol.errors import JsonLimitError, MessageError
+from agent_protocol.json_limits import check_json_value, loads_bounded
 
 __all__ = [
     "ROLES",
@@ -39,6 +40,7 @@ IssueCode = Literal[
     "invalid_arguments",  # "arguments" is neither a JSON object nor a string holding one
     "unclosed_tag",  # <tool_call> never closed and its body is incomplete (usually cut off by the length limit)
     "missing_think_end",  # reasoning was opened and never closed with </think>
+    "parse_error",  # the family's parser failed on this text (a bug it has; the turn is kept, unread)
 ]
 
 
@@ -218,22 +220,35 @@ def _message_from_dict(data: Mapping[str, Any], where: str) -> Message:
 
 def _content_text(value: Any, where: str) -> str | None:
     """OpenAI content is a string, null, or a list of parts; only text parts carry meaning here."""
-    if value is None or isinstance(value, str):
+    if value is None:
         return value
+    if isinstance(value, str):
+        return _text(value, where)
     if isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
         texts: list[str] = []
         for k, part in enumerate(value):
             if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise MessageError(f"{where}[{k}]", 'only {"type": "text", "text": "..."} parts are supported')
-            texts.append(part["text"])
+            texts.append(_text(part["text"], f"{where}[{k}].text"))
         return "".join(texts)
     raise MessageError(where, f"must be a string, null or a list of text parts, got {type(value).__name__}")
 
 
 def _optional_str(value: Any, where: str) -> str | None:
-    if value is None or isinstance(value, str):
+    if value is None:
         return value
+    if isinstance(value, str):
+        return _text(value, where)
     raise MessageError(where, f"must be a string, got {type(value).__name__}")
+
+
+def _text(value: str, where: str) -> str:
+    """`value` if it is valid Unicode text; a lone surrogate (from a JSON escape) cannot be tokenized."""
+    try:
+        check_json_value(value)
+    except JsonLimitError as e:
+        raise MessageError(where, f"cannot be read: {e}") from e
+    return value
 
 
 def _tool_call_from_dict(data: Any, where: str, position: int) -> ToolCall:
@@ -249,11 +264,15 @@ def _tool_call_from_dict(data: Any, where: str, position: int) -> ToolCall:
     if not isinstance(name, str) or not name:
         raise MessageError(f"{fn_where}.name", "missing or not a non-empty string")
     arguments = function.get("arguments", {})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as e:
-            raise MessageError(f"{fn_where}.arguments", f"is a string but not valid JSON ({e.msg})") from e
+    try:
+        if isinstance(arguments, str):
+            arguments = loads_bounded(arguments) if arguments.strip() else {}
+        else:
+            check_json_value(arguments)
+    except json.JSONDecodeError as e:
+        raise MessageError(f"{fn_where}.arguments", f"is a string but not valid JSON ({e.msg})") from e
+    except JsonLimitError as e:
+        raise MessageError(f"{fn_where}.arguments", f"cannot be read: {e}") from e
     if not isinstance(arguments, dict):
         raise MessageError(f"{fn_where}.arguments", f"must be a JSON object, got {type(arguments).__name__}")
     call_id = data.get("id")
@@ -276,4 +295,8 @@ def _tool_spec_from_dict(data: Mapping[str, Any], where: str) -> ToolSpec:
     parameters = function.get("parameters", {"type": "object", "properties": {}})
     if not isinstance(parameters, dict):
         raise MessageError(f"{fn_where}.parameters", f"must be a JSON schema object, got {type(parameters).__name__}")
+    try:
+        check_json_value(parameters)
+    except JsonLimitError as e:
+        raise MessageError(f"{fn_where}.parameters", f"cannot be read: {e}") from e
     return ToolSpec(name=name, description=description, parameters=parameters)

@@ -125,7 +125,7 @@ class Qwen3Protocol(ChatProtocol):
 
     # -- parsing -----------------------------------------------------------------------------------------
 
-    def parse_assistant_text(self, text: str, *, call_id_prefix: str = "call") -> Action:
+    def parse_turn(self, text: str, *, call_id_prefix: str = "call") -> Action:
         return parse_hermes_turn(text, reasoning_open=self.mode is ThinkingMode.FORCED, call_id_prefix=call_id_prefix)
 
 

@@ -1,0 +1,176 @@
+"""Property-based fuzzing: no string makes a registered protocol's parser raise, and none makes
+`coerce_messages` raise anything but `MessageError`.
+
+The text mixes what degenerate RL generations are made of: the family's tags, JSON fragments, deep nesting,
+huge numbers, surrogate escapes and raw surrogates, NUL bytes, and megabyte strings. CI runs a bounded number
+of examples per test (`AGENT_FUZZ_EXAMPLES`, default 200); the large run documented in docs/RELIABILITY.md
+sets it higher:
+
+    AGENT_FUZZ_EXAMPLES=20000 uv run pytest tests/agent_protocol/test_parse_fuzz.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent_protocol import Action, MessageError, Qwen3Protocol, coerce_messages, get_protocol, list_protocols
+from agent_protocol.json_limits import MAX_JSON_DEPTH, check_json_value
+
+EXAMPLES = int(os.environ.get("AGENT_FUZZ_EXAMPLES", "200"))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=os.environ.get("AGENT_FUZZ_RANDOM") != "1",  # CI is repeatable; set 1 to explore new seeds
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+TAGS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<|im_end|>", "<|endoftext|>", "<|im_start|>"]
+JSON_BITS = ['{"name": "calculator", "arguments": ', '{"name": ', '"arguments"', "{", "}", "[", "]", ":", ",",
+             '"', "\\", "null", "true", "1e999", "-0", "NaN", "Infinity", '"x"', "\n", " "]  # fmt: skip
+
+
+SIZES = st.sampled_from([1, 2, 99, 100, 101, 150, 999, 1500, 3000, 20000]) | st.integers(1, 3000)
+DIGITS = st.sampled_from([1, 19, 20, 4300, 4301, 5000, 20000]) | st.integers(1, 6000)
+
+
+@st.composite
+def hostile_piece(draw: st.DrawFn) -> str:
+    kind = draw(st.integers(0, 9))
+    n = draw(SIZES)
+    match kind:
+        case 0:
+            return draw(st.sampled_from(TAGS))
+        case 1:
+            return draw(st.sampled_from(JSON_BITS))
+        case 2:  # deep nesting, closed or not
+            opener = draw(st.sampled_from(["[", '{"a":', '[{"b":']))
+            return opener * n + draw(st.sampled_from(["", "1" + "]" * n, "}" * n]))
+        case 3:  # a number past CPython's 4,300-digit conversion limit, or just long
+            return draw(st.sampled_from(["", "-", "0.", "1e"])) + "9" * draw(DIGITS)
+        case 4:  # surrogate escapes (valid JSON, invalid text) and raw lone surrogates
+            return draw(st.sampled_from(['"\\ud800"', '"\\udfff\\ud83d"', "\\ud834", chr(0xD800), chr(0xDFFF)]))
+        case 5:
+            return "\x00" * draw(st.integers(1, 8))
+        case 6:  # a megabyte of one character, sometimes a bracket
+            return draw(st.sampled_from(["a", "[", "{", '"', "<", " "])) * draw(st.sampled_from([1, 1 << 10, 1 << 20]))
+        case 7:  # a well-formed call, so that the mix often holds real ones too
+            args = draw(st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3))
+            payload = json.dumps({"name": "calculator", "arguments": args})
+            return f"<tool_call>\n{payload}\n</tool_call>"
+        case 8:  # arguments as a string holding hostile JSON
+            inner = draw(st.sampled_from(["[" * n, "9" * (4000 + n), '{"a": "\\ud800"}', "{" * n + "}" * n]))
+            return json.dumps({"name": "calculator", "arguments": inner})
+        case _:
+            return draw(st.text(max_size=50))
+
+
+@st.composite
+def hostile_call(draw: st.DrawFn) -> str:
+    """A `<tool_call>` block (closed or cut off) whose body is made of hostile pieces: most parsing happens
+    only inside one, so the fuzzer should not have to find the tags by chance."""
+    body = "".join(draw(st.lists(hostile_piece(), min_size=1, max_size=4)))
+    where = draw(st.sampled_from(["name", "arguments", "body"]))
+    if where == "name":
+        body = '{"name": ' + body + ', "arguments": {}}'
+    elif where == "arguments":
+        body = '{"name": "calculator", "arguments": ' + body + "}"
+    close = draw(st.sampled_from(["\n</tool_call>", "</tool_call>", ""]))
+    return f"<tool_call>\n{body}{close}"
+
+
+hostile_text = st.lists(hostile_piece() | hostile_call(), min_size=1, max_size=8).map("".join)
+PROTOCOLS = list_protocols()
+
+
+def _check_action(action: Action) -> None:
+    assert isinstance(action, Action)
+    for call in action.tool_calls:
+        assert isinstance(call.arguments, dict)
+        check_json_value(call.arguments, max_depth=MAX_JSON_DEPTH)  # nothing downstream can choke on it
+        if call.ok:
+            msgspec.json.encode(call.arguments)  # tools, trajectories and the wire can encode what was parsed
+
+
+def test_every_registered_protocol_is_fuzzed() -> None:
+    assert len(PROTOCOLS) >= 3, PROTOCOLS  # the Qwen3 family today; each new family is fuzzed as it registers
+
+
+@pytest.mark.parametrize("name", PROTOCOLS)
+@FUZZ
+@given(text=hostile_text, call_id_prefix=st.sampled_from(["call", "call_7", ""]))
+def test_parser_never_raises(name: str, text: str, call_id_prefix: str) -> None:
+    protocol = get_protocol(name)
+    _check_action(protocol.parse_assistant_text(text, call_id_prefix=call_id_prefix))
+
+
+@pytest.mark.parametrize("name", PROTOCOLS)
+@pytest.mark.parametrize(
+    "body",
+    [
+        "[" * 1500 + "]" * 1500,  # RecursionError in json.loads before json_limits
+        '{"name": "calculator", "arguments": {"x": ' + "9" * 5000 + "}}",  # ValueError: int too long
+        '{"name": "calculator", "arguments": "' + "[" * 2000 + '"}',  # nested inside the arguments string
+        '{"name": "calculator", "arguments": {"x": "\\ud800"}}',  # a lone surrogate
+        '{"name": "calculator", "arguments": ' + '{"a":' * 150 + "1" + "}" * 150 + "}",  # decodes; too deep
+    ],
+    ids=["deep_brackets", "huge_int", "deep_arguments_string", "lone_surrogate", "deep_but_decodable"],
+)
+def test_known_killers_become_coded_issues(name: str, body: str) -> None:
+    # "</think>" first: Thinking-2507 opens the reasoning in the prompt, so its turns start inside it.
+    action = get_protocol(name).parse_assistant_text(f"</think>\n\n<tool_call>\n{body}\n</tool_call>")
+    assert len(action.tool_calls) == 1
+    error = action.tool_calls[0].error
+    assert error is not None and error.code in ("invalid_json", "invalid_arguments"), action
+    assert "cannot be read" in error.message
+
+
+def test_a_parser_that_raises_costs_one_turn_not_the_episode() -> None:
+    class Broken(Qwen3Protocol):
+        def parse_turn(self, text: str, *, call_id_prefix: str = "call") -> Action:
+            raise RecursionError("maximum recursion depth exceeded")
+
+    qwen3 = get_protocol("qwen3")
+    assert isinstance(qwen3, Qwen3Protocol)
+    action = Broken(qwen3.name, qwen3.mode).parse_assistant_text("<tool_call>{}</tool_call>")
+    assert action.error is not None and action.error.code == "parse_error"
+    assert action.tool_calls == () and action.content == ""
+
+
+json_leaf = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10)
+json_value = st.recursive(json_leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+    st.text(max_size=5), inner, max_size=3), max_leaves=20)  # fmt: skip
+
+
+@st.composite
+def hostile_message(draw: st.DrawFn) -> Any:
+    arguments = draw(hostile_text | json_value.map(json.dumps) | json_value)
+    call = {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": arguments}}
+    text_part = st.fixed_dictionaries({"type": st.just("text"), "text": hostile_text})
+    content = draw(st.none() | hostile_text | st.lists(text_part, max_size=2))
+    return draw(st.sampled_from([
+        {"role": "assistant", "content": content, "tool_calls": [call]},
+        {"role": "tool", "content": content, "tool_call_id": draw(st.text(max_size=5) | st.integers())},
+        {"role": draw(st.sampled_from(["user", "system", "robot"])), "content": content},
+        {"role": "assistant", "tool_calls": draw(json_value)},
+    ]))  # fmt: skip
+
+
+@FUZZ
+@given(messages=st.lists(hostile_message(), min_size=1, max_size=3))
+def test_coerce_messages_raises_only_message_error(messages: list[Any]) -> None:
+    try:
+        coerced = coerce_messages(messages)
+    except MessageError as e:
+        assert e.location.startswith("messages[")
+        return
+    for message in coerced:  # what was accepted is text a tokenizer can take, and arguments within the limits
+        (message.content or "").encode("utf-8")
+        for call in message.tool_calls:
+            check_json_value(call.arguments)
