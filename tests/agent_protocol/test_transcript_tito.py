@@ -7,8 +7,11 @@ assistant turn appended as its generated token ids, each feedback delta tokenize
 2. Where the template is append-only for the conversation, the ids equal the golden token ids of the
    official full render, token for token.
 3. Where it is not (see README "What the transcript holds"), the transcript holds each turn as generated,
-   and the only token-level difference from re-tokenizing the text is the documented seam where the
-   prompt's `<think>\\n` meets a generated `\\n</think>`.
+   and re-tokenizing the text gives the same ids, id for id, except at the documented seam where the
+   prompt's `<think>\\n` meets a generated `\\n</think>`: there the transcript holds `\\n`, `\\n`, `</think>`
+   and the re-tokenized text `\\n\\n`, `</think>`.
+4. Every generated turn holds exactly the ids of the generation, and the loss mask and action ranges are
+   exactly the token spans of the generated turns in the text (found from the text, not from the transcript).
 """
 
 from __future__ import annotations
@@ -60,29 +63,55 @@ def build_transcript(
 
 def as_sampled_text(protocol: ChatProtocol, golden: GoldenRender) -> str:
     """The golden render with each assistant block replaced by the turn exactly as it was generated."""
+    return sampled_text_and_turns(protocol, golden)[0]
+
+
+def sampled_text_and_turns(protocol: ChatProtocol, golden: GoldenRender) -> tuple[str, list[tuple[int, int]]]:
+    """`as_sampled_text`, and the character span of each generated turn in it."""
     messages = cases()[golden.case]["messages"]
     generated = [protocol.render_generation(m) for m in messages if m["role"] == "assistant"]
     opener = protocol.generation_prompt.removeprefix(IM_START)
     blocks = golden.text.split(IM_START)
-    out = [blocks[0]]
+    text, turns = blocks[0], []
     for block in blocks[1:]:
+        text += IM_START
         if block.startswith("assistant\n") and generated:  # a generated turn, not the final generation prompt
-            block = opener + generated.pop(0) + "\n"
-        out.append(block)
-    text = IM_START.join(out)
-    return text.removesuffix("\n") if messages[-1]["role"] == "assistant" else text
+            turn = generated.pop(0)
+            start = len(text) + len(opener)
+            turns.append((start, start + len(turn)))
+            block = opener + turn + "\n"
+        text += block
+    return (text.removesuffix("\n") if messages[-1]["role"] == "assistant" else text), turns
 
 
-def test_every_golden_case_is_checked() -> None:
-    assert len(GOLDEN) == 24  # 6 cases x (3 templates + the enable_thinking=False variant)
+def merge_seams(ids: list[int]) -> list[int]:
+    """`ids` with each documented seam (`\\n`, `\\n`, `</think>`) as one tokenization of the text gives it."""
+    out: list[int] = []
+    for token in ids:
+        if token == THINK_END and out[-2:] == [NEWLINE, NEWLINE]:
+            out[-2:] = [DOUBLE_NEWLINE]
+        out.append(token)
+    return out
 
 
-@pytest.mark.parametrize("golden", GOLDEN, ids=lambda g: g.id)
-def test_transcript_matches_the_official_render(golden: GoldenRender, tokenizer: HFTokenizer) -> None:
+def token_index(tokenizer: HFTokenizer, ids: list[int], text: str, char: int) -> int:
+    """The k for which `ids[:k]` decodes to exactly `text[:char]`; fails when no token boundary falls there."""
+    low, high = 0, len(ids)
+    while low < high:  # the first k whose decoded prefix reaches `char` characters
+        middle = (low + high) // 2
+        if len(tokenizer.decode(ids[:middle])) < char:
+            low = middle + 1
+        else:
+            high = middle
+    assert tokenizer.decode(ids[:low]) == text[:char], f"no token boundary at character {char}"
+    return low
+
+
+def check_tito(golden: GoldenRender, transcript: TokenTranscript, tokenizer: HFTokenizer) -> None:
+    """Points 1-4 of the module docstring, for one golden case and the transcript an episode built for it."""
     case = cases()[golden.case]
     protocol = get_protocol(golden.protocol, **golden.options)
-    transcript = build_transcript(protocol, tokenizer, case["messages"], case["tools"])
-    expected_text = as_sampled_text(protocol, golden)
+    expected_text, turns = sampled_text_and_turns(protocol, golden)
 
     # 1. Outside the generated turns, every byte is the official render's.
     assert tokenizer.decode(transcript.ids) == expected_text
@@ -93,25 +122,78 @@ def test_transcript_matches_the_official_render(golden: GoldenRender, tokenizer:
         # 2. Append-only: token for token the tokenization of the official full render.
         assert transcript.ids == golden_ids
     else:
-        # 3. Not append-only: the turns are kept as generated; re-tokenizing the text changes nothing except
-        # the documented <think>\n|\n</think> seam of the forced-thinking prompt.
-        retokenized = tokenizer.encode(expected_text)
-        seams = _seams(transcript.ids)
-        assert len(retokenized) == len(transcript.ids) - seams
-        if seams == 0:
-            assert retokenized == transcript.ids
+        # 3. Not append-only: the turns are kept as generated; re-tokenizing the text gives the same ids except
+        # at the documented <think>\n|\n</think> seam of the forced-thinking prompt.
+        assert merge_seams(transcript.ids) == tokenizer.encode(expected_text)
 
-    # Loss mask and action ranges cover exactly the generated turns.
+    # 4. Each generated turn is its generation's ids; the loss mask and the action ranges are exactly the turns.
     actions = [m for m in case["messages"] if m["role"] == "assistant"]
-    assert len(transcript.action_ranges) == len(actions)
-    for (start, end), message in zip(transcript.action_ranges, actions, strict=True):
-        assert tokenizer.decode(transcript.ids[start:end]) == protocol.render_generation(message)
-        assert transcript.loss_mask[start:end] == [1] * (end - start)
-    assert sum(transcript.loss_mask) == sum(end - start for start, end in transcript.action_ranges)
+    ids = transcript.ids
+    ranges = [
+        (token_index(tokenizer, ids, expected_text, a), token_index(tokenizer, ids, expected_text, b)) for a, b in turns
+    ]
+    assert transcript.action_ranges == ranges
+    for (start, end), message in zip(ranges, actions, strict=True):
+        assert ids[start:end] == tokenizer.encode(protocol.render_generation(message))
+    expected_mask = [0] * len(ids)
+    for start, end in ranges:
+        expected_mask[start:end] = [1] * (end - start)
+    assert transcript.loss_mask == expected_mask
 
 
-def _seams(ids: list[int]) -> int:
-    return sum(1 for a, b, c in zip(ids, ids[1:], ids[2:], strict=False) if (a, b, c) == (NEWLINE, NEWLINE, THINK_END))
+def test_every_golden_case_is_checked() -> None:
+    assert len(GOLDEN) == 24  # 6 cases x (3 templates + the enable_thinking=False variant)
+
+
+@pytest.mark.parametrize("golden", GOLDEN, ids=lambda g: g.id)
+def test_transcript_matches_the_official_render(golden: GoldenRender, tokenizer: HFTokenizer) -> None:
+    case = cases()[golden.case]
+    protocol = get_protocol(golden.protocol, **golden.options)
+    check_tito(golden, build_transcript(protocol, tokenizer, case["messages"], case["tools"]), tokenizer)
+
+
+def test_the_seam_cases_are_checked_id_for_id(tokenizer: HFTokenizer) -> None:
+    """The seam is where the README says, and the check compares ids there, not counts: a transcript with the same
+    text but one prompt token split in two fails at the id comparison; one loss-mask bit moved fails too."""
+    with_seam = set()
+    for golden in GOLDEN:
+        case = cases()[golden.case]
+        transcript = build_transcript(
+            get_protocol(golden.protocol, **golden.options), tokenizer, case["messages"], case["tools"]
+        )
+        if merge_seams(transcript.ids) != transcript.ids:
+            with_seam.add(golden.id)
+    assert with_seam == {  # the forced-thinking prompt of Thinking-2507 ends in <think>\n
+        "qwen3_4b_thinking_2507__plain_chat__gen_true",
+        "qwen3_4b_thinking_2507__single_tool_call__gen_false",
+        "qwen3_4b_thinking_2507__parallel_tool_calls__gen_false",
+    }
+
+    golden = next(g for g in GOLDEN if g.id == "qwen3_4b_thinking_2507__single_tool_call__gen_false")
+    case = cases()[golden.case]
+    transcript = build_transcript(
+        get_protocol(golden.protocol, **golden.options), tokenizer, case["messages"], case["tools"]
+    )
+    check_tito(golden, transcript, tokenizer)
+
+    you = transcript.ids.index(tokenizer.encode("You")[0])  # in the system prompt
+    split = TokenTranscript()  # "You" as "Y", "ou": the same text and one token more, every later id shifted
+    for span in transcript.spans:
+        ids = transcript.ids[span.start : span.end]
+        if span.kind == "prompt":
+            split.append_prompt(ids[:you] + tokenizer.encode("Y") + tokenizer.encode("ou") + ids[you + 1 :])
+        elif span.kind == "action":
+            split.append_action(ids)
+        else:
+            split.append_observation(ids)
+    assert tokenizer.decode(split.ids) == tokenizer.decode(transcript.ids)
+    with pytest.raises(AssertionError, match="At index 3 diff"):  # the ids, not the text or the count
+        check_tito(golden, split, tokenizer)
+
+    moved = TokenTranscript.from_record(transcript.record())
+    moved.loss_mask[transcript.action_ranges[0][1]] = 1  # the first token after the turn, trained as if generated
+    with pytest.raises(AssertionError):
+        check_tito(golden, moved, tokenizer)
 
 
 def test_append_only_cases_are_the_ones_we_document(tokenizer: HFTokenizer) -> None:
