@@ -21,7 +21,7 @@ from typing import Final
 import structlog
 
 from agent_env import Environment, RewardPipeline
-from agent_protocol import ChatProtocol, Message, Tokenizer
+from agent_protocol import Action, ChatProtocol, Message, Tokenizer
 from agent_runtime.engines.base import Generation
 from agent_runtime.errors import SessionStateError
 from agent_runtime.session import AgentSession, StepOutcome, TurnRequest
@@ -90,7 +90,7 @@ class CompactableSession(AgentSession):
         return None
 
     async def next_request(self) -> TurnRequest | None:
-        if not self._summarizing:
+        if self.done or not self._summarizing:
             return await super().next_request()
         room = self._room(self.summary_max_new_tokens)
         if room < 1:
@@ -122,13 +122,24 @@ class CompactableSession(AgentSession):
             raise SessionStateError(f"episode {self.episode_id} is over ({self.stop_reason}); call reset()")
         self.generations += 1
         self.transcript.append_action(generation.ids, generation.logprobs)
-        action = self.protocol.parse_assistant_text(self._tok().decode(generation.ids), call_id_prefix="summary")
+        try:
+            return await self._resume_from_summary(generation)
+        except Exception as e:  # the same boundary as AgentSession.step: this episode ends, recorded
+            return StepOutcome(turn=self.turns, action=Action(), done=True, error=await self.contain(e))
+
+    async def _resume_from_summary(self, generation: Generation) -> StepOutcome:
+        self.stage = "decode"
+        text = self._tok().decode(generation.ids)
+        self.stage = "parse"
+        action = self.protocol.parse_assistant_text(text, call_id_prefix="summary")
+        self.stage = "render"
         summary = action.content.strip() or (action.reasoning_content or "").strip()
         self.messages.append(
             Message(role="assistant", content=action.content, reasoning_content=action.reasoning_content)
         )
         self._summarizing = False
         if not summary:
+            self.stage = "idle"
             await self._fail_with("compaction_failed", "the model's summary was empty")
             return StepOutcome(turn=self.turns, action=action, done=True)
         self.compactions += 1
@@ -140,6 +151,7 @@ class CompactableSession(AgentSession):
         logger.bind(episode_id=self.episode_id).info(
             "compacted", segment=len(self.segments), prompt_tokens=len(ids), summary_chars=len(summary)
         )
+        self.stage = "idle"
         if self.max_context_tokens is not None and len(ids) + 1 > self.max_context_tokens:
             await self._fail_with("context_exhausted", f"the compacted prompt still has {len(ids)} tokens")
         return StepOutcome(turn=self.turns, action=action, done=self.done, feedback_ids=ids, compaction=summary)

@@ -24,7 +24,8 @@ import msgspec
 import structlog
 
 from agent_protocol import MessageLike
-from agent_runtime.engines.base import LLMEngine, SamplingParams
+from agent_runtime.engines.base import Generation, LLMEngine, SamplingParams
+from agent_runtime.errors import EngineError
 from agent_runtime.events import (
     AssistantEvent,
     CompactionEvent,
@@ -34,7 +35,7 @@ from agent_runtime.events import (
     ToolCallEvent,
     ToolResultEvent,
 )
-from agent_runtime.session import AgentSession
+from agent_runtime.session import AgentSession, StepOutcome
 from agent_runtime.trajectory import Trajectory, Usage
 
 __all__ = ["AgentRuntime", "RunResult"]
@@ -108,53 +109,34 @@ class AgentRuntime:
         log = logger.bind(episode_id=session.episode_id, engine=self.engine.name)
         started = time.perf_counter()
         generate_s = 0.0
-        await session.reset(prompt, task=task)
-        while (request := await session.next_request()) is not None:
-            t0 = time.perf_counter()
-            try:
-                async with asyncio.timeout(self.engine_timeout_s):
-                    generation = await self.engine.generate(request.prompt_ids, request.sampling(self.sampling))
-            except TimeoutError:
-                message = f"{self.engine.name} did not answer within {self.engine_timeout_s} s"
-                log.warning("engine_timed_out", timeout_s=self.engine_timeout_s)
-                await session.fail("engine_timeout", message)
-                yield ErrorEvent(code="engine_timeout", message=message)
-                break
-            except Exception as e:  # any engine failure ends this episode only
-                message = f"{self.engine.name} failed: {type(e).__name__}: {e}"
-                log.warning("engine_failed", error_type=type(e).__name__, error=str(e)[:500])
-                await session.fail("engine_error", message)
-                yield ErrorEvent(code="engine_error", message=message)
-                break
-            finally:
-                generate_s += time.perf_counter() - t0
-            outcome = await session.step(generation)
-            if outcome.compaction is not None:
-                yield CompactionEvent(
-                    segment=len(session.segments) - 1,
-                    summary=outcome.compaction,
-                    prompt_tokens=len(outcome.feedback_ids),
-                )
-                continue
-            action = outcome.action
-            yield AssistantEvent(
-                turn=outcome.turn,
-                content=action.content,
-                reasoning_content=action.reasoning_content,
-                tokens=len(generation.ids),
-                finish_reason=generation.finish_reason,
-            )
-            for call in action.tool_calls:
-                yield ToolCallEvent(turn=outcome.turn, call=call)
-            for observation in outcome.observations:
-                yield ToolResultEvent(
-                    turn=outcome.turn,
-                    tool_call_id=observation.tool_call_id,
-                    name=observation.name,
-                    content=observation.content,
-                    ok=observation.ok,
-                    code=observation.code,
-                )
+        await session.reset(prompt, task=task)  # raises only for a prompt that cannot be rendered (caller input)
+        try:
+            while (request := await session.next_request()) is not None:
+                t0 = time.perf_counter()
+                try:
+                    async with asyncio.timeout(self.engine_timeout_s):
+                        generation = await self.engine.generate(request.prompt_ids, request.sampling(self.sampling))
+                except TimeoutError:
+                    message = f"{self.engine.name} did not answer within {self.engine_timeout_s} s"
+                    log.warning("engine_timed_out", timeout_s=self.engine_timeout_s)
+                    await session.fail("engine_timeout", message)
+                    yield ErrorEvent(code="engine_timeout", message=message)
+                    break
+                except Exception as e:  # any engine failure ends this episode only
+                    code: str = e.code if isinstance(e, EngineError) else "engine_error"
+                    message = f"{self.engine.name} failed: {type(e).__name__}: {e}"
+                    log.warning("engine_failed", code=code, error_type=type(e).__name__, error=str(e)[:500])
+                    await session.fail(code, message)
+                    yield ErrorEvent(code=code, message=message)
+                    break
+                finally:
+                    generate_s += time.perf_counter() - t0
+                outcome = await session.step(generation)
+                for event in _step_events(session, outcome, generation):
+                    yield event
+        except Exception as e:  # the last boundary: whatever escaped the session ends this episode only
+            error = await session.contain(e)
+            yield ErrorEvent(code=error.code, message=error.message)
         session.timings["generate_s"] = generate_s
         session.timings["total_s"] = time.perf_counter() - started
         log.info("episode_finished", stop_reason=session.stop_reason, turns=session.turns, reward=session.reward)
@@ -187,12 +169,66 @@ class AgentRuntime:
     async def run_many(
         self, prompts: Sequence[str | Sequence[MessageLike]], *, tasks: Sequence[Mapping[str, Any]] | None = None
     ) -> list[RunResult]:
-        """Run many episodes concurrently; results come back in input order."""
+        """Run many episodes concurrently; results come back in input order, one per prompt, always: an episode
+        that fails (its engine, tools, rewards, even a prompt that cannot be rendered) is a result with its
+        error recorded, never an exception that cancels its siblings."""
         if tasks is not None and len(tasks) != len(prompts):
             raise ValueError(f"got {len(tasks)} tasks for {len(prompts)} prompts")
         async with asyncio.TaskGroup() as group:
             jobs = [
-                group.create_task(self.run(prompt, task=tasks[i] if tasks is not None else None))
+                group.create_task(self._run_kept(prompt, task=tasks[i] if tasks is not None else None))
                 for i, prompt in enumerate(prompts)
             ]
         return [job.result() for job in jobs]
+
+    async def _run_kept(self, prompt: str | Sequence[MessageLike], *, task: Mapping[str, Any] | None) -> RunResult:
+        """`run`, with the one error `run` lets through (a prompt the session cannot start) recorded too."""
+        try:
+            return await self.run(prompt, task=task)
+        except Exception as e:
+            session = self.new_session()
+            session.task = dict(task or {})
+            await session.fail("invalid_prompt", f"{type(e).__name__}: {e}")
+            logger.warning("episode_not_started", error_type=type(e).__name__, error=str(e)[:500])
+            return RunResult(
+                final_answer=None,
+                stop_reason=session.stop_reason,
+                reward=session.reward,
+                usage=session.usage(),
+                trajectory=session.record(),
+            )
+
+
+def _step_events(session: AgentSession, outcome: StepOutcome, generation: Generation) -> list[Event]:
+    """What one step did, as the events `stream` yields."""
+    if outcome.error is not None:  # the step failed and ended the episode (recorded by the session)
+        return [ErrorEvent(code=outcome.error.code, message=outcome.error.message)]
+    if outcome.compaction is not None:
+        return [
+            CompactionEvent(
+                segment=len(session.segments) - 1, summary=outcome.compaction, prompt_tokens=len(outcome.feedback_ids)
+            )
+        ]
+    action = outcome.action
+    events: list[Event] = [
+        AssistantEvent(
+            turn=outcome.turn,
+            content=action.content,
+            reasoning_content=action.reasoning_content,
+            tokens=len(generation.ids),
+            finish_reason=generation.finish_reason,
+        )
+    ]
+    events.extend(ToolCallEvent(turn=outcome.turn, call=call) for call in action.tool_calls)
+    events.extend(
+        ToolResultEvent(
+            turn=outcome.turn,
+            tool_call_id=observation.tool_call_id,
+            name=observation.name,
+            content=observation.content,
+            ok=observation.ok,
+            code=observation.code,
+        )
+        for observation in outcome.observations
+    )
+    return events

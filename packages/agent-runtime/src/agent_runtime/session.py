@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import msgspec
 import structlog
@@ -62,6 +62,22 @@ logger = structlog.get_logger(__name__)
 
 EnvironmentFactory = Callable[[], Environment]
 _MIN_TURN_TOKENS: Final = 1
+_ERROR_PREVIEW: Final = 500
+
+Stage = Literal["idle", "decode", "parse", "environment", "reward", "render"]
+"""Where a step is: the foreign code it is running, so that an exception is recorded with the right code."""
+
+_STAGE_CODES: Final[dict[str, str]] = {
+    "decode": "decode_error",  # the tokenizer could not decode the generated ids
+    "parse": "parse_error",  # the protocol's parser raised (it should not: see ChatProtocol.parse_assistant_text)
+    "environment": "environment_error",  # the environment's reset or step raised
+    "reward": "reward_error",  # a process reward raised
+    "render": "render_error",  # the feedback could not be rendered or tokenized
+}
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= _ERROR_PREVIEW else text[:_ERROR_PREVIEW] + "..."
 
 
 class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,6 +106,7 @@ class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
     truncated: bool = False
     feedback_ids: list[int] = msgspec.field(default_factory=list)
     compaction: str | None = None  # set by CompactableSession when this step produced a summary
+    error: EpisodeError | None = None  # set when an exception ended the episode in this step (see `contain`)
 
 
 class AgentSession:
@@ -161,6 +178,7 @@ class AgentSession:
         self.breakdown: RewardBreakdown | None = None
         self.timings: dict[str, float] = {"environment_s": 0.0, "reward_s": 0.0, "render_s": 0.0}
         self._turn_closed = True
+        self.stage: Stage = "idle"
 
     @property
     def transcript(self) -> TokenTranscript:
@@ -202,10 +220,18 @@ class AgentSession:
             messages.insert(0, Message(role="system", content=self.system_prompt))
         self.started = True
         self.task = dict(task or {})
-        await self.environment.reset(self.task)
         self.prompt_messages = list(messages)
         self.messages = list(messages)
+        reset_error: Exception | None = None
+        try:
+            await self.environment.reset(self.task)
+        except Exception as e:  # ends this episode (below), once its prompt is recorded
+            reset_error = e
         ids = await self._render_prompt(messages)
+        if reset_error is not None:
+            self.stage = "environment"
+            await self.contain(reset_error)
+            return ids
         log = logger.bind(episode_id=self.episode_id)
         log.debug("session_reset", prompt_tokens=len(ids))
         if self.max_context_tokens is not None and len(ids) + _MIN_TURN_TOKENS > self.max_context_tokens:
@@ -242,7 +268,10 @@ class AgentSession:
         return min(wanted, self.max_context_tokens - len(self.transcript))
 
     async def step(self, generation: Generation) -> StepOutcome:
-        """Apply one generated turn. Never raises for what the model or a tool did."""
+        """Apply one generated turn. Never raises for what the model, a tool, the environment or a reward
+        did: an exception from any of them ends this episode only, recorded with the code of the stage it came
+        from (``decode_error``, ``parse_error``, ``environment_error``, ``reward_error``, ``render_error``), and
+        everything recorded before it (the generated ids included) is kept."""
         if not self.started:
             raise SessionStateError("call reset() before step()")
         if self.done:
@@ -250,16 +279,26 @@ class AgentSession:
         self.turns += 1
         self.generations += 1
         turn = self.turns
-        tok = self._tok()
         self.transcript.append_action(generation.ids, generation.logprobs)
+        try:
+            return await self._apply(generation, turn)
+        except Exception as e:
+            return StepOutcome(turn=turn, action=Action(), done=True, error=await self.contain(e))
+
+    async def _apply(self, generation: Generation, turn: int) -> StepOutcome:
+        tok = self._tok()
         closed = self._closes_turn(generation.ids)
         truncated = not closed and generation.finish_reason == "length"
-        action = self.protocol.parse_assistant_text(tok.decode(generation.ids), call_id_prefix=f"call_{turn}")
+        self.stage = "decode"
+        text = tok.decode(generation.ids)
+        self.stage = "parse"
+        action = self.protocol.parse_assistant_text(text, call_id_prefix=f"call_{turn}")
         for issue in action.issues:
             self.errors.append(EpisodeError(code=issue.code, message=issue.message, turn=turn))
         self.messages.append(action.to_message())
         self.tool_calls += len(action.tool_calls)
 
+        self.stage = "environment"
         t0 = time.perf_counter()
         result = await self.environment.step(action)
         self.timings["environment_s"] += time.perf_counter() - t0
@@ -274,10 +313,12 @@ class AgentSession:
 
         record = StepRecord(index=turn - 1, action=action, observations=observations, done=result.done)
         self.steps.append(record)
+        self.stage = "reward"
         step_reward = await self._score_step(record)
 
         if result.done:
             self.final_answer = result.final_answer
+            self.stage = "idle"
             await self._finish(result.stop_reason or "done")
             return StepOutcome(
                 turn=turn, action=action, observations=observations, step_reward=step_reward,
@@ -285,13 +326,32 @@ class AgentSession:
             )  # fmt: skip
         feedback_messages = [o.to_message() for o in observations]
         if not feedback_messages:
+            self.stage = "idle"
             await self._fail_with("environment_error", "the environment answered nothing and did not end the episode")
             return StepOutcome(turn=turn, action=action, step_reward=step_reward, done=True, truncated=truncated)
+        self.stage = "render"
         feedback_ids = await self._append_feedback(feedback_messages, closed=closed, turn=turn)
+        self.stage = "idle"
         return StepOutcome(
             turn=turn, action=action, observations=observations, step_reward=step_reward,
             done=self.done, truncated=truncated, feedback_ids=feedback_ids,
         )  # fmt: skip
+
+    async def contain(self, error: BaseException) -> EpisodeError:
+        """End the episode because `error` escaped one of its stages (see `step`); the error is recorded with
+        the stage's code, the episode is scored if the reward pipeline still can be, and nothing recorded is
+        lost. The one place a foreign exception becomes episode data; the runtime calls it too."""
+        code = _STAGE_CODES.get(self.stage, "internal_error")
+        message = f"{type(error).__name__}: {_short(str(error))}"
+        logger.bind(episode_id=self.episode_id, turn=self.turns).warning(
+            "episode_contained_error", code=code, stage=self.stage, error_type=type(error).__name__, error=message
+        )
+        self.stage = "idle"
+        if self.done:  # it failed while finishing (scoring): keep the stop reason, record what broke
+            self._record_error(code, message, self.turns)
+        else:
+            await self._fail_with(code, message)
+        return EpisodeError(code=code, message=message, turn=self.turns)
 
     async def _append_feedback(self, messages: list[Message], *, closed: bool, turn: int) -> list[int]:
         t0 = time.perf_counter()
@@ -329,7 +389,13 @@ class AgentSession:
     async def _finish(self, reason: str) -> None:
         self.done = True
         self.stop_reason = reason
-        await self.score()
+        try:
+            await self.score()
+        except Exception as e:  # a reward that raised: the episode keeps its stop reason and gets no reward
+            self.breakdown = None
+            message = f"{type(e).__name__}: {_short(str(e))}"
+            logger.bind(episode_id=self.episode_id).warning("reward_failed", error=message)
+            self._record_error("reward_error", message, self.turns)
 
     async def _score_step(self, record: StepRecord) -> StepReward | None:
         if self.rewards is None or not self.rewards.process:

@@ -1,0 +1,229 @@
+"""One episode boundary: an exception from the protocol, the tokenizer, the environment, a reward, the feedback
+render or the engine ends only its own episode, with a coded error on its trajectory, and `run_many` keeps
+every other episode.
+
+Each fault is injected by a real component that raises at one point (a protocol whose parser raises, an
+environment whose step raises, a reward that raises...); the rest is the real Qwen3 tokenizer, the real
+calculator tool and `ScriptedEngine` replaying real token ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent_env import (
+    CalculatorTool,
+    EpisodeRecord,
+    FunctionCallEnvironment,
+    MatchingReward,
+    RewardBreakdown,
+    RewardPipeline,
+    StepRecord,
+    StepReward,
+    ToolCallReward,
+)
+from agent_protocol import Action, HFTokenizer, MessageLike, get_protocol
+from agent_protocol.protocols.qwen3 import Qwen3Protocol
+from agent_runtime import AgentRuntime, AgentSession, CompactableSession, ErrorEvent, FinalEvent, ScriptedEngine
+
+QUESTION = "What is 17 * 23?"
+
+
+def call(expression: str) -> str:
+    payload = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+    return f"<think>\nUse the tool.\n</think>\n\n<tool_call>\n{payload}\n</tool_call><|im_end|>"
+
+
+def answer(text: str) -> str:
+    return f"<think>\nDone.\n</think>\n\n{text}<|im_end|>"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(qwen3_tokenizer_file: Path) -> HFTokenizer:
+    return HFTokenizer.from_file(qwen3_tokenizer_file)
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def _qwen3() -> Qwen3Protocol:
+    protocol = get_protocol("qwen3")
+    assert isinstance(protocol, Qwen3Protocol)
+    return protocol
+
+
+class RaisingParse(Qwen3Protocol):
+    """A family whose public parse raises (bypassing the ChatProtocol guard), as a third-party one could."""
+
+    def parse_assistant_text(self, text: str, *, call_id_prefix: str = "call") -> Action:
+        raise RecursionError("maximum recursion depth exceeded while decoding a JSON array")
+
+
+class RaisingFeedback(Qwen3Protocol):
+    def render_feedback(self, messages: Sequence[MessageLike], *, turn_closed: bool = True) -> str:
+        raise Boom("feedback cannot be rendered")
+
+
+class RaisingDecode(HFTokenizer):
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        raise Boom("decode failed")
+
+
+class RaisingStep(FunctionCallEnvironment):
+    async def step(self, action: Action) -> Any:
+        raise SystemError("environment exploded")
+
+
+class RaisingReset(FunctionCallEnvironment):
+    async def reset(self, task: Any = None) -> None:
+        raise OSError("the sandbox could not start")
+
+
+class RaisingProcessRewards(RewardPipeline):
+    """A reward pipeline that raises itself (its strategies' failures it already contains, as codes)."""
+
+    async def score_step(self, step: StepRecord, episode: EpisodeRecord) -> StepReward:
+        raise ZeroDivisionError("process reward divided by zero")
+
+
+class RaisingResultRewards(RewardPipeline):
+    async def score(self, episode: EpisodeRecord) -> RewardBreakdown:
+        raise ZeroDivisionError("reward divided by zero")
+
+
+def _env() -> FunctionCallEnvironment:
+    return FunctionCallEnvironment(tools=[CalculatorTool()], max_steps=4)
+
+
+def _session(tokenizer: HFTokenizer, fault: str) -> AgentSession:
+    protocol: Qwen3Protocol = _qwen3()
+    env: Callable[[], FunctionCallEnvironment] = _env
+    rewards = RewardPipeline(result=[MatchingReward()], process=[ToolCallReward()])
+    tok: HFTokenizer = tokenizer
+    match fault:
+        case "parse":
+            protocol = RaisingParse(protocol.name, protocol.mode)
+        case "render":
+            protocol = RaisingFeedback(protocol.name, protocol.mode)
+        case "decode":
+            tok = RaisingDecode(tokenizer.backend, source="raising")
+        case "environment_step":
+            env = lambda: RaisingStep(tools=[CalculatorTool()], max_steps=4)  # noqa: E731
+        case "environment_reset":
+            env = lambda: RaisingReset(tools=[CalculatorTool()], max_steps=4)  # noqa: E731
+        case "process_reward":
+            rewards = RaisingProcessRewards(result=[MatchingReward()], process=[ToolCallReward()])
+        case "result_reward":
+            rewards = RaisingResultRewards(result=[MatchingReward()])
+    return AgentSession(protocol=protocol, environment=env, rewards=rewards, tokenizer=tok)
+
+
+# fault -> (stop reason, error code) the episode must end with
+EXPECTED = {
+    "parse": ("parse_error", "parse_error"),
+    "render": ("render_error", "render_error"),
+    "decode": ("decode_error", "decode_error"),
+    "environment_step": ("environment_error", "environment_error"),
+    "environment_reset": ("environment_error", "environment_error"),
+    "process_reward": ("reward_error", "reward_error"),
+    "result_reward": ("final_answer", "reward_error"),  # the episode finished; only its score failed
+}
+
+
+@pytest.mark.parametrize("fault", sorted(EXPECTED))
+def test_a_raising_component_ends_only_its_episode_with_a_coded_error(tokenizer: HFTokenizer, fault: str) -> None:
+    engine = ScriptedEngine(tokenizer, [call("17 * 23"), answer("391")])
+    runtime = AgentRuntime(engine, _session(tokenizer, fault))
+    result = asyncio.run(runtime.run(QUESTION, task={"answer": "391"}, keep_events=True))
+
+    stop, code = EXPECTED[fault]
+    assert result.stop_reason == stop
+    assert code in [e.code for e in result.trajectory.errors], result.trajectory.errors
+    assert isinstance(result.events[-1], FinalEvent)
+    # nothing already recorded is lost: the prompt, and any ids the engine generated, stay on the transcript
+    (segment,) = result.trajectory.segments
+    assert segment.ids[: len(engine.calls[0])] == engine.calls[0] if engine.calls else segment.ids
+    if fault not in ("environment_reset", "result_reward"):
+        assert sum(segment.loss_mask) == len(tokenizer.encode(call("17 * 23")))
+
+
+def test_a_reward_that_raises_while_finishing_keeps_the_answer(tokenizer: HFTokenizer) -> None:
+    engine = ScriptedEngine(tokenizer, [answer("391")])
+    result = asyncio.run(AgentRuntime(engine, _session(tokenizer, "result_reward")).run(QUESTION))
+    assert result.final_answer == "391" and result.reward == 0.0
+    assert [e.code for e in result.trajectory.errors] == ["reward_error"]
+
+
+def test_step_itself_never_raises_for_a_broken_environment(tokenizer: HFTokenizer) -> None:
+    """The loop in the README (reset / next_request / step) gets the boundary too, without AgentRuntime."""
+
+    async def main() -> tuple[bool, str | None]:
+        session = _session(tokenizer, "environment_step")
+        await session.reset(QUESTION)
+        request = await session.next_request()
+        assert request is not None
+        engine = ScriptedEngine(tokenizer, [call("2 + 2")])
+        outcome = await session.step(await engine.generate(request.prompt_ids, request.sampling()))
+        return outcome.done, session.stop_reason
+
+    assert asyncio.run(main()) == (True, "environment_error")
+
+
+def test_compaction_summary_turn_has_the_same_boundary(tokenizer: HFTokenizer) -> None:
+    class RaisingDecodeOnSummary(HFTokenizer):
+        calls = 0
+
+        def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+            RaisingDecodeOnSummary.calls += 1
+            if RaisingDecodeOnSummary.calls == 2:  # the second generation is the summary
+                raise Boom("decode failed on the summary")
+            return super().decode(ids, skip_special_tokens=skip_special_tokens)
+
+    session = CompactableSession(
+        protocol="qwen3",
+        environment=_env,
+        tokenizer=RaisingDecodeOnSummary(tokenizer.backend, source="raising"),
+        compact_at_tokens=1,  # ask for a summary after the first tool result
+        max_new_tokens=64,
+    )
+    engine = ScriptedEngine(tokenizer, [call("17 * 23"), answer("Summary: 17 * 23 = 391."), answer("391")])
+    result = asyncio.run(AgentRuntime(engine, session).run(QUESTION, keep_events=True))
+    assert result.stop_reason == "decode_error"
+    assert any(isinstance(e, ErrorEvent) and e.code == "decode_error" for e in result.events)
+
+
+def test_one_bad_episode_among_100_loses_nothing_else(tokenizer: HFTokenizer) -> None:
+    """The batch of the issue: one degenerate generation (a 1,500-deep tool call) among 100 episodes, plus a
+    prompt that cannot be rendered and a dead engine call. Every episode comes back, each with its own end."""
+    degenerate = "<tool_call>\n" + "[" * 1500 + "]" * 1500 + "\n</tool_call><|im_end|>"
+
+    def policy(prompt: Sequence[int]) -> str | BaseException:
+        text = tokenizer.decode(prompt)
+        if "episode 7?" in text:
+            return degenerate
+        if "episode 8?" in text:
+            return Boom("engine died for this one")
+        return answer("391") if "<tool_response>" in text else call("17 * 23")
+
+    engine = ScriptedEngine(tokenizer, policy=policy)
+    prompts: list[Any] = [f"What is 17 * 23, episode {i}?" for i in range(100)]
+    prompts[9] = [{"role": "robot", "content": "a message no chat format can render"}]
+    runtime = AgentRuntime(engine, _session(tokenizer, "none"))
+    results = asyncio.run(runtime.run_many(prompts, tasks=[{"answer": "391"}] * 100))
+
+    assert len(results) == 100
+    stops = [r.stop_reason for r in results]
+    # the degenerate episode is answered with a parse error each turn until its step budget runs out
+    assert stops[7] == "max_steps"
+    assert {e.code for e in results[7].trajectory.errors} <= {"invalid_json", "unclosed_tag"}
+    assert stops[8] == "engine_error"
+    assert stops[9] == "invalid_prompt"
+    others = [r for i, r in enumerate(results) if i not in (7, 8, 9)]
+    assert all(r.stop_reason == "final_answer" and r.reward > 0 for r in others), {r.stop_reason for r in others}
