@@ -1,27 +1,45 @@
-"""The `python` tool: run a snippet in a fresh, limited subprocess and return what it printed.
+"""The `python` tool: run a snippet in a fresh sandboxed process and return what it printed.
 
 Each call gets a new temporary working directory (removed afterwards) and a new interpreter,
-``sys.executable -I`` (isolated: no PYTHON* variables, no user site), with a small environment (no secrets
-from the parent's). A start-up wrapper, passed with ``-c``, applies the limits inside the child before the
-snippet runs, so they hold for everything the snippet does:
+``sys.executable -I -B`` (isolated: no PYTHON* variables, no user site), with a small environment (no secrets
+from the parent's), started as `_sandbox_supervisor.py`, which builds the sandbox and then runs the snippet
+(through `_sandbox_runner.py`) in a forked child. At most `max_concurrent` sandboxes run at once per tool
+(default: the CPU count); other calls wait for a slot.
 
-- CPU time: ``RLIMIT_CPU`` (default 5 s); the kernel stops the process with SIGXCPU -> ``timeout``.
-- Memory: ``RLIMIT_AS`` (default 1 GiB of address space); allocations past it fail with MemoryError, or the
-  process dies -> ``tool_error`` "memory limit exceeded".
-- Wall clock: the parent kills the whole process group (SIGKILL) after `wall_time_s` (default 10 s) ->
-  ``timeout``. A process that sleeps uses no CPU, so this limit is the one that stops it.
-- Files: ``RLIMIT_FSIZE`` caps a written file (default 16 MiB); an audit hook (`sys.addaudithook`) refuses
-  to open for writing, create, remove, rename or chmod anything outside the working directory
-  (PermissionError in the snippet). Reading is allowed: the interpreter needs its standard library.
-- Network: the audit hook refuses to create Internet sockets and to connect, bind, send to or resolve any
-  address; where the kernel allows it the child also moves into an empty network namespace
-  (``unshare(CLONE_NEWNET)``, or a user namespace first when not root), which has no route anywhere.
-- Escapes: the hook also refuses to start processes (``subprocess``, ``os.system``, ``exec``, ``fork``),
-  to signal other processes and to call C functions through ctypes.
+What the sandbox rests on, layer by layer (`sandbox_support()` says which this machine has):
 
-Audit hooks are a tripwire, not a sandbox (CPython says as much): code that finds a way around them in the
-interpreter itself is not stopped by them. The rlimits, the process group kill and the network namespace are
-enforced by the kernel. Run untrusted code from the open internet in a container as well.
+1. Linux namespaces, where ``unshare`` is allowed (root or not: a user namespace maps only the caller's own
+   uid): a mount namespace in which every mount is read-only, nosuid and nodev except a writable bind of the
+   work dir (and /dev/null, zero, full, random, urandom); a fresh PID namespace whose init exits when the
+   snippet does, so the kernel kills every process the snippet left (``setsid`` and double forks included);
+   a fresh read-only /proc; an empty network namespace when the network is off. The snippet runs in a second
+   user namespace as a non-root uid with no capabilities, so it cannot remount anything writable.
+2. Landlock, where the kernel has it (Linux 5.13+): writes, creations, removals, renames and links only
+   beneath the work dir (and writes to /dev/null), by any route (``fork_exec``, sqlite, ``dir_fd``, links,
+   /proc/<pid>/root); TCP bind/connect refused when the network is off (Landlock ABI 4+); signals and
+   abstract unix sockets scoped to the sandbox (ABI 6+).
+3. Without namespaces: the supervisor is a child subreaper (``PR_SET_CHILD_SUBREAPER``) and, when the
+   snippet ends or the wall clock fires, SIGKILLs its whole remaining process tree through pidfds.
+4. Always: rlimits (CPU ``RLIMIT_CPU`` default 5 s -> ``timeout``; address space ``RLIMIT_AS`` default 1 GiB
+   -> ``tool_error`` "memory limit"; file size ``RLIMIT_FSIZE`` 16 MiB; no core), ``PR_SET_NO_NEW_PRIVS``, an
+   empty capability bounding set, the wall clock (`wall_time_s`, default 10 s -> ``timeout``), and an audit
+   hook tripwire (`_sandbox_runner.py`) that refuses writes outside the work dir, process creation (including
+   ``_posixsubprocess.fork_exec``), signals to other processes, ctypes calls and the network with a clear
+   PermissionError for the model.
+
+"auto" `isolation` uses every layer the kernel offers; "namespaces" or "landlock" force one (an error where it
+is missing). The call returns when the snippet's main process ends, even if a child still holds its stdout:
+the supervisor kills that child first.
+
+What it does not promise: audit hooks alone are a tripwire, not a boundary (CPython says as much), so a host
+with neither namespaces nor Landlock (macOS, a container that forbids both) has only the hook, rlimits and the
+process-group kill, and a descendant that calls ``setsid`` can outlive the call on macOS. Landlock has no
+right for chmod/chown/utime: without namespaces those rest on the hook and on the tool's uid. Reading is
+allowed everywhere the tool's own uid can read (the interpreter needs its standard library; do not keep
+secrets readable by it), named unix sockets of the host (/run/...) are not hidden, CPU and memory are per
+process (a snippet that bypasses the hook to fork gets a budget per process until the wall clock), and there
+is no cgroup, so there is no cap on the number of processes. Kernel bugs are out of scope. Run untrusted code
+from the open internet in a VM or a hardened container as well.
 
 Output: stdout, then ``[stderr]`` and stderr if any, then ``[exit code N]`` if non-zero; each stream is cut
 at `max_stream_bytes` with a marker. A snippet that raised is not a tool failure: the traceback is the
@@ -34,13 +52,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
-from typing import Annotated, Any, Final
+import weakref
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 import structlog
@@ -49,92 +71,60 @@ from agent_env.errors import ToolError
 from agent_env.schema import convert_arguments, struct_schema
 from agent_env.tool import ToolBase, ToolContext
 
-__all__ = ["PythonTool", "PythonToolArguments"]
+__all__ = ["PythonTool", "PythonToolArguments", "SandboxSupport", "default_max_concurrent", "sandbox_support"]
 
 logger = structlog.get_logger(__name__)
 
-_WRAPPER: Final = r"""
-import json, os, resource, sys
-cfg = json.loads(sys.argv[1])
-if not cfg["network"]:
-    try:
-        os.unshare(os.CLONE_NEWNET)
-    except (AttributeError, OSError):
-        try:
-            uid, gid = os.getuid(), os.getgid()
-            os.unshare(os.CLONE_NEWUSER | os.CLONE_NEWNET)
-            for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-                with open(f"/proc/self/{name}", "w") as f:
-                    f.write(text)
-        except (AttributeError, OSError):
-            pass
-def cap(kind, soft, hard):
-    old_soft, old_hard = resource.getrlimit(kind)
-    if old_hard != resource.RLIM_INFINITY:
-        soft, hard = min(soft, old_hard), min(hard, old_hard)
-    resource.setrlimit(kind, (soft, hard))
-cap(resource.RLIMIT_CPU, cfg["cpu"], cfg["cpu"] + 1)
-cap(resource.RLIMIT_AS, cfg["memory"], cfg["memory"])
-cap(resource.RLIMIT_FSIZE, cfg["fsize"], cfg["fsize"])
-cap(resource.RLIMIT_CORE, 0, 0)
-import socket, traceback
-root = os.path.realpath(cfg["workdir"])
-path = os.path.join(root, "snippet.py")
-with open(path, encoding="utf-8") as f:
-    code = compile(f.read(), "snippet.py", "exec")
-WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-BLOCKED = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
-           "pty.spawn", "ctypes.call_function", "ctypes.dlsym", "signal.pthread_kill", "os.startfile"}
-NETWORK = {"socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
-           "socket.gethostbyname", "socket.gethostbyaddr", "socket.getnameinfo"}
-PATHS = {"os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.chmod": (0,), "os.chown": (0,),
-         "os.rename": (0, 1), "os.link": (1,), "os.symlink": (1,), "os.truncate": (0,), "os.utime": (0,),
-         "shutil.rmtree": (0,), "shutil.copyfile": (1,), "shutil.copytree": (1,), "shutil.move": (0, 1),
-         "os.mkfifo": (0,), "os.mknod": (0,)}
-def inside(target):
-    if isinstance(target, int):
-        return True
-    resolved = os.path.realpath(os.fsdecode(target))
-    return resolved == root or resolved.startswith(root + os.sep) or resolved == os.devnull
-def hook(event, args):
-    if event == "open":
-        target, mode, flags = args
-        writing = (mode is not None and any(c in str(mode) for c in "wax+")) or (
-            mode is None and isinstance(flags, int) and flags & WRITE_FLAGS)
-        if writing and not inside(target):
-            raise PermissionError(f"writing outside the working directory is not allowed: {target}")
-    elif event in PATHS:
-        for i in PATHS[event]:
-            if i < len(args) and args[i] is not None and not inside(args[i]):
-                raise PermissionError(f"{event} outside the working directory is not allowed: {args[i]}")
-    elif event in BLOCKED:
-        raise PermissionError(f"{event} is not allowed in this sandbox")
-    elif event == "socket.__new__":
-        if not cfg["network"] and len(args) > 1 and args[1] not in (-1, socket.AF_UNIX):
-            raise PermissionError("network access is disabled in this sandbox")
-    elif event in NETWORK and not cfg["network"]:
-        raise PermissionError("network access is disabled in this sandbox")
-    elif event in ("os.kill", "os.killpg") and args and args[0] not in (0, os.getpid(), os.getpgid(0)):
-        raise PermissionError("signalling other processes is not allowed")
-sys.argv = [path]
-sys.path.insert(0, root)
-sys.dont_write_bytecode = True
-namespace = {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__}
-sys.addaudithook(hook)
-del json, resource, cap
-try:
-    exec(code, namespace)
-except SystemExit:
-    raise
-except BaseException as error:
-    report = part = traceback.TracebackException.from_exception(error)
-    while part is not None:  # hide the wrapper's own frames
-        part.stack = traceback.StackSummary.from_list([f for f in part.stack if f.filename != "<string>"])
-        part = part.__cause__ or part.__context__
-    sys.stderr.write("".join(report.format()))
-    sys.stderr.flush()
-    os._exit(1)
-"""
+_HERE: Final = Path(__file__).resolve().parent
+_SUPERVISOR: Final = str(_HERE / "_sandbox_supervisor.py")
+_SETUP_FAILED: Final = 125  # the supervisor's exit code when a sandbox layer could not be built
+Isolation = Literal["auto", "namespaces", "landlock"]
+
+
+class SandboxSupport(msgspec.Struct, frozen=True, kw_only=True):
+    """What this machine's kernel lets the sandbox use, found by trying it (`sandbox_support`)."""
+
+    namespaces: bool
+    landlock: bool
+    reason: str = ""
+
+
+@functools.cache
+def sandbox_support(python: str | None = None) -> SandboxSupport:
+    """Try the namespace sandbox for real (a one-line snippet) and ask the kernel for Landlock. Cached."""
+    python = python or sys.executable
+    reason = ""
+    namespaces = False
+    if sys.platform.startswith("linux"):
+        with tempfile.TemporaryDirectory(prefix="agent-env-python-probe-") as workdir:
+            Path(workdir, "snippet.py").write_text("print('ok')")
+            config = _config(workdir, cpu=5, memory=1 << 30, fsize=1 << 20, network=False, namespaces=True)
+            config.update(landlock=False, audit_hooks=False)
+            try:
+                probe = subprocess.run(
+                    [python, "-I", "-B", _SUPERVISOR, json.dumps(config)],
+                    capture_output=True, text=True, timeout=30, cwd=workdir, env=_environment(workdir),
+                )  # fmt: skip
+                namespaces = probe.returncode == 0 and probe.stdout == "ok\n"
+                reason = "" if namespaces else (probe.stderr.strip().splitlines() or ["no output"])[-1]
+            except (OSError, subprocess.SubprocessError) as error:
+                reason = str(error)
+    else:
+        reason = f"namespaces are Linux-only ({sys.platform})"
+    landlock = False
+    with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError):
+        abi = subprocess.run([python, "-I", "-B", _SUPERVISOR, "--landlock-abi"], capture_output=True, timeout=30)
+        landlock = int(abi.stdout or 0) > 0
+    if not namespaces:
+        logger.warning("python_sandbox_without_namespaces", reason=reason, landlock=landlock)
+    return SandboxSupport(namespaces=namespaces, landlock=landlock, reason=reason)
+
+
+def default_max_concurrent() -> int:
+    """One sandbox per CPU this process may use (at least 1)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
 
 
 class PythonToolArguments(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -142,7 +132,14 @@ class PythonToolArguments(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
 
 
 class PythonTool(ToolBase):
-    """Run Python snippets under limits (see the module docstring). Stateless: share one across episodes."""
+    """Run Python snippets in a sandbox (see the module docstring). Stateless: share one across episodes.
+
+    `max_concurrent` caps the sandboxes this instance runs at once (default: the CPU count); further calls
+    wait for a slot, and the wait counts toward the tool's `timeout_s`. `isolation` picks the kernel
+    layers: "auto" (every one the kernel allows), "namespaces" or "landlock" (that one alone, an error where
+    it is missing: for tests and for hosts that must not silently run with less). `audit_hooks=False` drops
+    the tripwire, to prove the kernel layers hold on their own; never turn it off for a model.
+    """
 
     def __init__(
         self,
@@ -156,9 +153,16 @@ class PythonTool(ToolBase):
         allow_network: bool = False,
         python: str | None = None,
         temp_root: str | None = None,
+        max_concurrent: int | None = None,
+        isolation: Isolation = "auto",
+        audit_hooks: bool = True,
     ) -> None:
         if cpu_time_s <= 0 or wall_time_s <= 0 or memory_mb <= 0:
             raise ValueError("cpu_time_s, wall_time_s and memory_mb must be positive")
+        if max_concurrent is not None and max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
+        if isolation not in ("auto", "namespaces", "landlock"):
+            raise ValueError(f"isolation must be 'auto', 'namespaces' or 'landlock', got {isolation!r}")
         self.name = name
         self.description = (
             "Run a Python 3 snippet in a fresh sandboxed process and return its output (stdout, stderr, exit "
@@ -174,46 +178,56 @@ class PythonTool(ToolBase):
         self.allow_network = allow_network
         self.python = python or sys.executable
         self.temp_root = temp_root
+        self.max_concurrent = max_concurrent or default_max_concurrent()
+        self.isolation: Isolation = isolation
+        self.audit_hooks = audit_hooks
         self.timeout_s = wall_time_s + 5.0  # the tool's own wall-clock kill fires first
+        self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def parse_arguments(self, arguments: dict[str, Any]) -> PythonToolArguments:
         return convert_arguments(arguments, PythonToolArguments)
 
     async def call(self, arguments: PythonToolArguments, context: ToolContext) -> str:
-        workdir = tempfile.mkdtemp(prefix="agent-env-python-", dir=self.temp_root)
-        try:
-            return await self._run(arguments.code, workdir)
-        finally:
-            await asyncio.to_thread(shutil.rmtree, workdir, True)
+        namespaces, landlock = await self._layers()
+        loop = asyncio.get_running_loop()
+        slots = self._slots.setdefault(loop, asyncio.Semaphore(self.max_concurrent))
+        async with slots:
+            workdir = tempfile.mkdtemp(prefix="agent-env-python-", dir=self.temp_root)
+            try:
+                return await self._run(arguments.code, workdir, namespaces, landlock)
+            finally:
+                await asyncio.to_thread(shutil.rmtree, workdir, True)
 
-    async def _run(self, code: str, workdir: str) -> str:
+    async def _layers(self) -> tuple[bool, bool]:
+        """(namespaces, landlock) for this call, or a ToolError when the forced layer is missing."""
+        support = await asyncio.to_thread(sandbox_support, self.python)
+        if self.isolation == "namespaces" and not support.namespaces:
+            raise ToolError(f"the namespace sandbox is not available here: {support.reason}")
+        if self.isolation == "landlock" and not support.landlock:
+            raise ToolError("the Landlock sandbox is not available here (Linux 5.13+ with Landlock enabled)")
+        return support.namespaces and self.isolation != "landlock", self.isolation != "namespaces"
+
+    async def _run(self, code: str, workdir: str, namespaces: bool, landlock: bool) -> str:
         with open(os.path.join(workdir, "snippet.py"), "w", encoding="utf-8") as f:
             f.write(code)
-        config = {
-            "cpu": self.cpu_time_s,
-            "memory": self.memory_mb * 1024 * 1024,
-            "fsize": self.max_file_mb * 1024 * 1024,
-            "workdir": workdir,
-            "network": self.allow_network,
-        }
-        env = {
-            "HOME": workdir,
-            "TMPDIR": workdir,
-            "PATH": os.defpath,
-            "LANG": "C.UTF-8",
-            "PYTHONIOENCODING": "utf-8",
-            "OPENBLAS_NUM_THREADS": "1",
-            "OMP_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-            "MPLBACKEND": "Agg",
-        }
+        config = _config(
+            workdir,
+            cpu=self.cpu_time_s,
+            memory=self.memory_mb * 1024 * 1024,
+            fsize=self.max_file_mb * 1024 * 1024,
+            network=self.allow_network,
+            namespaces=namespaces,
+        )
+        config.update(landlock=landlock, audit_hooks=self.audit_hooks)
         process = await asyncio.create_subprocess_exec(
-            self.python, "-I", "-B", "-c", _WRAPPER, json.dumps(config),
+            self.python, "-I", "-B", _SUPERVISOR, json.dumps(config),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             cwd=workdir,
-            env=env,
+            env=_environment(workdir),
             start_new_session=True,
         )  # fmt: skip
         if process.stdout is None or process.stderr is None:  # pragma: no cover - PIPE always gives both
@@ -224,17 +238,20 @@ class PythonTool(ToolBase):
         )
         wall_exceeded = False
         try:
-            try:
-                await asyncio.wait_for(process.wait(), timeout=self.wall_time_s)
-            except TimeoutError:
-                wall_exceeded = True
-            finally:
-                _kill_group(process.pid)  # the snippet's whole session, stragglers included
-                await process.wait()
+            # the supervisor exits when the snippet does, after killing whatever the snippet started: wait for
+            # that exit itself, not for the pipes to close (a straggler could hold them)
+            wall_exceeded = not await _exited(process, self.wall_time_s)
+            if wall_exceeded:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGUSR1)  # the supervisor kills the snippet's whole tree
             done, _ = await asyncio.wait(readers, timeout=2.0)
         finally:
+            if not await _exited(process, 2.0):
+                _kill_group(process.pid)  # last resort: the supervisor itself did not stop
             for reader in readers:
                 reader.cancel()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(process.wait(), timeout=1.0)
         stdout = readers[0].result() if readers[0] in done else ""
         stderr = readers[1].result() if readers[1] in done else ""
         return self._report(process.returncode, stdout, stderr, wall_exceeded)
@@ -246,6 +263,11 @@ class PythonTool(ToolBase):
                 code="timeout",
                 hint="Make it finish sooner (no sleeping, no waiting for input). Output before the stop:\n"
                 + _combine(stdout, stderr, None)[:1000],
+            )
+        if returncode == _SETUP_FAILED and stderr.startswith("sandbox setup failed:"):
+            logger.error("python_sandbox_setup_failed", stderr=stderr[:500])
+            raise ToolError(
+                "the python sandbox could not be set up: " + stderr.strip()[len("sandbox setup failed: ") :]
             )
         if returncode == -signal.SIGXCPU:
             raise ToolError(
@@ -262,6 +284,41 @@ class PythonTool(ToolBase):
                 hint="Use less memory: smaller data, generators instead of lists.",
             )
         return _combine(stdout, stderr, returncode)
+
+
+def _config(workdir: str, *, cpu: int, memory: int, fsize: int, network: bool, namespaces: bool) -> dict[str, Any]:
+    return {
+        "workdir": os.path.realpath(workdir), "cpu": cpu, "memory": memory, "fsize": fsize,
+        "network": network, "namespaces": namespaces,
+    }  # fmt: skip
+
+
+def _environment(workdir: str) -> dict[str, str]:
+    """The whole environment a snippet sees: nothing of the parent's (no secrets)."""
+    return {
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "PATH": os.defpath,
+        "LANG": "C.UTF-8",
+        "PYTHONIOENCODING": "utf-8",
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "MPLBACKEND": "Agg",
+    }
+
+
+async def _exited(process: asyncio.subprocess.Process, timeout: float) -> bool:
+    """Whether the process exits within `timeout` s. Unlike `process.wait()`, this ignores open pipes."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    pause = 0.002
+    while process.returncode is None:
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.05)
+    return True
 
 
 async def _read_capped(stream: asyncio.StreamReader, limit: int) -> str:

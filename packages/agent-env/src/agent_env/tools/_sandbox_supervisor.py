@@ -1,0 +1,355 @@
+"""The python tool's supervisor: a script that builds the sandbox's kernel layers and outlives nothing it starts.
+
+Run as ``python -I -B _sandbox_supervisor.py CONFIG_JSON`` by `agent_env.tools.python`; never
+imported by agent_env (it must start with nothing but the standard library). What it does, in order:
+
+1. Namespaces (``isolation`` "auto" or "namespaces"): ``unshare`` a user namespace that maps only our own
+   uid/gid, a mount namespace, a PID namespace and (network off) an empty network namespace. In the mount
+   namespace every mount is remounted read-only, nosuid and nodev, except a writable bind of the work dir
+   (nosuid, nodev); /dev/null, zero, full, random, urandom are bound back without nodev. The process forked
+   next is PID 1 of the new PID namespace: it mounts a fresh read-only /proc (so /proc/<host pid>/root cannot
+   lead back to the host's writable mounts), starts the snippet and exits when the snippet does, and the
+   kernel then kills every process left in the namespace, ``setsid`` or not. It dies with the supervisor
+   (``PR_SET_PDEATHSIG``).
+2. Without namespaces (``isolation="landlock"``, or "auto" where ``unshare`` is refused): the supervisor
+   becomes a child subreaper (``PR_SET_CHILD_SUBREAPER``), so orphans of any session come back to it, and
+   when the snippet ends it kills its whole remaining process tree (walked in /proc, signalled by pidfd).
+3. The snippet's process, before exec: a second user + mount namespace (in namespace mode), which locks the
+   read-only mounts so that even root inside cannot remount them; rlimits (CPU, address space, file size, no
+   core); ``PR_SET_NO_NEW_PRIVS``; Landlock where the kernel has it (ABI >= 1): writes, creations, removals,
+   renames and links only beneath the work dir (and writes to /dev/null), TCP bind/connect refused when the
+   network is off (ABI >= 4), signals and abstract unix sockets scoped to the sandbox (ABI >= 6). Then it
+   execs `_sandbox_runner.py`, which adds the audit-hook tripwire and runs the snippet.
+
+SIGUSR1 or SIGTERM (the tool's wall clock) kill the snippet and everything it started. The supervisor exits
+with the snippet's own status (or dies by its signal); a layer it was asked for and could not build is exit
+code 125 with "sandbox setup failed: ..." on stderr, and the snippet never runs. ``--landlock-abi`` prints the
+kernel's Landlock ABI version (0: none). It knows processes, mounts and limits; it knows nothing about tools
+or episodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import json
+import os
+import re
+import resource
+import signal
+import struct
+import sys
+import time
+from typing import Any, Final, NoReturn
+
+SNIPPET_UID: Final = 1000  # the snippet's uid inside its namespace when the tool runs as root
+SETUP_FAILED: Final = 125  # exit code (and stderr prefix "sandbox setup failed:") when a layer breaks midway
+KILLED: Final = signal.SIGKILL  # a wait status: killed by SIGKILL
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+KEPT_FLAGS: Final = {"noexec": MS_NOEXEC, "noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
+DEVICES: Final = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 24, 36, 38
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+# Landlock (linux/landlock.h)
+LL_CREATE, LL_ADD_RULE, LL_RESTRICT = 444, 445, 446
+LL_WRITE_FILE, LL_TRUNCATE, LL_REFER = 1 << 1, 1 << 14, 1 << 13
+LL_MAKE_CHAR, LL_MAKE_BLOCK = 1 << 6, 1 << 11
+LL_WRITES: Final = LL_WRITE_FILE | sum(1 << bit for bit in (4, 5, 6, 7, 8, 9, 10, 11, 12))  # remove/make *
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+
+
+def _checked(result: int, what: str) -> int:
+    if result < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
+    return result
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int) -> None:
+    def encode(text: str | None) -> bytes | None:
+        return None if text is None else os.fsencode(text)
+
+    result = libc.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), None)
+    _checked(result, f"mount {target}")
+
+
+def _prctl(option: int, value: int) -> None:
+    _checked(libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0), f"prctl {option}")
+
+
+def enter_user_namespace(flags: int, *, inside: int | None = None) -> None:
+    """unshare a user namespace (plus `flags`) that maps only our own uid and gid (to `inside` if given)."""
+    uid, gid = os.geteuid(), os.getegid()
+    os.unshare(os.CLONE_NEWUSER | flags)
+    new_uid, new_gid = (uid, gid) if inside is None else (inside, inside)
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{new_uid} {uid} 1"), ("gid_map", f"{new_gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
+def _mounts() -> list[tuple[str, int]]:
+    """Mount points of this mount namespace with the flags a bind remount must keep."""
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+            kept = sum(KEPT_FLAGS.get(option, 0) for option in fields[5].split(","))
+            found.append((point, kept))
+    return found
+
+
+def _flags_at(path: str, mounts: list[tuple[str, int]]) -> int:
+    best = max((p for p, _ in mounts if path == p or path.startswith(p.rstrip("/") + "/")), key=len)
+    return dict(mounts)[best]
+
+
+def make_read_only(workdir: str) -> None:
+    """In a fresh mount namespace: everything read-only, nosuid, nodev, except the work dir and a few devices."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    mounts = _mounts()
+    _mount(workdir, workdir, None, MS_BIND)
+    _mount(None, workdir, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | _flags_at(workdir, mounts))
+    for point, kept in mounts:
+        skipped = point == workdir or point.startswith(workdir + "/") or point.startswith("/proc")
+        if not skipped and os.path.exists(point):
+            _mount(None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | kept)
+    for device in DEVICES:
+        if os.path.exists(device):
+            _mount(device, device, None, MS_BIND)
+            _mount(None, device, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | _flags_at(device, mounts))
+    os.chdir(workdir)  # the old working directory is the read-only one beneath the new bind
+
+
+def mount_fresh_proc() -> None:
+    """As PID 1 of the new PID namespace: a /proc that shows only this namespace (made read-only later)."""
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def landlock_abi() -> int:
+    return max(0, int(libc.syscall(ctypes.c_long(LL_CREATE), None, ctypes.c_size_t(0), ctypes.c_uint32(1))))
+
+
+def apply_landlock(abi: int, workdir: str, network: bool) -> None:
+    """Writes only beneath `workdir` (and to /dev/null); TCP off unless `network`; signals scoped (ABI 6)."""
+    handled = LL_WRITES | (LL_REFER if abi >= 2 else 0) | (LL_TRUNCATE if abi >= 3 else 0)
+    net = 0b11 if abi >= 4 and not network else 0  # BIND_TCP | CONNECT_TCP
+    scoped = 0b11 if abi >= 6 else 0  # ABSTRACT_UNIX_SOCKET | SIGNAL
+    attr = struct.pack("=QQQ", handled, net, scoped)[: 8 if abi < 4 else 16 if abi < 6 else 24]
+    buffer = ctypes.create_string_buffer(attr, len(attr))
+    ruleset = _checked(libc.syscall(ctypes.c_long(LL_CREATE), buffer, ctypes.c_size_t(len(attr)), 0), "landlock")
+    rules = [(workdir, handled & ~(LL_MAKE_CHAR | LL_MAKE_BLOCK))]
+    rules.append(("/dev/null", handled & (LL_WRITE_FILE | LL_TRUNCATE)))
+    for path, allowed in rules:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        rule = ctypes.create_string_buffer(struct.pack("=Qi", allowed, fd), 12)
+        _checked(libc.syscall(ctypes.c_long(LL_ADD_RULE), ctypes.c_long(ruleset), ctypes.c_long(1), rule, 0), path)
+        os.close(fd)
+    _checked(libc.syscall(ctypes.c_long(LL_RESTRICT), ctypes.c_long(ruleset), 0), "landlock restrict_self")
+    os.close(ruleset)
+
+
+def _cap(kind: int, soft: int, hard: int) -> None:
+    _, old_hard = resource.getrlimit(kind)
+    if old_hard != resource.RLIM_INFINITY:
+        soft, hard = min(soft, old_hard), min(hard, old_hard)
+    resource.setrlimit(kind, (soft, hard))
+
+
+def drop_capabilities() -> None:
+    """No capability left, in any set, even for root: nothing can be remounted, loaded or signalled by privilege."""
+    for capability in range(64):
+        with contextlib.suppress(OSError):
+            _prctl(PR_CAPBSET_DROP, capability)
+    with contextlib.suppress(OSError):
+        _checked(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear ambient capabilities")
+    header = ctypes.create_string_buffer(struct.pack("=Ii", 0x20080522, 0), 8)  # _LINUX_CAPABILITY_VERSION_3
+    _checked(libc.capset(header, ctypes.create_string_buffer(24)), "capset")
+
+
+def start_snippet(cfg: dict[str, Any], namespaces: bool, landlock: int) -> NoReturn:
+    """In the forked child: the last layers, then the snippet in this same process (one interpreter start).
+
+    Never returns: the snippet's end (or its SystemExit) ends the process like any Python program's.
+    """
+    try:
+        if namespaces:
+            # a uid other than 0 inside this second user namespace: its mounts come locked read-only
+            enter_user_namespace(os.CLONE_NEWNS, inside=SNIPPET_UID if os.geteuid() == 0 else None)
+            _mount(None, "/proc", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        os.setpgid(0, 0)
+        _cap(resource.RLIMIT_CPU, cfg["cpu"], cfg["cpu"] + 1)  # SIGXCPU at the soft limit, SIGKILL a second later
+        _cap(resource.RLIMIT_AS, cfg["memory"], cfg["memory"])
+        _cap(resource.RLIMIT_FSIZE, cfg["fsize"], cfg["fsize"])
+        _cap(resource.RLIMIT_CORE, 0, 0)
+        if sys.platform.startswith("linux"):
+            _prctl(PR_SET_NO_NEW_PRIVS, 1)
+            if landlock:
+                apply_landlock(landlock, cfg["workdir"], cfg["network"])
+            drop_capabilities()
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_runner.py")
+        spec = importlib.util.spec_from_file_location("_sandbox_runner", path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path}")
+        runner = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(runner)
+    except BaseException as error:  # whatever broke, the snippet must not run half-sandboxed
+        _setup_failed(error)
+    runner.main(cfg)
+    raise SystemExit(0)
+
+
+def _descendants(root: int) -> list[int]:
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+                parents.setdefault(ppid, []).append(int(entry))
+    found, stack = [], [root]
+    while stack:
+        children = parents.get(stack.pop(), [])
+        found += children
+        stack += children
+    return found
+
+
+def _kill_once(first: int) -> None:
+    """SIGKILL the snippet's group and every descendant seen now (through pidfds: a reused pid is never hit)."""
+    with contextlib.suppress(OSError):
+        os.killpg(first, signal.SIGKILL)
+    if not hasattr(os, "pidfd_open") or not os.path.isdir("/proc/self"):  # not Linux: the group kill only
+        return
+    handles = {}
+    for pid in _descendants(os.getpid()):
+        with contextlib.suppress(OSError):
+            handles[pid] = os.pidfd_open(pid)
+    still_ours = set(_descendants(os.getpid()))  # opened while still our descendant: the right process
+    for pid, fd in handles.items():
+        with contextlib.suppress(OSError):
+            if pid in still_ours:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        os.close(fd)
+
+
+def kill_tree(first: int) -> None:
+    """After the snippet was reaped: kill and reap every remaining descendant until none is left."""
+    while True:
+        _kill_once(first)
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            return
+        if not hasattr(os, "pidfd_open"):  # without /proc we cannot see them: leave orphans to init
+            return
+        time.sleep(0.005)
+
+
+def _mirror(status: int) -> None:
+    """Exit the way the snippet did: same code, or the same signal."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP cannot be reset (nor caught)
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+        os.kill(os.getpid(), sig)
+    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+
+
+STOP_SIGNALS: Final = {signal.SIGUSR1, signal.SIGTERM}
+
+
+def _fork_child() -> int:
+    """fork with the stop signals held until the parent has its handlers; the child starts with none held."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    pid = os.fork()
+    if pid == 0:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+    return pid
+
+
+def _on_stop(action: Any) -> None:
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda *_: action())
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def _setup_failed(error: BaseException) -> NoReturn:
+    os.write(2, f"sandbox setup failed: {error}\n".encode())
+    os._exit(SETUP_FAILED)
+
+
+def run_in_namespaces(cfg: dict[str, Any], landlock: int) -> None:
+    reports_r, reports_w = os.pipe()
+    init = _fork_child()
+    if init == 0:  # PID 1 of the new namespace
+        os.close(reports_r)
+        try:
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            mount_fresh_proc()
+        except BaseException as error:
+            _setup_failed(error)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        snippet = os.fork()
+        if snippet == 0:
+            start_snippet(cfg, True, landlock)
+        while True:
+            pid, status = os.waitpid(-1, 0)
+            if pid == snippet:
+                os.write(reports_w, str(status).encode())
+                os._exit(0)  # the kernel now kills everything else in the namespace
+    os.close(reports_w)
+    _on_stop(lambda: os.kill(init, signal.SIGKILL))
+    _, init_status = os.waitpid(init, 0)
+    report = os.read(reports_r, 64)
+    if not report:  # init died before the snippet ended: killed (wall clock), or its own setup failed
+        _mirror(init_status if os.WIFEXITED(init_status) else KILLED)
+    _mirror(int(report))
+
+
+def run_with_subreaper(cfg: dict[str, Any], landlock: int) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    snippet = _fork_child()
+    if snippet == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        start_snippet(cfg, False, landlock)
+    _on_stop(lambda: _kill_once(snippet))  # the loop below then reaps the snippet and kills the rest
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == snippet:
+            break
+    kill_tree(snippet)
+    _mirror(status)
+
+
+def main() -> None:
+    """argv[1]: the config (JSON): workdir, cpu, memory, fsize, network, namespaces, landlock, audit_hooks."""
+    cfg = json.loads(sys.argv[1])
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    landlock = 0
+    if cfg["landlock"]:
+        with contextlib.suppress(OSError, AttributeError):
+            landlock = landlock_abi()
+    if not cfg["namespaces"]:
+        run_with_subreaper(cfg, landlock)
+    try:
+        enter_user_namespace(os.CLONE_NEWNS | os.CLONE_NEWPID | (0 if cfg["network"] else os.CLONE_NEWNET))
+        make_read_only(cfg["workdir"])
+    except (AttributeError, OSError) as error:  # never run a snippet on half-built namespaces
+        _setup_failed(error)
+    run_in_namespaces(cfg, landlock)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--landlock-abi"]:
+        print(landlock_abi())
+    else:
+        main()

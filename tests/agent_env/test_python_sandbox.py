@@ -1,0 +1,297 @@
+"""Escape probes against the python tool's sandbox: each one tries a route out and checks from outside.
+
+Every probe runs once with the audit hooks on (what a model meets) and once with them off
+(`audit_hooks=False`), which proves the kernel layers hold alone; and, where the kernel allows both, under
+the namespace sandbox and under the fallback (`isolation="landlock"`: a subreaper and Landlock, no namespaces).
+A probe never trusts what the snippet prints: it looks at the filesystem and the process table itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agent_env.errors import ToolError
+from agent_env.tool import ToolContext
+from agent_env.tools import python as python_tool
+from agent_env.tools.python import PythonTool, SandboxSupport, sandbox_support
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the probes read Linux's /proc")
+
+SUPPORT = sandbox_support()
+MODES = [
+    pytest.param("namespaces", marks=pytest.mark.skipif(not SUPPORT.namespaces, reason=SUPPORT.reason)),
+    pytest.param("landlock", marks=pytest.mark.skipif(not SUPPORT.landlock, reason="no Landlock here")),
+]
+
+
+def run(code: str, **options: object) -> str:
+    tool = PythonTool(**options)  # type: ignore[arg-type]
+    return asyncio.run(tool.call(tool.parse_arguments({"code": code}), ToolContext()))
+
+
+def spawn(argv: list[str], *, setsid: bool = False) -> str:
+    """Snippet source that starts `argv` through `_posixsubprocess.fork_exec`, the route with no audit event."""
+    args = [os.fsencode(a) for a in argv]
+    return (
+        "import _posixsubprocess, os\n"
+        "r, w = os.pipe()\n"
+        f"_posixsubprocess.fork_exec({args!r}, [{args[0]!r}], True, (w,), None, None, -1, -1, -1, -1, -1, -1,"
+        f" r, w, False, {setsid}, -1, None, None, None, -1, None, False)\n"
+        "print('spawned', flush=True)\n"
+    )
+
+
+def sandboxes_running() -> int:
+    """How many calls have a live process, counted by their distinct work dirs in the process table."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            found.update(re.findall(rb"agent-env-python-[A-Za-z0-9_]+", cmdline))
+    return len(found)
+
+
+def survivors(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker.encode() in cmdline:
+                found.append(int(entry))
+    return found
+
+
+def write_probes(outside: Path, victim: Path) -> dict[str, str]:
+    """Snippets that each try to change something under `outside` / `victim` (both outside the work dir)."""
+    target = str(outside / "escaped.txt")
+    return {
+        "fork_exec": spawn(["/bin/sh", "-c", f"echo x > {target}"]) + "import time; time.sleep(0.5)",
+        "sqlite3": f"import sqlite3; sqlite3.connect({target!r}).execute('create table t (x)')",
+        "sqlite3_attach": f"import sqlite3; sqlite3.connect(':memory:').execute(\"attach database '{target}' as e\")"
+        ".execute('create table e.t (x)')",
+        "dir_fd": f"import os; d = os.open({str(outside)!r}, os.O_RDONLY)\n"
+        "os.write(os.open('escaped.txt', os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=d), b'x')",
+        "link_append": f"import os; os.link({str(victim)!r}, 'mine.txt'); open('mine.txt', 'a').write('pwned')",
+        "rename_in": f"import os; os.rename({str(victim)!r}, 'mine.txt')",
+        "rename_dir_fd": f"import os; d = os.open({str(outside)!r}, os.O_RDONLY)\n"
+        "open('mine.txt', 'w').write('x'); os.rename('mine.txt', 'escaped.txt', dst_dir_fd=d)",
+        "symlink_swap": f"import os; os.symlink({str(outside)!r}, 'link'); open('link/escaped.txt', 'w').write('x')",
+        "proc_root": f"import os; open('/proc/{os.getpid()}/root{target}', 'w').write('x')",
+        "chmod_fd": f"import os; fd = os.open({str(victim)!r}, os.O_RDONLY); os.chmod(fd, 0o777)",
+    }
+
+
+def assert_untouched(outside: Path, victim: Path) -> None:
+    assert sorted(p.name for p in outside.iterdir()) == ["victim.txt"]
+    assert victim.read_text() == "keep me" and (victim.stat().st_mode & 0o777) == 0o644
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    tmp_path.chmod(0o777)  # writable by anyone: only the sandbox stands between a snippet and this folder
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    victim.chmod(0o644)
+    return tmp_path
+
+
+PROBES = sorted(write_probes(Path("/x"), Path("/x/v")))
+
+
+@pytest.mark.parametrize("probe", PROBES)
+def test_no_write_outside_with_the_audit_hooks_on(outside: Path, probe: str) -> None:
+    victim = outside / "victim.txt"
+    output = run(write_probes(outside, victim)[probe])
+    assert_untouched(outside, victim)
+    assert "Error" in output, output
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("probe", PROBES)
+def test_no_write_outside_on_the_kernel_layers_alone(outside: Path, probe: str, mode: str) -> None:
+    if (probe, mode) == ("chmod_fd", "landlock") and os.geteuid() == 0:
+        pytest.xfail("Landlock has no right for chmod/chown: without namespaces that rests on the hook and the uid")
+    victim = outside / "victim.txt"
+    run(write_probes(outside, victim)[probe], audit_hooks=False, isolation=mode)
+    assert_untouched(outside, victim)
+
+
+def test_the_kernel_layers_leave_the_work_dir_writable() -> None:
+    code = "import os\nopen('a', 'w').write('1'); os.mkdir('d'); os.rename('a', 'd/b'); print(open('d/b').read())"
+    for mode in [m.values[0] for m in MODES]:
+        if (mode == "namespaces" and not SUPPORT.namespaces) or (mode == "landlock" and not SUPPORT.landlock):
+            continue
+        assert run(code, audit_hooks=False, isolation=mode) == "1"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_setsid_children_do_not_outlive_the_call(mode: str) -> None:
+    marker = f"agent-env-probe-{uuid.uuid4().hex}"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(30)", marker]
+    code = (
+        "import os, sys\n"
+        "for _ in range(20):\n"
+        "    if os.fork() == 0:\n"
+        "        os.setsid()\n"
+        "        if os.fork() == 0:\n"
+        f"            os.execv({sys.executable!r}, {sleeper!r})\n"
+        "        os._exit(0)\n"
+        "print('spawned')"
+    )
+    assert run(code, audit_hooks=False, isolation=mode, wall_time_s=5).startswith("spawned")
+    assert survivors(marker) == []
+
+
+def test_setsid_children_started_through_fork_exec_do_not_outlive_the_call() -> None:
+    marker = f"agent-env-probe-{uuid.uuid4().hex}"
+    code = spawn([sys.executable, "-c", "import time; time.sleep(30)", marker], setsid=True) * 20
+    run(code, wall_time_s=5)
+    assert survivors(marker) == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_call_returns_when_the_snippet_ends_though_a_child_holds_stdout(mode: str) -> None:
+    marker = f"agent-env-probe-{uuid.uuid4().hex}"
+    code = spawn([sys.executable, "-c", "import time; time.sleep(30)", marker], setsid=True)
+    started = time.monotonic()
+    assert run(code, audit_hooks=False, isolation=mode, wall_time_s=10) == "spawned"
+    assert time.monotonic() - started < 5
+    assert survivors(marker) == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_wall_clock_kills_the_whole_tree(mode: str) -> None:
+    marker = f"agent-env-probe-{uuid.uuid4().hex}"
+    code = spawn([sys.executable, "-c", "import time; time.sleep(30)", marker], setsid=True) + (
+        "import time\ntime.sleep(30)"
+    )
+    started = time.monotonic()
+    with pytest.raises(ToolError, match="wall-clock limit of 1 s") as caught:
+        run(code, audit_hooks=False, isolation=mode, wall_time_s=1)
+    assert caught.value.code == "timeout" and "spawned" in (caught.value.hint or "")
+    assert time.monotonic() - started < 5
+    assert survivors(marker) == []
+
+
+def test_a_child_holding_stdout_is_no_timeout_with_the_hooks_on() -> None:
+    marker = f"agent-env-probe-{uuid.uuid4().hex}"
+    code = spawn([sys.executable, "-c", "import time; time.sleep(30)", marker], setsid=True)
+    started = time.monotonic()
+    output = run(code, wall_time_s=10)
+    assert time.monotonic() - started < 5 and survivors(marker) == []
+    assert "fork_exec is not allowed" in output
+
+
+@pytest.mark.parametrize(
+    ("code", "event"),
+    [
+        (spawn(["/bin/true"]), "fork_exec"),
+        ("import os; os.posix_spawn('/bin/true', ['true'], {})", "os.posix_spawn"),
+        ("import os; os.forkpty()", "os.forkpty"),
+        ("import pty; pty.fork()", "out of pty devices"),  # forkpty refused, then no pty device to open
+        ("import multiprocessing as m\nif __name__ == '__main__':\n    m.Process(target=print).start()", "os.fork"),
+        (
+            "import multiprocessing as m\nif __name__ == '__main__':\n"
+            "    m.set_start_method('spawn'); m.Process(target=print).start()",
+            "fork_exec",
+        ),
+        ("import importlib, sys; del sys.modules['_posixsubprocess']; import _posixsubprocess", "_posixsubprocess"),
+    ],
+    ids=["fork_exec", "posix_spawn", "forkpty", "pty", "multiprocessing_fork", "multiprocessing_spawn", "reimport"],
+)
+def test_every_process_route_trips_the_audit_hooks(code: str, event: str) -> None:
+    output = run(code)
+    assert event in output and (("PermissionError" in output and "not allowed" in output) or "pty" in event), output
+
+
+def test_concurrent_calls_are_capped() -> None:
+    tool = PythonTool(max_concurrent=2)
+    code = "import time; time.sleep(0.4); print('ok')"
+    peak = 0
+    stop = False
+
+    def watch() -> None:
+        nonlocal peak
+        while not stop:
+            peak = max(peak, sandboxes_running())
+            time.sleep(0.02)
+
+    async def main() -> list[str]:
+        arguments = tool.parse_arguments({"code": code})
+        return await asyncio.gather(*(tool.call(arguments, ToolContext()) for _ in range(8)))
+
+    async def with_watcher() -> list[str]:
+        watcher = asyncio.create_task(asyncio.to_thread(watch))
+        try:
+            return await main()
+        finally:
+            nonlocal stop
+            stop = True
+            await watcher
+
+    started = time.monotonic()
+    assert asyncio.run(with_watcher()) == ["ok"] * 8
+    assert time.monotonic() - started >= 4 * 0.4
+    assert 1 <= peak <= 2
+
+
+def test_max_concurrent_is_validated() -> None:
+    with pytest.raises(ValueError, match="max_concurrent"):
+        PythonTool(max_concurrent=0)
+
+
+def pretend(monkeypatch: pytest.MonkeyPatch, support: SandboxSupport) -> None:
+    monkeypatch.setattr(python_tool, "sandbox_support", lambda python=None: support)
+
+
+def test_forcing_a_missing_layer_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    pretend(monkeypatch, SandboxSupport(namespaces=False, landlock=False, reason="unshare refused"))
+    with pytest.raises(ToolError, match="namespace sandbox is not available here: unshare refused"):
+        run("print(1)", isolation="namespaces")
+    with pytest.raises(ToolError, match="Landlock sandbox is not available"):
+        run("print(1)", isolation="landlock")
+    with pytest.raises(ValueError, match="isolation"):
+        PythonTool(isolation="none")  # type: ignore[arg-type]
+
+
+def test_auto_without_namespaces_falls_back_to_the_subreaper(monkeypatch: pytest.MonkeyPatch) -> None:
+    pretend(monkeypatch, SandboxSupport(namespaces=False, landlock=SUPPORT.landlock, reason="pretended"))
+    marker = f"agent-env-probe-{uuid.uuid4().hex}"
+    code = (
+        "import os, sys\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        f"    os.execv({sys.executable!r}, {[sys.executable, '-c', 'import time; time.sleep(30)', marker]!r})\n"
+        "print(os.getpid() > 2)"
+    )
+    assert run(code, audit_hooks=False) == "True"  # not PID 2 of a fresh namespace
+    assert survivors(marker) == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_snippet_has_no_capabilities(mode: str) -> None:
+    status = run("print(open('/proc/self/status').read())", isolation=mode, audit_hooks=False)
+    caps = dict(line.split(":\t") for line in status.splitlines() if line.startswith("Cap"))
+    assert {caps[k].strip() for k in ("CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb")} == {"0" * 16}, caps
+
+
+def test_the_namespace_sandbox_is_what_runs_by_default_here() -> None:
+    if not SUPPORT.namespaces:
+        pytest.skip(SUPPORT.reason)
+    # pid 2 in a fresh PID namespace (1 is the sandbox's own init), and / is mounted read-only
+    output = run("import os\nprint(os.getpid(), bool(os.statvfs('/').f_flag & os.ST_RDONLY))")
+    assert output == "2 True"
