@@ -1,25 +1,31 @@
 """`LLMEngine`: what the runtime needs from a model backend, and the data that crosses that boundary.
 
 An engine takes prompt token ids and returns generated token ids (never text-in, text-out), so the transcript
-stays token-in-token-out whatever serves the model. This module knows nothing about chat formats beyond the
-optional `chat()` convenience, which uses a `ChatProtocol` it is given.
+stays token-in-token-out whatever serves the model. `validate_generation` is the one gate every engine's raw
+output passes before it becomes a `Generation`, so a broken or hostile backend can never put out-of-vocabulary
+ids, NaN logprobs or an unknown finish reason into a training transcript. This module knows nothing about chat
+formats beyond the optional `chat()` convenience, which uses a `ChatProtocol` it is given.
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Literal
+from typing import Final, Literal
 
 import msgspec
 
 from agent_protocol import ChatProtocol, MessageLike, Tokenizer
-from agent_runtime.errors import ContextBudgetExceeded
+from agent_runtime.errors import ContextBudgetExceeded, EngineBadOutput, EngineError
 
-__all__ = ["FinishReason", "Generation", "LLMEngine", "SamplingParams"]
+__all__ = ["FinishReason", "Generation", "LLMEngine", "SamplingParams", "tokenizer_vocab_size", "validate_generation"]
 
 FinishReason = Literal["stop", "length", "abort"]
 """vLLM's names: `stop` (a stop token or string), `length` (max_new_tokens or the context), `abort`."""
+
+_FINISH_REASONS: Final[dict[str, FinishReason]] = {"stop": "stop", "length": "length", "abort": "abort"}
+_LOGPROB_SLACK: Final = 1e-3  # a log-probability is <= 0; this much above is float rounding, more is garbage
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,3 +106,65 @@ class LLMEngine(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook, most engines hold nothing
         """Release what the engine holds (HTTP clients, model memory)."""
+
+
+def tokenizer_vocab_size(tokenizer: Tokenizer) -> int | None:
+    """How many ids `tokenizer` knows, added tokens included; None when it cannot say."""
+    size = getattr(tokenizer, "vocab_size", None)  # HFTokenizer: get_vocab_size(with_added_tokens=True)
+    if isinstance(size, int) and not isinstance(size, bool):
+        return size
+    wrapped = getattr(tokenizer, "hf", None)  # TransformersTokenizer: len() counts the added tokens
+    if wrapped is not None and hasattr(wrapped, "__len__"):
+        return len(wrapped)
+    return None
+
+
+def validate_generation(
+    engine: str,
+    tokenizer: Tokenizer,
+    *,
+    ids: object,
+    logprobs: object,
+    finish_reason: object,
+    max_tokens: int,
+    vocab_size: int | None,
+) -> Generation:
+    """Check what a backend answered and build the `Generation`, its text decoded from the ids here.
+
+    `ids` must be a list of plain ints (not bools, floats or strings) in `[0, vocab_size)`, at most
+    `max_tokens` of them; `logprobs` None or one finite float per id, none above 0; `finish_reason` one of
+    `FinishReason`. A violation raises `EngineBadOutput` naming the first bad value; a finish reason of
+    `"error"` (vLLM's retryable internal failure) raises `EngineError`. `vocab_size=None` checks only that ids
+    are not negative."""
+    if not isinstance(ids, list):
+        raise EngineBadOutput(f"{engine}: the token ids are a {type(ids).__name__}, not a list")
+    if len(ids) > max_tokens:
+        raise EngineBadOutput(f"{engine}: {len(ids)} ids for max_tokens={max_tokens}")
+    upper = vocab_size if vocab_size is not None else math.inf
+    for position, token in enumerate(ids):
+        if type(token) is not int:
+            raise EngineBadOutput(f"{engine}: id {position} is {token!r} ({type(token).__name__}), not an int")
+        if not 0 <= token < upper:
+            raise EngineBadOutput(f"{engine}: id {token} at {position} is outside the vocabulary of {vocab_size}")
+    checked: list[float] | None = None
+    if logprobs is not None:
+        if not isinstance(logprobs, list):
+            raise EngineBadOutput(f"{engine}: the logprobs are a {type(logprobs).__name__}, not a list")
+        if len(logprobs) != len(ids):
+            raise EngineBadOutput(f"{engine}: {len(logprobs)} logprobs for {len(ids)} ids")
+        checked = []
+        for position, value in enumerate(logprobs):
+            if type(value) not in (float, int):
+                raise EngineBadOutput(f"{engine}: logprob {position} is {value!r} ({type(value).__name__})")
+            number = float(value)
+            if not math.isfinite(number):
+                raise EngineBadOutput(f"{engine}: logprob {position} is {number}, not finite")
+            if number > _LOGPROB_SLACK:
+                raise EngineBadOutput(f"{engine}: logprob {position} is {number}, above 0")
+            checked.append(number)
+    if finish_reason == "error":
+        raise EngineError(f"{engine}: the backend reported an internal error for this request (finish reason 'error')")
+    finish = _FINISH_REASONS.get(finish_reason) if isinstance(finish_reason, str) else None
+    if finish is None:
+        raise EngineBadOutput(f"{engine}: unknown finish reason {finish_reason!r}")
+    return Generation(ids=ids, text=tokenizer.decode(ids), logprobs=checked, finish_reason=finish)
