@@ -37,12 +37,10 @@ def server(tiny_hf_engine: HFEngine) -> Iterator[CompletionsServer]:
 @pytest.fixture
 def fresh(server: CompletionsServer) -> Iterator[CompletionsServer]:
     """The shared server with no faults and an empty request log, restored after the test."""
-    server.faults.delay_s, server.faults.omit_token_ids = 0.0, False
+    server.faults.reset()
     server.requests.clear()
     yield server
-    server.faults.delay_s, server.faults.omit_token_ids = 0.0, False
-    while server.faults.take_failure() is not None:
-        pass
+    server.faults.reset()
 
 
 @pytest.fixture(scope="module")

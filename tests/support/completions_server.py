@@ -9,7 +9,13 @@ that does not fit, 401 for a wrong API key, 404 for an unknown model).
 
 Test-only fault injection lives on `server.faults` (plain Python, same process): `fail_next(n, status)` makes
 the next n requests fail, `delay_s` answers late (to trigger client timeouts), `omit_token_ids` answers like a
-server without `return_token_ids`. `server.requests` records every body received.
+server without `return_token_ids`. A broken or hostile upstream is played with the real answer as its
+starting point: `rewrite(choice)` edits the answer's `choices[0]` before it is sent (wrong types, out-of-vocabulary
+ids, NaN logprobs; the body is written with Python's `json`, which spells NaN as `NaN`), `raw_body` answers 200
+with these bytes instead, `truncate_to` declares the full `Content-Length`, sends that many bytes and drops the
+connection, and `trickle_s` sends the answer one byte at a time with that pause between bytes, stopping when the
+client leaves (`server.disconnects` counts those). `faults.reset()` clears them all. `server.requests` records
+every body received.
 
 Public API: :class:`Faults`, :class:`CompletionsServer` (a context manager: `with CompletionsServer(engine) as
 server: server.base_url`).
@@ -18,10 +24,13 @@ server: server.base_url`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -29,8 +38,9 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from agent_runtime.engines.base import LLMEngine, SamplingParams
 from agent_runtime.errors import ContextBudgetExceeded, EngineError
@@ -45,8 +55,19 @@ class Faults:
 
     delay_s: float = 0.0
     omit_token_ids: bool = False
+    rewrite: Callable[[dict[str, Any]], None] | None = None
+    raw_body: bytes | None = None
+    truncate_to: int | None = None
+    trickle_s: float = 0.0
     _fail: list[tuple[int, str]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reset(self) -> None:
+        """No faults: the server answers honestly again."""
+        self.delay_s, self.omit_token_ids, self.rewrite, self.raw_body = 0.0, False, None, None
+        self.truncate_to, self.trickle_s = None, 0.0
+        while self.take_failure() is not None:
+            pass
 
     def fail_next(self, count: int, status: int = 500, message: str = "injected failure") -> None:
         with self._lock:
@@ -71,6 +92,7 @@ class CompletionsServer:
         self.api_key = api_key
         self.faults = Faults()
         self.requests: list[dict[str, Any]] = []
+        self.disconnects = 0  # trickled answers the client walked away from
         app = Starlette(routes=[Route("/v1/completions", self._completions, methods=["POST"])])
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -106,7 +128,7 @@ class CompletionsServer:
     ) -> None:
         self.stop()
 
-    async def _completions(self, request: Request) -> JSONResponse:
+    async def _completions(self, request: Request) -> Response:
         try:
             body = await request.json()
         except ValueError:
@@ -162,16 +184,31 @@ class CompletionsServer:
             "completion_tokens": len(generation.ids),
             "total_tokens": len(prompt) + len(generation.ids),
         }
-        return JSONResponse(
-            {
-                "id": f"cmpl-{uuid.uuid4().hex}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": self.model,
-                "choices": [choice],
-                "usage": usage,
-            }
-        )
+        answer = {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage,
+        }
+        return self._faulty(answer) if self._answer_is_faulty() else JSONResponse(answer)
+
+    def _answer_is_faulty(self) -> bool:
+        f = self.faults
+        return f.rewrite is not None or f.raw_body is not None or f.truncate_to is not None or f.trickle_s > 0
+
+    def _faulty(self, answer: dict[str, Any]) -> Response:
+        """The answer as a broken upstream sends it (see the module docstring)."""
+        faults = self.faults
+        if faults.rewrite is not None:
+            faults.rewrite(answer["choices"][0])
+        body = faults.raw_body if faults.raw_body is not None else json.dumps(answer).encode()
+        if faults.truncate_to is not None:
+            return _Truncated(body, faults.truncate_to)
+        if faults.trickle_s > 0:
+            return _Trickled(body, faults.trickle_s, self)
+        return Response(body, media_type="application/json")
 
     def _parse(self, body: dict[str, Any]) -> tuple[list[int], SamplingParams]:
         prompt = body["prompt"]
@@ -198,3 +235,49 @@ class CompletionsServer:
             seed=body.get("seed"),
             logprobs=body.get("logprobs") is not None,
         )
+
+
+class _Truncated(Response):
+    """Declares the whole body's length, sends only its first `keep` bytes, then drops the connection (the ASGI
+    app fails mid-response, which makes uvicorn close the socket)."""
+
+    def __init__(self, body: bytes, keep: int) -> None:
+        super().__init__(body, media_type="application/json")
+        self.keep = keep
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body[: self.keep], "more_body": True})
+        raise ConnectionAbortedError("test server: the answer is cut off here on purpose")
+
+
+class _Trickled(Response):
+    """Sends the body one byte every `pause_s`, each byte well inside any per-read timeout; stops when the
+    client disconnects and counts it on the server."""
+
+    def __init__(self, body: bytes, pause_s: float, server: CompletionsServer) -> None:
+        super().__init__(body, media_type="application/json")
+        self.pause_s = pause_s
+        self.server = server
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gone = asyncio.Event()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            for i in range(len(self.body)):
+                if gone.is_set():
+                    self.server.disconnects += 1
+                    return
+                await send({"type": "http.response.body", "body": self.body[i : i + 1], "more_body": True})
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(gone.wait(), self.pause_s)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            watcher.cancel()

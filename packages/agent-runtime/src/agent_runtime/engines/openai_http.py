@@ -18,6 +18,12 @@ server's message. When the retries are spent, a server that could not be reached
 `EngineUnavailable`; anything else raises `EngineError`. Pass server-specific fields (e.g. SGLang's
 `no_stop_trim`) with `extra_body`.
 
+The upstream is not trusted. `timeout_s` bounds each read, which a server that trickles its answer byte by byte
+never trips, so `deadline_s` bounds the whole call (every attempt, every backoff and the body read) and raises
+`EngineTimeout` when it passes. What comes back passes `validate_generation` (plain int ids inside the
+tokenizer's vocabulary, at most `max_tokens` of them, finite logprobs one per id, a known finish reason); a body
+that is not JSON, has no usable choice or fails those checks raises `EngineBadOutput` at once, without retrying.
+
 This module knows HTTP and the completions wire format; it knows nothing about chat formats or the model.
 """
 
@@ -36,8 +42,14 @@ import httpx
 import structlog
 
 from agent_protocol import Tokenizer, load_tokenizer
-from agent_runtime.engines.base import FinishReason, Generation, LLMEngine, SamplingParams
-from agent_runtime.errors import EngineError, EngineUnavailable
+from agent_runtime.engines.base import (
+    Generation,
+    LLMEngine,
+    SamplingParams,
+    tokenizer_vocab_size,
+    validate_generation,
+)
+from agent_runtime.errors import EngineBadOutput, EngineError, EngineTimeout, EngineUnavailable
 
 __all__ = ["OpenAIEngine"]
 
@@ -45,7 +57,6 @@ logger = structlog.get_logger(__name__)
 
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _TOKEN_ID_KEYS = ("token_ids", "output_token_ids", "output_ids")
-_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +73,10 @@ class OpenAIEngine(LLMEngine):
     `base_url` is the API root including `/v1` (as for the OpenAI SDK), e.g. `http://localhost:8000/v1`.
     `context_length` is the server's `max_model_len`; prompts are checked and `max_tokens` clamped against it
     here, so the server never rejects a request for its length. `stop_token_ids` default to the tokenizer's
-    `<|im_end|>` and `<|endoftext|>`; they are sent with every request.
+    `<|im_end|>` and `<|endoftext|>`; they are sent with every request. `deadline_s` (None: none) bounds one
+    `generate` call end to end; its default matches `AgentRuntime`'s `engine_timeout_s`, because a completion
+    that is not streamed sends nothing until it is done, so the deadline must outlast the longest honest
+    generation. `timeout_s` bounds each read.
     """
 
     name = "openai"
@@ -77,6 +91,7 @@ class OpenAIEngine(LLMEngine):
         stop_token_ids: Sequence[int] | None = None,
         api_key: str | None = None,
         timeout_s: float = 600.0,
+        deadline_s: float | None = 600.0,
         connect_timeout_s: float = 10.0,
         max_retries: int = 4,
         backoff_s: float = 0.5,
@@ -88,10 +103,14 @@ class OpenAIEngine(LLMEngine):
             raise ValueError(f"context_length must be positive, got {context_length}")
         if max_retries < 0 or backoff_s < 0 or backoff_max_s < 0:
             raise ValueError("max_retries, backoff_s and backoff_max_s must be >= 0")
+        if deadline_s is not None and not deadline_s > 0:  # `not >` also refuses NaN
+            raise ValueError(f"deadline_s must be positive (or None for no deadline), got {deadline_s}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.tokenizer = load_tokenizer(tokenizer)
+        self.vocab_size = tokenizer_vocab_size(self.tokenizer)
         self.context_length = context_length
+        self.deadline_s = deadline_s
         if stop_token_ids is None:
             named = ("<|im_end|>", "<|endoftext|>")
             stop_token_ids = [i for t in named if (i := self.tokenizer.token_to_id(t)) is not None]
@@ -136,8 +155,20 @@ class OpenAIEngine(LLMEngine):
             raise EngineUnavailable("openai: the engine is closed")
         budget = self.max_new_tokens_for(len(prompt_ids), sampling.max_new_tokens)
         body = self.request_body(prompt_ids, sampling, budget)
-        payload = await self._post("/completions", body)
-        return self._parse(payload, sampling)
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.deadline_s) as deadline:
+                payload = await self._post("/completions", body)
+        except TimeoutError as e:
+            if not deadline.expired():
+                raise  # not ours: let it through as it came
+            url = f"{self.base_url}/completions"
+            logger.warning("openai_request_deadline_passed", url=url, deadline_s=self.deadline_s)
+            raise EngineTimeout(
+                f"openai: {url} gave no complete answer within the {self.deadline_s} s deadline "
+                f"({time.perf_counter() - started:.1f} s, retries included)"
+            ) from e
+        return self._parse(payload, sampling, budget)
 
     async def close(self) -> None:
         self._closed = True
@@ -180,8 +211,11 @@ class OpenAIEngine(LLMEngine):
         if response.status_code < 400:
             try:
                 return response.json(), None
-            except ValueError as e:
-                raise EngineError(f"openai: {url} answered {response.status_code} with a non-JSON body") from e
+            except (ValueError, RecursionError) as e:  # RecursionError: nesting deeper than the parser goes
+                raise EngineBadOutput(
+                    f"openai: {url} answered {response.status_code} with a body that is not JSON it can read "
+                    f"({type(e).__name__}: {str(e)[:120]})"
+                ) from e
         message = _error_message(response)
         if response.status_code not in _RETRY_STATUS:
             logger.warning("openai_request_rejected", url=url, status=response.status_code, message=message)
@@ -196,28 +230,34 @@ class OpenAIEngine(LLMEngine):
             delay = max(delay, min(retry_after, self.backoff_max_s))
         return delay
 
-    def _parse(self, payload: Any, sampling: SamplingParams) -> Generation:
-        try:
-            choice = payload["choices"][0]
-        except (KeyError, IndexError, TypeError) as e:
-            raise EngineError(f"openai: the response has no choices: {str(payload)[:200]}") from e
+    def _parse(self, payload: Any, sampling: SamplingParams, max_tokens: int) -> Generation:
+        choices = payload.get("choices") if isinstance(payload, dict) else None
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        if not isinstance(choice, dict):
+            raise EngineBadOutput(f"openai: the response has no choices: {str(payload)[:200]}")
         ids = next((choice[k] for k in _TOKEN_ID_KEYS if isinstance(choice.get(k), list)), None)
         if ids is None:
-            raise EngineError(
+            raise EngineBadOutput(
                 "openai: the server returned no token ids; it must support `return_token_ids` "
                 "(vLLM >= 0.10.2, or SGLang) so generated ids are never re-tokenized from text"
             )
-        ids = [int(i) for i in ids]
-        logprobs: list[float] | None = None
+        logprobs: object = None
         if sampling.logprobs:
-            raw = (choice.get("logprobs") or {}).get("token_logprobs")
-            if isinstance(raw, list) and len(raw) == len(ids) and all(isinstance(x, (int, float)) for x in raw):
-                logprobs = [float(x) for x in raw]
-            else:
-                logger.warning("openai_logprobs_missing", ids=len(ids), got=None if raw is None else len(raw))
-        reason = choice.get("finish_reason")
-        finish = _FINISH_REASONS.get(reason, "abort") if isinstance(reason, str) else "abort"
-        return Generation(ids=ids, text=self.tokenizer.decode(ids), logprobs=logprobs, finish_reason=finish)
+            block = choice.get("logprobs")
+            if block is not None and not isinstance(block, dict):
+                raise EngineBadOutput(f"openai: the logprobs are a {type(block).__name__}, not an object")
+            logprobs = None if block is None else block.get("token_logprobs")
+            if logprobs is None:  # a server that gives none is allowed; training then has no rollout logprobs
+                logger.warning("openai_logprobs_missing", ids=len(ids))
+        return validate_generation(
+            "openai",
+            self.tokenizer,
+            ids=ids,
+            logprobs=logprobs,
+            finish_reason=choice.get("finish_reason"),
+            max_tokens=max_tokens,
+            vocab_size=self.vocab_size,
+        )
 
 
 def _error_message(response: httpx.Response) -> str:
