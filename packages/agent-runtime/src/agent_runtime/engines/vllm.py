@@ -5,7 +5,10 @@ Each `generate` submits a `TokensPrompt` with vLLM `SamplingParams` (`output_kin
 at each step and `finish_reason`. vLLM batches concurrent requests itself (continuous batching). The logprobs
 are vLLM's default `logprobs_mode="raw_logprobs"` (before temperature, top-k and top-p), the same quantity
 `HFEngine` reports. Text is decoded here from the ids with the engine's tokenizer, so every engine gives the
-same text for the same ids.
+same text for the same ids. The output passes `validate_generation`: an id the tokenizer does not know or a
+non-finite logprob raises `EngineBadOutput`, and a request vLLM finished with `finish_reason="error"` (a failure
+inside the engine, which vLLM's own server answers with a 500) raises `EngineError` instead of handing its
+partial ids on as an abort.
 
 vLLM is an optional extra (`agent-runtime[vllm]`, pinned to the release OpenRLHF is built against) and needs a
 CUDA GPU. Importing this module never imports vllm; constructing the engine does, and raises
@@ -27,15 +30,20 @@ from typing import Any
 import structlog
 
 from agent_protocol import HFTokenizer, Tokenizer, TransformersTokenizer, load_tokenizer
-from agent_runtime.engines.base import FinishReason, Generation, LLMEngine, SamplingParams
-from agent_runtime.errors import EngineError, EngineUnavailable
+from agent_runtime.engines.base import (
+    Generation,
+    LLMEngine,
+    SamplingParams,
+    tokenizer_vocab_size,
+    validate_generation,
+)
+from agent_runtime.errors import EngineBadOutput, EngineError, EngineUnavailable
 
 __all__ = ["VLLMEngine", "vllm_available"]
 
 logger = structlog.get_logger(__name__)
 
 _INSTALL_HINT = "install agent-runtime[vllm] (vllm==0.29.0) on a machine with a CUDA GPU"
-_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 def vllm_available() -> bool:
@@ -107,6 +115,7 @@ class VLLMEngine(LLMEngine):
             self.tokenizer = HFTokenizer.from_file(Path(source) / "tokenizer.json")
         else:
             self.tokenizer = TransformersTokenizer(self._engine.tokenizer)
+        self.vocab_size = tokenizer_vocab_size(self.tokenizer)
         self.stop_token_ids = tuple(stop_token_ids) if stop_token_ids is not None else _eos_ids(source, self._engine)
         log.info("vllm_engine_started", context_length=self.context_length, stop_token_ids=list(self.stop_token_ids))
 
@@ -146,10 +155,21 @@ class VLLMEngine(LLMEngine):
         ids = [int(i) for i in completion.token_ids]
         logprobs: list[float] | None = None
         if sampling.logprobs and completion.logprobs is not None:
-            logprobs = [float(step[token].logprob) for token, step in zip(ids, completion.logprobs, strict=True)]
-        reason = completion.finish_reason
-        finish = _FINISH_REASONS.get(reason, "abort") if isinstance(reason, str) else "abort"
-        return Generation(ids=ids, text=self.tokenizer.decode(ids), logprobs=logprobs, finish_reason=finish)
+            try:
+                logprobs = [float(step[token].logprob) for token, step in zip(ids, completion.logprobs, strict=True)]
+            except (KeyError, TypeError, ValueError) as e:  # a step without the sampled id, or a count mismatch
+                raise EngineBadOutput(
+                    f"vllm: the logprobs do not match the sampled ids ({type(e).__name__}: {e})"
+                ) from e
+        return validate_generation(
+            "vllm",
+            self.tokenizer,
+            ids=ids,
+            logprobs=logprobs,
+            finish_reason=completion.finish_reason,
+            max_tokens=budget,
+            vocab_size=self.vocab_size,
+        )
 
     async def close(self) -> None:
         engine = getattr(self, "_engine", None)
