@@ -95,39 +95,76 @@ def write_probes(outside: Path, victim: Path) -> dict[str, str]:
     }
 
 
-def assert_untouched(outside: Path, victim: Path) -> None:
-    assert sorted(p.name for p in outside.iterdir()) == ["victim.txt"]
-    assert victim.read_text() == "keep me" and (victim.stat().st_mode & 0o777) == 0o644
-
-
-@pytest.fixture
-def outside(tmp_path: Path) -> Path:
-    tmp_path.chmod(0o777)  # writable by anyone: only the sandbox stands between a snippet and this folder
-    victim = tmp_path / "victim.txt"
-    victim.write_text("keep me")
-    victim.chmod(0o644)
-    return tmp_path
+def changed(outside: Path) -> str:
+    """What a probe changed in its folder ("" when nothing)."""
+    victim = outside / "victim.txt"
+    names = sorted(p.name for p in outside.iterdir())
+    if names != ["victim.txt"]:
+        return f"folder now holds {names}"
+    if victim.read_text() != "keep me" or (victim.stat().st_mode & 0o777) != 0o644:
+        return f"victim changed: {victim.read_text()!r}, mode {victim.stat().st_mode & 0o777:o}"
+    return ""
 
 
 PROBES = sorted(write_probes(Path("/x"), Path("/x/v")))
 
 
-@pytest.mark.parametrize("probe", PROBES)
-def test_no_write_outside_with_the_audit_hooks_on(outside: Path, probe: str) -> None:
-    victim = outside / "victim.txt"
-    output = run(write_probes(outside, victim)[probe])
-    assert_untouched(outside, victim)
-    assert "Error" in output, output
+def escapes(tmp_path: Path, **options: object) -> tuple[dict[str, str], dict[str, str]]:
+    """Run every write probe at once, each against its own folder: ({probe: what it changed}, {probe: output})."""
+    folders = {}
+    for name in PROBES:
+        folder = tmp_path / name
+        folder.mkdir()
+        folder.chmod(0o777)  # writable by anyone: only the sandbox stands between a snippet and this folder
+        (folder / "victim.txt").write_text("keep me")
+        (folder / "victim.txt").chmod(0o644)
+        folders[name] = folder
+    tool = PythonTool(max_concurrent=len(PROBES), **options)  # type: ignore[arg-type]
+
+    async def probe(name: str) -> str:
+        code = write_probes(folders[name], folders[name] / "victim.txt")[name]
+        return await tool.call(tool.parse_arguments({"code": code}), ToolContext())
+
+    async def all_probes() -> list[str]:
+        return await asyncio.gather(*(probe(name) for name in PROBES))
+
+    outputs = dict(zip(PROBES, asyncio.run(all_probes()), strict=True))
+    return {name: changed(folder) for name, folder in folders.items() if changed(folder)}, outputs
+
+
+def test_no_write_outside_with_the_audit_hooks_on(tmp_path: Path) -> None:
+    escaped, outputs = escapes(tmp_path)
+    assert escaped == {}
+    assert all("Error" in output for output in outputs.values()), outputs
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("probe", PROBES)
-def test_no_write_outside_on_the_kernel_layers_alone(outside: Path, probe: str, mode: str) -> None:
-    if (probe, mode) == ("chmod_fd", "landlock") and os.geteuid() == 0:
-        pytest.xfail("Landlock has no right for chmod/chown: without namespaces that rests on the hook and the uid")
-    victim = outside / "victim.txt"
-    run(write_probes(outside, victim)[probe], audit_hooks=False, isolation=mode)
-    assert_untouched(outside, victim)
+def test_no_write_outside_on_the_kernel_layers_alone(tmp_path: Path, mode: str) -> None:
+    escaped, outputs = escapes(tmp_path, audit_hooks=False, isolation=mode)
+    # Landlock has no right for chmod/chown: without namespaces that route rests on the hook and the uid
+    known_gap = {"chmod_fd"} if mode == "landlock" and os.geteuid() == 0 else set()
+    assert set(escaped) <= known_gap, (escaped, outputs)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_no_device_sysctl_or_shared_memory_opens_for_writing(mode: str) -> None:
+    """Opened for writing, never written: each would succeed for the tool's own uid outside the sandbox."""
+    shm = f"/dev/shm/agent-env-probe-{uuid.uuid4().hex}"
+    code = (
+        "import glob, os\n"
+        f"targets = [{shm!r}, '/proc/sys/kernel/hostname']\n"
+        "targets += sorted(glob.glob('/dev/[sv]d[a-z]') + glob.glob('/dev/nvme[0-9]n[0-9]'))[:1]\n"
+        "for t in targets:\n"
+        "    try:\n"
+        "        os.close(os.open(t, os.O_WRONLY | (os.O_CREAT if 'shm' in t else 0))); print('opened', t)\n"
+        "    except OSError as e:\n"
+        "        print('refused', t)\n"
+    )
+    try:
+        output = run(code, audit_hooks=False, isolation=mode)
+    finally:
+        Path(shm).unlink(missing_ok=True)
+    assert "opened" not in output and output.count("refused") >= 2, output
 
 
 def test_the_kernel_layers_leave_the_work_dir_writable() -> None:
@@ -220,7 +257,7 @@ def test_every_process_route_trips_the_audit_hooks(code: str, event: str) -> Non
 
 def test_concurrent_calls_are_capped() -> None:
     tool = PythonTool(max_concurrent=2)
-    code = "import time; time.sleep(0.4); print('ok')"
+    code = "import time; time.sleep(0.3); print('ok')"
     peak = 0
     stop = False
 
@@ -232,7 +269,7 @@ def test_concurrent_calls_are_capped() -> None:
 
     async def main() -> list[str]:
         arguments = tool.parse_arguments({"code": code})
-        return await asyncio.gather(*(tool.call(arguments, ToolContext()) for _ in range(8)))
+        return await asyncio.gather(*(tool.call(arguments, ToolContext()) for _ in range(6)))
 
     async def with_watcher() -> list[str]:
         watcher = asyncio.create_task(asyncio.to_thread(watch))
@@ -244,8 +281,8 @@ def test_concurrent_calls_are_capped() -> None:
             await watcher
 
     started = time.monotonic()
-    assert asyncio.run(with_watcher()) == ["ok"] * 8
-    assert time.monotonic() - started >= 4 * 0.4
+    assert asyncio.run(with_watcher()) == ["ok"] * 6
+    assert time.monotonic() - started >= 3 * 0.3
     assert 1 <= peak <= 2
 
 
