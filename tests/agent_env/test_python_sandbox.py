@@ -224,6 +224,25 @@ def test_the_wall_clock_kills_the_whole_tree(mode: str) -> None:
     assert survivors(marker) == []
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_cancelled_call_leaves_no_process(mode: str) -> None:
+    marker = f"agent-env-probe-{uuid.uuid4().hex}"
+    code = spawn([sys.executable, "-c", "import time; time.sleep(30)", marker], setsid=True) + (
+        "import time\ntime.sleep(30)"
+    )
+    tool = PythonTool(audit_hooks=False, isolation=mode)  # type: ignore[arg-type]
+
+    async def cancelled() -> None:
+        call = asyncio.ensure_future(tool.call(tool.parse_arguments({"code": code}), ToolContext()))
+        await asyncio.sleep(1.0)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+
+    asyncio.run(cancelled())
+    assert survivors(marker) == []
+
+
 def test_a_child_holding_stdout_is_no_timeout_with_the_hooks_on() -> None:
     marker = f"agent-env-probe-{uuid.uuid4().hex}"
     code = spawn([sys.executable, "-c", "import time; time.sleep(30)", marker], setsid=True)

@@ -115,7 +115,7 @@ def make_read_only(workdir: str) -> None:
     _mount(workdir, workdir, None, MS_BIND)
     _mount(None, workdir, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | _flags_at(workdir, mounts))
     for point, kept in mounts:
-        skipped = point == workdir or point.startswith(workdir + "/") or point.startswith("/proc")
+        skipped = point == workdir or point.startswith(workdir + "/") or point == "/proc" or point.startswith("/proc/")
         if not skipped and os.path.exists(point):
             _mount(None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | kept)
     for device in DEVICES:

@@ -246,6 +246,9 @@ class PythonTool(ToolBase):
                     process.send_signal(signal.SIGUSR1)  # the supervisor kills the snippet's whole tree
             done, _ = await asyncio.wait(readers, timeout=2.0)
         finally:
+            if process.returncode is None:  # cancelled from outside: stop the snippet's tree the same way
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGUSR1)
             if not await _exited(process, 2.0):
                 _kill_group(process.pid)  # last resort: the supervisor itself did not stop
             for reader in readers:
