@@ -42,7 +42,8 @@ __all__ = [
 ERROR_CODES: Final[tuple[str, ...]] = tuple(
     sorted(
         {code for code in get_args(ObservationCode) if code != "output_truncated"}
-        | {"engine_error", "engine_timeout", "environment_error", "context_exhausted", "compaction_failed"}
+        | {"engine_error", "engine_timeout", "engine_bad_output", "environment_error", "context_exhausted"}
+        | {"compaction_failed", "decode_error", "render_error", "reward_error", "internal_error"}
     )
 )
 """The error codes that get their own `agent_error_<code>` count; any other code counts as `agent_error_other`."""

@@ -70,16 +70,30 @@ class Rollouts:
         self, rows: Sequence[Mapping[str, Any]], *, group_size: int, temperature: float = 1.0, seed: int = 0
     ) -> list[RolloutRecord]:
         """`group_size` episodes for each row, all started at once (the engine batches them); records come back
-        grouped by row (`group` is the row's index)."""
+        grouped by row (`group` is the row's index). An episode that could not run at all is left out (logged
+        as ``rollout_lost``); every other one comes back."""
         if group_size < 1:
             raise ValueError(f"group_size must be at least 1, got {group_size}")
         jobs = [(group, row) for group, row in enumerate(rows) for _ in range(group_size)]
         async with asyncio.TaskGroup() as tasks:
             running = [
-                tasks.create_task(self._one(group, row, temperature=temperature, seed=seed * 100_003 + index))
+                tasks.create_task(self._kept(group, row, temperature=temperature, seed=seed * 100_003 + index))
                 for index, (group, row) in enumerate(jobs)
             ]
-        return [job.result() for job in running]
+        records = [record for job in running if (record := job.result()) is not None]
+        if len(records) < len(jobs):
+            logger.warning("rollouts_lost", lost=len(jobs) - len(records), of=len(jobs))
+        return records
+
+    async def _kept(self, group: int, row: Mapping[str, Any], *, temperature: float, seed: int) -> RolloutRecord | None:
+        """`_one`, inside the batch's boundary: the executor already records what a model, tool, reward or
+        engine did to an episode; what still raises (a row whose prompt cannot be rendered, a bug) drops that
+        one episode, logged, and never the batch. Group baselines take groups of any size."""
+        try:
+            return await self._one(group, row, temperature=temperature, seed=seed)
+        except Exception as e:
+            logger.warning("rollout_lost", group=group, error_type=type(e).__name__, error=str(e)[:500])
+            return None
 
     async def _one(self, group: int, row: Mapping[str, Any], *, temperature: float, seed: int) -> RolloutRecord:
         from vllm import SamplingParams as VLLMSamplingParams  # loaded by __init__ already
