@@ -142,13 +142,22 @@ class ReplayingAsyncLLM:
         self.shut_down = True
 
 
+@pytest.fixture(scope="module")
+def qwen3(tiny_qwen3_dir: Path) -> HFTokenizer:
+    return HFTokenizer.from_file(tiny_qwen3_dir / "tokenizer.json")
+
+
+@pytest.fixture(scope="module")
+def reply_ids(qwen3: HFTokenizer) -> list[int]:
+    return qwen3.encode(REPLY)
+
+
 @pytest.fixture
 def replaying(
-    vllm_api: dict[str, Any], tiny_qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch
+    vllm_api: dict[str, Any], reply_ids: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[type[ReplayingAsyncLLM]]:
     """The engine's importer, with `AsyncLLM` replaced by a fresh `ReplayingAsyncLLM` class."""
-    tokenizer = HFTokenizer.from_file(tiny_qwen3_dir / "tokenizer.json")
-    stand_in = type("ReplayingAsyncLLM", (ReplayingAsyncLLM,), {"reply": tokenizer.encode(REPLY), "instances": []})
+    stand_in = type("ReplayingAsyncLLM", (ReplayingAsyncLLM,), {"reply": list(reply_ids), "instances": []})
     monkeypatch.setattr(vllm_engine_module, "_import_vllm", lambda: {**vllm_api, "AsyncLLM": stand_in})
     yield stand_in
 
@@ -184,9 +193,9 @@ def test_engine_args_are_real_vllm_args(
 
 
 def test_sampled_request_carries_every_setting(
-    replaying: type[ReplayingAsyncLLM], vllm_api: dict[str, Any], tiny_qwen3_dir: Path
+    qwen3: HFTokenizer, replaying: type[ReplayingAsyncLLM], vllm_api: dict[str, Any], tiny_qwen3_dir: Path
 ) -> None:
-    engine = VLLMEngine(tiny_qwen3_dir, context_length=64)
+    engine = VLLMEngine(tiny_qwen3_dir, tokenizer=qwen3, context_length=64)
     period = engine.tokenize(".")[0]
     sampling = SamplingParams(
         max_new_tokens=12, temperature=0.7, top_p=0.9, top_k=20, seed=11, stop_token_ids=(period,)
@@ -210,9 +219,9 @@ def test_sampled_request_carries_every_setting(
 
 
 def test_greedy_request_is_clamped_to_the_context_and_asks_no_logprobs(
-    replaying: type[ReplayingAsyncLLM], vllm_api: dict[str, Any], tiny_qwen3_dir: Path
+    qwen3: HFTokenizer, replaying: type[ReplayingAsyncLLM], vllm_api: dict[str, Any], tiny_qwen3_dir: Path
 ) -> None:
-    engine = VLLMEngine(tiny_qwen3_dir, context_length=64)
+    engine = VLLMEngine(tiny_qwen3_dir, tokenizer=qwen3, context_length=64)
     prompt = list(range(100, 160))  # 60 ids: room for 4 more in a 64-token context
     generation = _generate(engine, prompt, SamplingParams(max_new_tokens=10, temperature=0.0, logprobs=False))
     ((_, params, _),) = replaying.instances[0].received
@@ -226,8 +235,10 @@ def test_greedy_request_is_clamped_to_the_context_and_asks_no_logprobs(
     assert len(replaying.instances[0].received) == 1  # the overlong prompt never reached vLLM
 
 
-def test_two_requests_get_distinct_ids(replaying: type[ReplayingAsyncLLM], tiny_qwen3_dir: Path) -> None:
-    engine = VLLMEngine(tiny_qwen3_dir, context_length=64)
+def test_two_requests_get_distinct_ids(
+    qwen3: HFTokenizer, replaying: type[ReplayingAsyncLLM], tiny_qwen3_dir: Path
+) -> None:
+    engine = VLLMEngine(tiny_qwen3_dir, tokenizer=qwen3, context_length=64)
 
     async def both() -> None:
         await asyncio.gather(*(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=3)) for _ in range(2)))
@@ -238,11 +249,11 @@ def test_two_requests_get_distinct_ids(replaying: type[ReplayingAsyncLLM], tiny_
 
 
 def test_a_failed_request_is_an_engine_error_not_an_aborted_generation(
-    replaying: type[ReplayingAsyncLLM], tiny_qwen3_dir: Path
+    qwen3: HFTokenizer, replaying: type[ReplayingAsyncLLM], tiny_qwen3_dir: Path
 ) -> None:
     """vLLM reports a request that failed inside the engine (a KV-cache load, say) as `finish_reason="error"`;
     its own server answers 500. Its partial ids must not reach a transcript as an `abort`."""
-    engine = VLLMEngine(tiny_qwen3_dir, context_length=64)
+    engine = VLLMEngine(tiny_qwen3_dir, tokenizer=qwen3, context_length=64)
     replaying.finish_override = "error"
     with pytest.raises(EngineError, match="internal error") as info:
         _generate(engine, [1, 2, 3], SamplingParams(max_new_tokens=8))
@@ -252,17 +263,21 @@ def test_a_failed_request_is_an_engine_error_not_an_aborted_generation(
         _generate(engine, [1, 2, 3], SamplingParams(max_new_tokens=8))
 
 
-def test_ids_outside_the_tokenizer_are_bad_output(replaying: type[ReplayingAsyncLLM], tiny_qwen3_dir: Path) -> None:
-    engine = VLLMEngine(tiny_qwen3_dir, context_length=64)
+def test_ids_outside_the_tokenizer_are_bad_output(
+    qwen3: HFTokenizer, replaying: type[ReplayingAsyncLLM], tiny_qwen3_dir: Path
+) -> None:
+    engine = VLLMEngine(tiny_qwen3_dir, tokenizer=qwen3, context_length=64)
     replaying.reply = [785, 151_669]  # an embedding row past the tokenizer's last id
     with pytest.raises(EngineBadOutput, match="id 151669 at 1 is outside the vocabulary of 151669"):
         _generate(engine, [1, 2, 3], SamplingParams(max_new_tokens=8))
 
 
-def test_a_dead_engine_is_unavailable(replaying: type[ReplayingAsyncLLM], tiny_qwen3_dir: Path) -> None:
+def test_a_dead_engine_is_unavailable(
+    qwen3: HFTokenizer, replaying: type[ReplayingAsyncLLM], tiny_qwen3_dir: Path
+) -> None:
     from vllm.v1.engine.exceptions import EngineDeadError
 
-    engine = VLLMEngine(tiny_qwen3_dir, context_length=64)
+    engine = VLLMEngine(tiny_qwen3_dir, tokenizer=qwen3, context_length=64)
     replaying.raise_on_generate = EngineDeadError()
     with pytest.raises(EngineUnavailable, match="EngineDeadError"):
         _generate(engine, [1, 2, 3], SamplingParams(max_new_tokens=8))
