@@ -9,10 +9,11 @@ answers with the final assistant message.
 
 Only the final answer is assistant content; the turns before it (tool calls, their results, compactions) are
 reported as agent events, so a plain OpenAI client sees one answer and a client that knows the extension can
-show the episode live. An engine failure, an engine timeout or a broken environment ends the request with a 500
-(or an error frame mid-stream); the episode is recorded in the trajectory log either way, and a client that goes
-away mid-stream leaves a record marked ``client_disconnected``. This module knows the runtime and the wire
-format; routing, auth and the overload gate are the app's.
+show the episode live. An engine failure, an engine timeout, a broken environment or any component that raises
+(a parser, a tokenizer, a plug-in calling `sys.exit`) ends that request only, with a 500 whose code says which
+(or an error frame mid-stream); the episode is recorded in the trajectory log either way, its error included,
+and a client that goes away mid-stream leaves a record marked ``client_disconnected``. This module knows the
+runtime and the wire format; routing, auth and the overload gate are the app's.
 """
 
 from __future__ import annotations
@@ -58,7 +59,11 @@ __all__ = ["complete_agent", "stream_agent"]
 
 logger = structlog.get_logger(__name__)
 
-_FAILED_STOPS = {"engine_error", "engine_timeout", "environment_error"}
+_FAILED_STOPS = {
+    "engine_error", "engine_timeout", "engine_bad_output",  # the engine failed, ran out of time, answered garbage
+    "environment_error", "decode_error", "parse_error", "render_error",  # a component raised inside a step
+    "internal_error",  # anything else that escaped the episode
+}  # fmt: skip
 
 
 @dataclass
@@ -100,6 +105,13 @@ class _Episode:
                 elif isinstance(event, FinalEvent):
                     self.final = event
                 yield event
+        except MessageError as e:  # a conversation the chat format cannot render: the caller's to fix
+            self.raised = from_message_error(e)
+        except (Exception, SystemExit) as e:  # whatever escaped the runtime's own boundary ends this request only
+            why = f"internal error: {type(e).__name__}: {str(e)[:500]}"
+            logger.error("request_failed", mode="agent", error_type=type(e).__name__, error=why, exc_info=True)
+            self.session.errors.append(EpisodeError(code="internal_error", message=why, turn=self.session.turns))
+            self.raised = ApiError(500, why, type="server_error", code="internal_error")
         finally:
             if isinstance(stream, AsyncGenerator):  # close it now, not whenever it is collected
                 await stream.aclose()
@@ -212,15 +224,8 @@ async def _stream(backend: ServingBackend, request: ChatCompletionRequest, episo
     finished = False
     try:
         yield chunk([ChunkChoice(index=0, delta=Delta(role="assistant", content=""))])
-        try:
-            async for event in episode.events():
-                yield chunk([], agent_event=event_to_dict(event))
-        except MessageError as e:  # a conversation the chat format cannot render
-            episode.raised = from_message_error(e)
-        except Exception as e:  # a bug or a broken environment reset: this request fails, the server goes on
-            log.error("request_failed", error_type=type(e).__name__, error=str(e), exc_info=True)
-            why = f"internal error: {type(e).__name__}: {e}"
-            episode.raised = ApiError(500, why, type="server_error", code="internal_error")
+        async for event in episode.events():  # never raises: a failure becomes `episode.raised`
+            yield chunk([], agent_event=event_to_dict(event))
         finished = True
         failure = episode.failure()
         if failure is not None:

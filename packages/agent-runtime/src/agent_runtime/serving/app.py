@@ -9,12 +9,20 @@ Routes:
 - ``GET /health``: liveness and what is served. ``GET /metrics``: the counters (`ServerMetrics`) as JSON.
 - ``GET /``: the web chat page (``static/``: plain HTML and JavaScript, no build step).
 
-Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``: 400 for a malformed body, naming
-the field; 401 for a missing or wrong key (when `ServeConfig.api_key` is set; `/v1/*` and `/metrics` only);
-404 for an unknown model or route; 429 at once when `max_concurrency` requests are in flight; 500 when the engine
-or the environment fails mid-request (the server goes on serving).
+A chat completion is admitted in this order, so that nothing costly happens before it is known to be worth it:
+the key; the body, read whole under a size cap and a read deadline (`request_body.py`: 413, 408); its shape
+(`json_guard.py`: nesting and number lengths, before any recursive decoder); its fields; its length against the
+context, before any tokenizing (`text_budget.py`); and only then a concurrency slot (429). A client that stalls
+mid-body therefore holds no slot, and a request that will be refused never waits for one.
 
-This module knows HTTP routing, auth and the overload gate; what a completion does is the modes' business.
+Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``: 400 for a malformed body, naming
+the field (too deep, a number too long, a wrong type or value, a conversation longer than the context); 401 for a
+missing or wrong key (when `ServeConfig.api_key` is set; `/v1/*` and `/metrics` only); 404 for an unknown model
+or route; 408 for a body that does not arrive in time; 413 for a body over the cap; 429 at once when
+`max_concurrency` requests are in flight; 500 when the engine, the environment or a plug-in fails mid-request
+(that request only: the server goes on serving).
+
+This module knows HTTP routing, auth and the admission order; what a completion does is the modes' business.
 """
 
 from __future__ import annotations
@@ -41,8 +49,11 @@ from agent_runtime.serving.agent_mode import complete_agent, stream_agent
 from agent_runtime.serving.api_error import ApiError, from_decode_error, from_message_error
 from agent_runtime.serving.backend import ServingBackend
 from agent_runtime.serving.config import ServeConfig
+from agent_runtime.serving.json_guard import check_json_body
 from agent_runtime.serving.openai_wire import ChatCompletionRequest, ModelCard, ModelList, decode_request, encode
+from agent_runtime.serving.request_body import read_body
 from agent_runtime.serving.sse import EventStream
+from agent_runtime.serving.text_budget import check_message_count, check_text_fits
 from agent_runtime.serving.tools_mode import complete_tools, stream_tools
 
 __all__ = ["create_app"]
@@ -86,11 +97,15 @@ def _authorize(request: Request, backend: ServingBackend) -> None:
 
 
 def _parse(body: bytes, backend: ServingBackend) -> tuple[ChatCompletionRequest, list[Message], list[ToolSpec]]:
-    """Decode and check a chat completion request; raises `ApiError` (400 naming the field, 404 for the model)."""
+    """Decode and check a chat completion request; raises `ApiError` (400 naming the field, 404 for the model).
+    Nothing here tokenizes: a request is refused or accepted before it costs a slot or the tokenizer's time."""
+    check_json_body(body)  # nesting and number lengths, before any recursive decoder sees the body
     try:
         chat = decode_request(body)
     except msgspec.DecodeError as e:
         raise from_decode_error(e) from e
+    except (RecursionError, ValueError) as e:  # not expected past check_json_body; still the caller's input
+        raise ApiError(400, f"the request body cannot be read: {type(e).__name__}: {e}", code="invalid_json") from e
     if chat.model not in backend.model_ids:
         raise ApiError(
             404,
@@ -103,6 +118,7 @@ def _parse(body: bytes, backend: ServingBackend) -> tuple[ChatCompletionRequest,
     if chat.stop:
         raise ApiError(400, "stop sequences are not supported; the model stops at its end-of-turn token",
                        param="stop", code="unsupported_value")  # fmt: skip
+    check_message_count(len(chat.messages), context_tokens=backend.context_limit)
     try:
         messages = coerce_messages(chat.messages)
         tools = coerce_tools(chat.tools)
@@ -110,6 +126,9 @@ def _parse(body: bytes, backend: ServingBackend) -> tuple[ChatCompletionRequest,
         raise from_message_error(e) from e
     if not messages:
         raise ApiError(400, "`messages` must hold at least one message", param="messages", code="invalid_value")
+    check_text_fits(
+        messages, tools, context_tokens=backend.context_limit, max_chars_per_token=backend.config.max_chars_per_token
+    )
     return chat, messages, tools
 
 
@@ -118,10 +137,18 @@ async def chat_completions(request: Request) -> Response:
     metrics = backend.metrics
     metrics.requests += 1
     _authorize(request, backend)
+    config = backend.config
+    try:  # the body is read and checked before the request takes a slot: a stalled client holds none
+        body = await read_body(request, max_bytes=config.max_request_bytes, timeout_s=config.request_read_timeout_s)
+    except ClientDisconnect:  # gone before its request was read: nobody to answer
+        logger.info("client_disconnected", path=request.url.path)
+        return Response(status_code=499)
+    chat, messages, tools = _parse(body, backend)
+    del body
     if not backend.try_enter():
         raise ApiError(
             429,
-            f"the server is at its limit of {backend.config.max_concurrency} requests in flight; retry shortly",
+            f"the server is at its limit of {config.max_concurrency} requests in flight; retry shortly",
             type="rate_limit_error",
             code="server_overloaded",
             headers={"Retry-After": "1"},
@@ -129,7 +156,6 @@ async def chat_completions(request: Request) -> Response:
     streaming = False
     started = time.perf_counter()
     try:
-        chat, messages, tools = _parse(await request.body(), backend)
         mode = "tools" if tools else "agent"
         if tools:
             metrics.requests_tools += 1
@@ -160,10 +186,7 @@ async def chat_completions(request: Request) -> Response:
         raise from_message_error(e) from e
     except (ApiError, HTTPException):
         raise
-    except ClientDisconnect:  # gone before its request was read: nobody to answer
-        logger.info("client_disconnected", path=request.url.path)
-        return Response(status_code=499)
-    except Exception as e:  # a bug must fail this request only, with a clear error
+    except (Exception, SystemExit) as e:  # a bug (even a sys.exit in a plug-in) fails this request only
         logger.error("request_failed", error_type=type(e).__name__, error=str(e), exc_info=True)
         raise ApiError(
             500, f"internal error: {type(e).__name__}: {e}", type="server_error", code="internal_error"

@@ -17,7 +17,14 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     - `api_key`: when set, `/v1/*` and `/metrics` need ``Authorization: Bearer <api_key>`` (else 401).
     - `max_concurrency`: chat completions in flight at once; one more is answered 429 at once.
     - `trajectory_log`: a JSONL file that gets one `Trajectory` per chat completion.
-    - `engine_timeout_s`: the longest one generation may take before the request fails.
+    - `engine_timeout_s`: the longest one engine call may take, in all (not per read), before the request fails.
+    - `max_request_bytes`: the largest request body accepted (413 beyond, checked on ``Content-Length`` and while
+      the body streams in).
+    - `request_read_timeout_s`: the longest the whole body may take to arrive (408 beyond). The body is read
+      before a request takes a slot of `max_concurrency`, so clients that stall mid-body lock nobody out.
+    - `max_chars_per_token`: a conversation whose text needs more tokens than the context holds, at this many
+      characters per token, is refused (400) before it is tokenized. Generous: text averages about 4; raise it
+      only for conversations made mostly of long runs of spaces or rule lines.
     - `transcript_store_conversations` / `transcript_store_tokens`: bounds of the tools-mode transcript store
       (0 conversations disables it: every follow-up is rendered from scratch).
     """
@@ -30,6 +37,9 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     engine_timeout_s: float = 600.0
     transcript_store_conversations: int = 1024
     transcript_store_tokens: int = 8_000_000
+    max_request_bytes: int = 8 * 1024 * 1024
+    request_read_timeout_s: float = 30.0
+    max_chars_per_token: float = 32.0
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -38,3 +48,9 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"max_concurrency must be at least 1, got {self.max_concurrency}")
         if self.engine_timeout_s <= 0:
             raise ValueError(f"engine_timeout_s must be positive, got {self.engine_timeout_s}")
+        if self.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be at least 1, got {self.max_request_bytes}")
+        if self.request_read_timeout_s <= 0:
+            raise ValueError(f"request_read_timeout_s must be positive, got {self.request_read_timeout_s}")
+        if self.max_chars_per_token < 1:
+            raise ValueError(f"max_chars_per_token must be at least 1, got {self.max_chars_per_token}")

@@ -47,6 +47,8 @@ AGENT_EVENT_FIELD: Final = "agent_event"
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 
+_INT32: Final = 2**31 - 1
+
 
 class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False
@@ -66,11 +68,11 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True):
     stream_options: StreamOptions | None = None
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
-    top_k: int | None = None  # vLLM's extension; <= 0 disables it
-    max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=-_INT32, le=_INT32)] | None = None  # vLLM's extension; <= 0 disables it
+    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=_INT32)] | None = None
+    max_completion_tokens: Annotated[int, msgspec.Meta(ge=1, le=_INT32)] | None = None
     n: int = 1
-    seed: int | None = None
+    seed: Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)] | None = None  # what engines' seeds hold
     stop: str | list[str] | None = None
     user: str | None = None
     parallel_tool_calls: bool | None = None

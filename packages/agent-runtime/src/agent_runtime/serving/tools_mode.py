@@ -8,26 +8,31 @@ model sees exactly the ids it sampled. Otherwise the conversation is rendered fr
 (`transcript_prefix_hits`, `transcript_rerenders`, `transcript_new` in `/metrics`).
 
 Only well-formed calls are returned as `tool_calls`; a call the model botched is recorded on the trajectory (one
-record per request, holding the whole conversation's transcript so far). This module knows the protocol, the
+record per request, holding the whole conversation's transcript so far). Whatever the engine, the tokenizer or
+the protocol raises fails that request only: a 500 (or an error frame mid-stream) whose code says which
+(``engine_error``, ``engine_timeout``, ``decode_error``, ``parse_error``, ``render_error``), recorded when the
+request got as far as the engine. This module knows the protocol, the
 engine and the wire format; routing, auth and the overload gate are the app's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import msgspec
 import structlog
 
-from agent_protocol import Action, Message, TokenTranscript, ToolCall, ToolSpec
+from agent_protocol import Action, Message, MessageError, TokenTranscript, ToolCall, ToolSpec
 from agent_runtime.encoding import encode_off_loop
 from agent_runtime.engines.base import Generation
+from agent_runtime.errors import EngineError
 from agent_runtime.serving.api_error import ApiError
 from agent_runtime.serving.backend import ServingBackend, new_completion_id
 from agent_runtime.serving.openai_wire import (
@@ -88,16 +93,18 @@ class _Turn:
         if stored is not None and last is not None:
             self.conversation_id, self.transcript, self.turns = stored.conversation_id, stored.transcript, stored.turns
             reused = len(self.transcript)
-            feedback = protocol.render_feedback(messages[last + 1 :], turn_closed=stored.turn_closed)
-            self.transcript.append_observation(await encode_off_loop(tokenizer, feedback))
+            with self._contained("render_error", f"the {protocol.name} protocol could not render the follow-up"):
+                feedback = protocol.render_feedback(messages[last + 1 :], turn_closed=stored.turn_closed)
+                self.transcript.append_observation(await encode_off_loop(tokenizer, feedback))
             self.prepared = "prefix_hit"
             metrics.transcript_prefix_hits += 1
             metrics.reused_prompt_tokens += reused
             metrics.rendered_prompt_tokens += len(self.transcript) - reused
         else:
             self.conversation_id = uuid.uuid4().hex[:12]
-            prompt = protocol.render_prompt(messages, tools=self.tools)
-            self.transcript.append_prompt(await encode_off_loop(tokenizer, prompt))
+            with self._contained("render_error", f"the {protocol.name} protocol could not render the conversation"):
+                prompt = protocol.render_prompt(messages, tools=self.tools)
+                self.transcript.append_prompt(await encode_off_loop(tokenizer, prompt))
             self.turns = sum(1 for m in messages if m.role == "assistant")
             self.prepared = "rerender" if last is not None else "new"
             if last is not None:
@@ -132,10 +139,12 @@ class _Turn:
             message = f"{engine.name} did not answer within {timeout} s"
             self.errors.append(EpisodeError(code="engine_timeout", message=message, turn=self.turns + 1))
             raise ApiError(500, message, type="server_error", code="engine_timeout") from e
-        except Exception as e:  # any engine failure fails this request only
+        except (Exception, SystemExit) as e:  # any engine failure fails this request only
+            code = getattr(e, "code", None) if isinstance(e, EngineError) else None
+            code = code if isinstance(code, str) else "engine_error"  # EngineError subclasses say which
             message = f"{engine.name} failed: {type(e).__name__}: {e}"
-            self.errors.append(EpisodeError(code="engine_error", message=message, turn=self.turns + 1))
-            raise ApiError(500, message, type="server_error", code="engine_error") from e
+            self.errors.append(EpisodeError(code=code, message=message, turn=self.turns + 1))
+            raise ApiError(500, message, type="server_error", code=code) from e
         finally:
             self.generate_s = time.perf_counter() - t0
         self.generation = generation
@@ -144,7 +153,10 @@ class _Turn:
         end = tokenizer.token_to_id(protocol.end_of_turn)
         closed = bool(generation.ids) and generation.ids[-1] == end
         prefix = f"call_{uuid.uuid4().hex[:8]}"
-        action = protocol.parse_assistant_text(tokenizer.decode(generation.ids), call_id_prefix=prefix)
+        with self._contained("decode_error", f"{engine.name}'s tokenizer could not decode the generated ids"):
+            text = tokenizer.decode(generation.ids)
+        with self._contained("parse_error", f"the {protocol.name} protocol could not read the model's turn"):
+            action = protocol.parse_assistant_text(text, call_id_prefix=prefix)
         self.action = action
         self.errors.extend(EpisodeError(code=i.code, message=i.message, turn=self.turns) for i in action.issues)
         self.calls = action.valid_tool_calls
@@ -155,6 +167,21 @@ class _Turn:
         backend.metrics.generated_tokens += len(generation.ids)
         key = conversation_key(self.tools, [*self.messages, self.echo()])
         backend.store.put(key, StoredConversation(self.conversation_id, self.transcript, closed, self.turns))
+
+    @contextlib.contextmanager
+    def _contained(self, code: str, what: str) -> Iterator[None]:
+        """The boundary around foreign code (a tokenizer, a protocol plug-in): whatever it raises, `SystemExit`
+        included, fails this request only, as a 500 with `code`, recorded on its trajectory."""
+        try:
+            yield
+        except (ApiError, MessageError):
+            raise
+        except (Exception, SystemExit) as e:
+            message = f"{what}: {type(e).__name__}: {str(e)[:500]}"
+            logger.error("component_failed", mode="tools", code=code, error_type=type(e).__name__, error=message,
+                         exc_info=True)  # fmt: skip
+            self.errors.append(EpisodeError(code=code, message=message, turn=self.turns))
+            raise ApiError(500, message, type="server_error", code=code) from e
 
     def echo(self) -> Message:
         """The assistant message as the client gets it, and so as it will send it back."""

@@ -1,0 +1,369 @@
+"""Requests an attacker (or a broken client) sends, against a real server: clients that stall mid-body, bodies
+over the size cap, text too long for the context, JSON nested 100,000 deep, numbers of thousands of digits, and
+components that raise inside a request. Each is answered 4xx (or 408/413), never 5xx, never a hang; valid
+requests keep being served meanwhile, and the server stays up."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator, MutableMapping, Sequence
+from typing import Any
+
+import httpx
+import pytest
+import structlog
+
+from agent_protocol import Action, ChatProtocol, HFTokenizer, get_protocol
+from agent_runtime import ScriptedEngine, read_trajectories
+from agent_runtime.serving import calculator_recipe
+from tests.serve.conftest import MODEL, LiveServer, ServerFactory
+from tests.support.calculator_policy import CALCULATOR_TOOL, calculator_policy
+
+USER = [{"role": "user", "content": "What is 2 * 21?"}]
+VALID = json.dumps({"model": MODEL, "messages": USER}).encode()
+
+
+@pytest.fixture(scope="module")
+def server(start_server: ServerFactory) -> LiveServer:
+    return start_server()
+
+
+def post(server: LiveServer, body: bytes | dict[str, Any], **kwargs: Any) -> httpx.Response:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(f"{server.url}/v1/chat/completions", content=content, timeout=30, **kwargs)
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error: dict[str, Any] = body["error"]
+    return error
+
+
+def raw_head(server: LiveServer, headers: str, body: bytes = b"") -> socket.socket:
+    """A raw connection that sent a POST's head (and `body`, perhaps only part of it) and then stops sending."""
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}\r\n"
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def read_reply(sock: socket.socket, timeout: float) -> bytes:
+    """What the server sent back until it closed the connection or `timeout` passed."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+            if b"\r\n\r\n" in data and data.split(b"\r\n\r\n", 1)[1].rstrip().endswith(b"}"):
+                break
+    except TimeoutError:
+        pass
+    except ConnectionResetError:
+        pass
+    return data
+
+
+# -- stalled clients ----------------------------------------------------------------------------------------------
+
+
+def test_clients_stalling_mid_body_do_not_lock_out_valid_requests(start_server: ServerFactory) -> None:
+    """More clients than `max_concurrency` send half a body and stall: valid requests still get 200 meanwhile, and
+    the stalled ones get 408 once the read timeout passes."""
+    server = start_server(max_concurrency=4, request_read_timeout_s=3.0)
+    half = VALID[: len(VALID) // 2]
+    stalled = [raw_head(server, f"Content-Length: {len(VALID)}\r\n", half) for _ in range(16)]
+    try:
+        time.sleep(0.3)  # every stalled request is in the server, waiting for the rest of its body
+        started = time.monotonic()
+        statuses = [post(server, VALID).status_code for _ in range(6)]
+        served_within = time.monotonic() - started
+        assert statuses == [200] * 6
+        assert served_within < 3.0  # they were served while all 16 clients still stalled
+        replies = [read_reply(sock, timeout=10) for sock in stalled]
+    finally:
+        for sock in stalled:
+            sock.close()
+    for reply in replies:
+        assert reply == b"" or reply.startswith(b"HTTP/1.1 408"), reply[:200]
+    assert sum(reply.startswith(b"HTTP/1.1 408") for reply in replies) == 16
+    assert b"request_timeout" in replies[0]
+    metrics = server.metrics()
+    assert metrics["in_flight"] == 0 and metrics["rejected_overloaded"] == 0 and metrics["server_errors"] == 0
+
+
+def test_a_client_trickling_its_body_is_cut_off_at_the_read_timeout(start_server: ServerFactory) -> None:
+    """The read timeout bounds the whole body, not each read: a byte every 0.2 s does not keep it open."""
+    server = start_server(request_read_timeout_s=1.0)
+    sock = raw_head(server, f"Content-Length: {len(VALID)}\r\n")
+    started = time.monotonic()
+    try:
+        for byte in VALID[:-1]:
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                break
+            if time.monotonic() - started > 3:
+                break
+            time.sleep(0.2)
+        reply = read_reply(sock, timeout=5)
+    finally:
+        sock.close()
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+    assert time.monotonic() - started < 3.5
+
+
+# -- body size ----------------------------------------------------------------------------------------------------
+
+
+def test_a_declared_body_over_the_cap_is_a_413_at_once(server: LiveServer) -> None:
+    """A 50 MB Content-Length is refused from the head alone, before a byte of the body is read."""
+    sock = raw_head(server, "Content-Length: 50000000\r\n")
+    try:
+        reply = read_reply(sock, timeout=5)
+    finally:
+        sock.close()
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert b"connection: close" in head.lower()
+    error = json.loads(body)["error"]
+    assert error["code"] == "request_too_large" and "8388608" in error["message"]
+
+
+def test_a_50_mb_body_sent_whole_is_refused(server: LiveServer) -> None:
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * 50_000_000}]}).encode()
+    try:
+        response = post(server, body)
+    except httpx.TransportError:  # the server answered 413 and closed while the client was still sending
+        pass
+    else:
+        assert response.status_code == 413 and error_of(response)["code"] == "request_too_large"
+    assert post(server, VALID).status_code == 200
+
+
+def test_a_chunked_body_over_the_cap_is_a_413(start_server: ServerFactory) -> None:
+    """Without a Content-Length, the cap is checked as the body streams in."""
+    server = start_server(max_request_bytes=64 * 1024)
+    sock = raw_head(server, "Transfer-Encoding: chunked\r\n")
+    try:
+        chunk = b"x" * 16384
+        for _ in range(8):  # 128 KiB, twice the cap
+            sock.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+        reply = read_reply(sock, timeout=5)
+    finally:
+        sock.close()
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+    assert post(server, VALID).status_code == 200
+
+
+# -- text too long for the context --------------------------------------------------------------------------------
+
+
+class RecordingTokenizer:
+    """The Qwen3 tokenizer, remembering the length of the longest text it was asked to encode."""
+
+    def __init__(self, inner: HFTokenizer) -> None:
+        self.inner = inner
+        self.longest = 0
+
+    def encode(self, text: str) -> list[int]:
+        self.longest = max(self.longest, len(text))
+        return self.inner.encode(text)
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        return self.inner.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.inner.token_to_id(token)
+
+
+@pytest.mark.parametrize("tools", [None, [CALCULATOR_TOOL]], ids=["agent", "tools"])
+def test_text_too_long_for_the_context_is_refused_before_it_is_tokenized(
+    start_server: ServerFactory, tokenizer: HFTokenizer, tools: list[dict[str, Any]] | None
+) -> None:
+    recording = RecordingTokenizer(tokenizer)
+    engine = ScriptedEngine(recording, policy=calculator_policy(tokenizer), context_length=4096)
+    server = start_server(engine=engine)
+    assert post(server, VALID).status_code == 200
+    before = recording.longest
+    huge = {"model": MODEL, "messages": [{"role": "user", "content": "What is 1 + 1? " + "x" * 4_000_000}]}
+    if tools:
+        huge["tools"] = tools
+    response = post(server, huge)
+    assert response.status_code == 400, response.text
+    error = error_of(response)
+    assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
+    assert "characters" in error["message"] and "4096" in error["message"]
+    assert recording.longest == before  # the 4 MB text never reached the tokenizer
+
+
+# -- deep nesting and huge numbers --------------------------------------------------------------------------------
+
+
+def nested(depth: int, leaf: str = "1") -> str:
+    return "[" * depth + leaf + "]" * depth
+
+
+def nested_objects(depth: int) -> str:
+    return '{"a":' * depth + "1" + "}" * depth
+
+
+def call_message(arguments: str) -> list[dict[str, Any]]:
+    return [
+        *USER,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]  # fmt: skip
+
+
+def body_with(field: str, raw_value: str) -> bytes:
+    """A valid request whose message 0 carries `field` set to `raw_value` (raw JSON text)."""
+    return f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi", "{field}": {raw_value}}}]}}'.encode()
+
+
+def request_with(raw_value: str, **fields: Any) -> bytes:
+    """A request of `fields` (plus model and messages when not given) where the value "@" stands for `raw_value`."""
+    return json.dumps({"model": MODEL, "messages": USER, **fields}).replace('"@"', raw_value).encode()
+
+
+DIGITS = "9" * 5000
+ARGUMENTS = "messages[1].tool_calls[0].function.arguments"
+HOSTILE: list[tuple[str, bytes, str | None]] = [
+    # (name, body, the field the error must name (None: the body as a whole))
+    ("deep_array_in_message", body_with("x", nested(100_000)), "messages[0].x"),
+    ("deep_objects_in_message", body_with("x", nested_objects(100_000)), "messages[0].x"),
+    ("deep_array_2000", body_with("x", nested(2000)), "messages[0].x"),
+    ("deep_content", body_with("content", nested(100_000, '"x"')), "messages[0]"),
+    ("deep_tool_schema", request_with(nested_objects(50_000), tools=[{"type": "function", "function": {
+        "name": "f", "parameters": "@"}}]), "tools[0].function.parameters"),
+    ("deep_tool_choice", request_with(nested(100_000), tool_choice="@"), "tool_choice"),
+    ("deep_body", nested(100_000).encode(), None),
+    ("unclosed_deep_body", b"[" * 100_000, None),
+    ("huge_int_in_message", body_with("x", DIGITS), "messages[0].x"),
+    ("huge_int_seed", request_with(DIGITS, seed="@"), "seed"),
+    ("huge_float_mantissa", body_with("x", "0." + DIGITS), "messages[0].x"),
+    ("huge_exponent_temperature", request_with("1e999", temperature="@"), "temperature"),
+    ("seed_beyond_int64", request_with("", seed=10**30), "seed"),
+    ("max_tokens_beyond_int32", request_with("", max_tokens=10**12), "max_tokens"),
+    ("top_k_beyond_int32", request_with("", top_k=10**12), "top_k"),
+    ("arguments_string_huge_int", request_with("", messages=call_message('{"expression": ' + DIGITS + "}")),
+     ARGUMENTS),
+    ("arguments_string_deep", request_with("", messages=call_message('{"expression": ' + nested(2000) + "}")),
+     ARGUMENTS),
+    ("arguments_object_deep", request_with('{"expression": ' + nested(2000) + "}", messages=call_message("@")),
+     ARGUMENTS),
+    ("lone_surrogate_content", b'{"model": "%s", "messages": [{"role": "user", "content": "\\ud800"}]}'
+     % MODEL.encode(), "messages[0].content"),
+    ("invalid_utf8", b'{"model": "%s", "messages": [{"role": "user", "content": "\xff\xfe"}]}' % MODEL.encode(), None),
+    ("nul_in_json", b'{"model": "%s", "messages": [\x00]}' % MODEL.encode(), None),
+    ("empty_body", b"", None),
+    ("null_body", b"null", None),
+    ("huge_number_body", DIGITS.encode(), None),
+    ("many_tiny_messages", request_with("", messages=[{"role": "user", "content": ""}] * 200_000), "messages"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "param"), [h[1:] for h in HOSTILE], ids=[h[0] for h in HOSTILE])
+def test_hostile_json_is_a_400_naming_the_field(server: LiveServer, body: bytes, param: str | None) -> None:
+    response = post(server, body)
+    assert 400 <= response.status_code < 500, (response.status_code, response.text[:500])
+    error = error_of(response)
+    assert error["type"] == "invalid_request_error"
+    if param is None:
+        return
+    assert error["param"] is not None and error["param"].startswith(param), error
+    assert param in error["message"]
+
+
+def test_after_every_hostile_request_the_server_serves_and_counted_no_5xx(start_server: ServerFactory) -> None:
+    """The whole corpus against one server: every answer 4xx, none 5xx, and the server still answers."""
+    server = start_server()
+    statuses = [post(server, body).status_code for _, body, _ in HOSTILE]
+    assert all(400 <= s < 500 for s in statuses), dict(zip([h[0] for h in HOSTILE], statuses, strict=True))
+    metrics = server.metrics()
+    assert metrics["server_errors"] == 0 and metrics["client_errors"] == len(HOSTILE) and metrics["in_flight"] == 0
+    assert post(server, VALID).status_code == 200
+
+
+# -- a component that raises inside a request ---------------------------------------------------------------------
+
+
+def raising_protocol(error: BaseException) -> ChatProtocol:
+    """Qwen3's protocol, except that reading the model's output raises `error` (a bug in a protocol plug-in)."""
+    base = get_protocol("qwen3")
+
+    class Broken(type(base)):  # type: ignore[misc]
+        def parse_assistant_text(self, text: str, *, call_id_prefix: str = "call") -> Action:
+            raise error
+
+    broken = copy.copy(base)
+    broken.__class__ = Broken
+    return broken
+
+
+@pytest.fixture(params=[RuntimeError("the parser broke"), RecursionError("too deep"), SystemExit(3)],
+                ids=["RuntimeError", "RecursionError", "SystemExit"])  # fmt: skip
+def broken_server(request: pytest.FixtureRequest, start_server: ServerFactory, tmp_path: Any) -> Iterator[LiveServer]:
+    recipe = dataclasses.replace(calculator_recipe(), protocol=raising_protocol(request.param))
+    yield start_server(recipe=recipe, trajectory_log=str(tmp_path / "log.jsonl"))
+
+
+@pytest.fixture
+def logged() -> Iterator[list[MutableMapping[str, Any]]]:
+    """The server's log events during the test (captured: no console rendering of tracebacks)."""
+    with structlog.testing.capture_logs() as events:
+        yield events
+
+
+def test_a_raising_component_ends_only_its_request_in_tools_mode(
+    broken_server: LiveServer, logged: list[MutableMapping[str, Any]]
+) -> None:
+    server = broken_server
+    outcomes: list[int] = []
+
+    def one() -> None:
+        outcomes.append(post(server, {"model": MODEL, "messages": USER, "tools": [CALCULATOR_TOOL]}).status_code)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert outcomes == [500] * 4
+    response = post(server, {"model": MODEL, "messages": USER, "tools": [CALCULATOR_TOOL]})
+    error = error_of(response)
+    assert error["type"] == "server_error" and error["code"] == "parse_error", error
+    streamed = post(server, {"model": MODEL, "messages": USER, "tools": [CALCULATOR_TOOL], "stream": True})
+    assert (
+        streamed.status_code == 200 and '"parse_error"' in streamed.text and streamed.text.endswith("data: [DONE]\n\n")
+    )
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+    assert server.trajectory_log is not None
+    records = list(read_trajectories(server.trajectory_log))
+    assert len(records) == 6 and all(r.errors and r.errors[-1].code == "parse_error" for r in records)
+    assert server.metrics()["in_flight"] == 0
+    assert sum(e["event"] == "component_failed" and e.get("code") == "parse_error" for e in logged) == 6
+
+
+def test_a_raising_component_ends_only_its_request_in_agent_mode(
+    broken_server: LiveServer, logged: list[MutableMapping[str, Any]]
+) -> None:
+    server = broken_server
+    response = post(server, {"model": MODEL, "messages": USER})
+    assert response.status_code >= 500 and error_of(response)["type"] == "server_error"
+    assert error_of(response)["code"] in ("parse_error", "internal_error")  # the session's code, or the server's
+    streamed = post(server, {"model": MODEL, "messages": USER, "stream": True})
+    assert streamed.status_code == 200 and '"error"' in streamed.text and streamed.text.endswith("data: [DONE]\n\n")
+    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+    assert server.trajectory_log is not None
+    records = list(read_trajectories(server.trajectory_log))
+    assert len(records) == 2  # both episodes recorded, with what broke them
+    assert all(r.errors and r.errors[-1].code in ("parse_error", "internal_error") for r in records)
+    assert server.metrics()["in_flight"] == 0
+    assert any(e["log_level"] in ("warning", "error") for e in logged)
