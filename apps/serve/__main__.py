@@ -94,6 +94,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="chat completions in flight at once; more are answered 429 at once, never queued (default: %(default)s)",
     )
     parser.add_argument(
+        "--engine-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="the longest one engine call may take, in all (every retry and the whole answer included, not per "
+        "read); past it the request fails with a 500 `engine_timeout` and the episode is recorded "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=8 * 1024 * 1024,
+        metavar="BYTES",
+        help="the largest request body accepted; a larger one is answered 413 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--request-read-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="the longest a request body may take to arrive, in all; a client that stalls or trickles is answered "
+        "408. Bodies are read before a request counts against --max-concurrency (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-chars-per-token",
+        type=float,
+        default=32.0,
+        help="a conversation longer than the context at this many characters per token is answered 400 before it "
+        "is tokenized; generous (text averages about 4), raise it only for text of long runs of spaces or rule "
+        "lines (default: %(default)s)",
+    )
+    parser.add_argument(
         "--served-model-name", help="the model id clients send (default: the model directory's name or the model id)"
     )
     parser.add_argument("--trajectory-log", help="append one trajectory record (JSONL) per request to this file")
@@ -116,6 +148,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--engine openai needs --model (a local model directory holding the tokenizer)")
     if args.max_concurrency < 1:
         parser.error("--max-concurrency must be at least 1")
+    for flag, value in (
+        ("--engine-timeout", args.engine_timeout),
+        ("--request-read-timeout", args.request_read_timeout),
+    ):
+        if not value > 0:  # NaN included
+            parser.error(f"{flag} must be a positive number of seconds, got {value}")
+    if args.max_request_bytes < 1:
+        parser.error("--max-request-bytes must be at least 1")
+    if not args.max_chars_per_token >= 1:
+        parser.error("--max-chars-per-token must be at least 1")
     return args
 
 
@@ -213,6 +255,27 @@ def build_engine(args: argparse.Namespace, model: str) -> LLMEngine:
     )
 
 
+def serve_config(args: argparse.Namespace, recipe: Recipe, model: str) -> ServeConfig:
+    """The server's settings from the command line (the model's served name, its aliases, every limit)."""
+    if args.served_model_name:
+        name = args.served_model_name
+    elif args.model is None:  # the demo model's directory is called "model"; the recipe's name says what it is
+        name = recipe.name
+    else:
+        name = Path(model).name if Path(model).exists() else model
+    return ServeConfig(
+        model_name=name,
+        aliases=(recipe.name,) if recipe.name != name else (),
+        api_key=args.api_key,
+        max_concurrency=args.max_concurrency,
+        trajectory_log=args.trajectory_log,
+        engine_timeout_s=args.engine_timeout,
+        max_request_bytes=args.max_request_bytes,
+        request_read_timeout_s=args.request_read_timeout,
+        max_chars_per_token=args.max_chars_per_token,
+    )
+
+
 async def serve(app: Any, host: str, port: int, url: str) -> None:
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, timeout_graceful_shutdown=10)
@@ -237,20 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     except (RecipeError, RuntimeAgentError, OSError) as e:
         logger.error("startup_failed", error=str(e))
         return 1
-    if args.served_model_name:
-        name = args.served_model_name
-    elif args.model is None:  # the demo model's directory is called "model"; the recipe's name says what it is
-        name = recipe.name
-    else:
-        name = Path(model).name if Path(model).exists() else model
-    aliases = (recipe.name,) if recipe.name != name else ()
-    config = ServeConfig(
-        model_name=name,
-        aliases=aliases,
-        api_key=args.api_key,
-        max_concurrency=args.max_concurrency,
-        trajectory_log=args.trajectory_log,
-    )
+    config = serve_config(args, recipe, model)
     app = create_app(engine, recipe, config, close_engine=True)
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled, after a clean shutdown

@@ -5,12 +5,15 @@ default recipe is found (or the fallback is logged)."""
 from __future__ import annotations
 
 import json
+import runpy
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from openai import OpenAI
 
+from agent_runtime.serving import ServeConfig, calculator_recipe
 from tests.support.serve_process import APP, ServeProcess, free_port
 
 OPTIONS = [
@@ -24,6 +27,10 @@ OPTIONS = [
     "--max-concurrency",
     "--log-format",
     "--trajectory-log",
+    "--engine-timeout",
+    "--max-request-bytes",
+    "--request-read-timeout",
+    "--max-chars-per-token",
 ]
 
 
@@ -73,3 +80,23 @@ def test_the_default_recipe_is_found_or_the_fallback_is_logged() -> None:
     assert "RECIPE " in result.stdout
     if "demo_recipe_unavailable" in result.stderr:
         assert "RECIPE calculator-agent" in result.stdout
+
+
+def test_the_limits_given_on_the_command_line_reach_the_server() -> None:
+    app = runpy.run_path(str(APP / "__main__.py"), run_name="serve_app")
+    args = app["parse_args"](
+        ["--engine-timeout", "7.5", "--max-request-bytes", "1000", "--request-read-timeout", "2",
+         "--max-chars-per-token", "16", "--model", "some/model"]
+    )  # fmt: skip
+    config = app["serve_config"](args, calculator_recipe(), "some/model")
+    assert config == ServeConfig(
+        model_name="some/model", aliases=("calculator-agent",), engine_timeout_s=7.5, max_request_bytes=1000,
+        request_read_timeout_s=2.0, max_chars_per_token=16.0,
+    )  # fmt: skip
+    defaults = app["serve_config"](app["parse_args"]([]), calculator_recipe(), "unused")
+    assert defaults.engine_timeout_s == 600.0 and defaults.max_request_bytes == 8 * 1024 * 1024
+    for wrong in (["--engine-timeout", "0"], ["--engine-timeout", "nan"], ["--request-read-timeout", "-1"],
+                  ["--max-request-bytes", "0"]):  # fmt: skip
+        with pytest.raises(SystemExit) as caught:
+            app["parse_args"](wrong)
+        assert caught.value.code == 2
