@@ -1,0 +1,97 @@
+"""Memory stays flat over 2,000 requests against one server: agent mode (plain and streamed), tools mode (a first
+turn and its follow-up) and refused requests (a 4 MB message too long for the context, a 100,000-deep body).
+
+The resident set size of this process (the server runs in it, in a thread) is read after a warm-up that fills
+every bounded cache (the tools-mode transcript store is bounded to 64 conversations here, so it is full after
+the warm-up), and again after 2,000 more requests; the growth must stay under `MARGIN_BYTES`. A leak of one
+conversation's transcript per request (several KB) would exceed it. The scripted engine's own list of the prompts
+it got (a test fake's record, not the server's) is emptied as the test goes. Linux only (reads /proc).
+
+CI runs 500 requests (about 15 s); the full count: ``SERVE_MEMORY_REQUESTS=2000 uv run pytest
+tests/serve/test_memory.py -s`` (prints the numbers)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agent_protocol import HFTokenizer
+from agent_runtime import ScriptedEngine
+from tests.serve.conftest import MODEL, ServerFactory, calculator_question
+from tests.support.calculator_policy import CALCULATOR_TOOL, calculator_policy
+
+REQUESTS = int(os.environ.get("SERVE_MEMORY_REQUESTS", "500"))
+WARM_UP = 300
+MARGIN_BYTES = 8 * 1024 * 1024
+HUGE = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * 4_000_000}]}).encode()
+DEEP = b'{"model": "' + MODEL.encode() + b'", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+
+
+def resident_bytes() -> int:
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def one_request(client: httpx.Client, i: int) -> int:
+    """Request `i` of a fixed rotation; returns how many HTTP calls it made."""
+    question, answer = calculator_question(i % 500)
+    messages: list[Any] = [{"role": "user", "content": question}]
+    kind = i % 5
+    if kind == 0:
+        body = client.post("/v1/chat/completions", json={"model": MODEL, "messages": messages}).json()
+        assert body["choices"][0]["message"]["content"] == answer
+    elif kind == 1:
+        text = client.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "stream": True}).text
+        assert text.endswith("data: [DONE]\n\n") and answer.split()[-1] in text
+    elif kind == 2:
+        first = client.post("/v1/chat/completions", json={"model": MODEL, "messages": messages,
+                                                         "tools": [CALCULATOR_TOOL]}).json()  # fmt: skip
+        message = first["choices"][0]["message"]
+        (call,) = message["tool_calls"]
+        a, _, b = json.loads(call["function"]["arguments"])["expression"].split()
+        messages += [message, {"role": "tool", "tool_call_id": call["id"], "content": str(int(a) * int(b))}]
+        second = client.post("/v1/chat/completions", json={"model": MODEL, "messages": messages,
+                                                          "tools": [CALCULATOR_TOOL]}).json()  # fmt: skip
+        assert second["choices"][0]["message"]["content"] == answer
+        return 2
+    elif kind == 3:
+        response = client.post("/v1/chat/completions", content=HUGE if i % 50 == 3 else DEEP)
+        assert response.status_code == 400
+    else:
+        assert client.get("/health").status_code == 200
+    return 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_memory_is_flat_over_many_requests(start_server: ServerFactory, tokenizer: HFTokenizer) -> None:
+    engine = ScriptedEngine(tokenizer, policy=calculator_policy(tokenizer), logprob=-0.25)
+    server = start_server(engine=engine, max_concurrency=8, transcript_store_conversations=64)
+
+    def run(start: int, count: int) -> int:
+        calls = 0
+        for i in range(start, start + count):
+            calls += one_request(client, i)
+            engine.calls.clear()
+        return calls
+
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        run(0, WARM_UP)
+        gc.collect()
+        before = resident_bytes()
+        calls = run(WARM_UP, REQUESTS)
+        gc.collect()
+        after = resident_bytes()
+    metrics = server.metrics()
+    growth = after - before
+    print(f"rss before {before / 2**20:.1f} MiB, after {REQUESTS} requests ({calls} HTTP calls) "
+          f"{after / 2**20:.1f} MiB, growth {growth / 2**20:+.2f} MiB")  # fmt: skip
+    assert metrics["server_errors"] == 0 and metrics["in_flight"] == 0
+    assert metrics["transcript_store"]["conversations"] <= 64
+    assert growth < MARGIN_BYTES, f"resident memory grew {growth / 2**20:.1f} MiB over {REQUESTS} requests"
