@@ -10,7 +10,10 @@ Inside OpenRLHF the executor gets `llm_engine`, the vLLM rollout actor, whose co
   when that is set) and `stop_token_ids` (the protocol's end-of-turn token added) change, on a copy;
 - logprobs are read only when OpenRLHF asked vLLM for them (`sampling_params.logprobs` set), one per
   generated token, the sampled token's own;
-- the token ids are kept exactly as vLLM returned them; the text is never re-tokenized.
+- the token ids are kept exactly as vLLM returned them; the text is never re-tokenized;
+- what comes back passes `validate_generation` (plain int ids inside the tokenizer's vocabulary, at most the
+  turn's `max_tokens`, finite logprobs, a known finish reason), so a rollout actor that answers garbage ends
+  its episode as ``engine_bad_output`` instead of putting ids the model cannot have sampled into training.
 
 vLLM and OpenRLHF are untyped third-party code: everything they hand over is `Any` here and checked where read.
 This module does not import either.
@@ -25,11 +28,13 @@ from typing import Any, Final
 import msgspec
 
 from agent_protocol import Tokenizer
-from agent_runtime import EngineError, FinishReason, Generation, LLMEngine, SamplingParams
+from agent_runtime import EngineError, Generation, LLMEngine, SamplingParams
+from agent_runtime.engines.base import tokenizer_vocab_size, validate_generation
+from agent_runtime.errors import EngineBadOutput
 
 __all__ = ["OpenRLHFEngine", "generation_from_output", "turn_sampling_params"]
 
-_FINISH_REASONS: Final[frozenset[str]] = frozenset({"stop", "length", "abort"})
+_NAME: Final = "openrlhf"
 
 
 class OpenRLHFEngine(LLMEngine):
@@ -54,6 +59,7 @@ class OpenRLHFEngine(LLMEngine):
         self.context_length = context_length
         self.stop_token_ids = tuple(int(i) for i in stop_token_ids)
         self.with_logprobs = getattr(sampling_params, "logprobs", None) is not None
+        self.vocab_size = tokenizer_vocab_size(tokenizer)
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
         budget = self.max_new_tokens_for(len(prompt_ids), sampling.max_new_tokens)
@@ -64,7 +70,10 @@ class OpenRLHFEngine(LLMEngine):
             output = await self.rollout_engine.generate([int(i) for i in prompt_ids], params, multi_modal_data=None)
         except Exception as e:
             raise EngineError(f"openrlhf: the rollout engine failed: {type(e).__name__}: {e}") from e
-        return generation_from_output(output, with_logprobs=self.with_logprobs)
+        return generation_from_output(
+            output, with_logprobs=self.with_logprobs, tokenizer=self.tokenizer, max_tokens=params.max_tokens,
+            vocab_size=self.vocab_size,
+        )  # fmt: skip
 
 
 def turn_sampling_params(base: Any, *, max_tokens: int, stop_token_ids: Sequence[int] = ()) -> Any:
@@ -82,24 +91,29 @@ def turn_sampling_params(base: Any, *, max_tokens: int, stop_token_ids: Sequence
     return params
 
 
-def generation_from_output(output: Any, *, with_logprobs: bool) -> Generation:
-    """A vLLM `RequestOutput` (its first completion) as a `Generation`. Raises `EngineError` when it is not
-    shaped like one."""
+def generation_from_output(
+    output: Any, *, with_logprobs: bool, tokenizer: Tokenizer, max_tokens: int, vocab_size: int | None
+) -> Generation:
+    """A vLLM `RequestOutput` (its first completion) as a checked `Generation`. Raises `EngineBadOutput` when
+    it is not shaped like one or fails `validate_generation`; `EngineError` for vLLM's own ``"error"``."""
     try:
         completion = output.outputs[0]
-        ids = [int(t) for t in completion.token_ids]
-        text = str(completion.text or "")
+        ids = list(completion.token_ids)
         reason = completion.finish_reason
         entries = completion.logprobs
     except (AttributeError, IndexError, TypeError, ValueError) as e:
-        raise EngineError(f"openrlhf: the rollout engine answered {type(output).__name__}, not a RequestOutput") from e
+        raise EngineBadOutput(
+            f"{_NAME}: the rollout engine answered {type(output).__name__}, not a RequestOutput"
+        ) from e
     logprobs: list[float] | None = None
     if with_logprobs and entries is not None:
         if len(entries) != len(ids):
-            raise EngineError(f"openrlhf: {len(entries)} logprob entries for {len(ids)} generated tokens")
+            raise EngineBadOutput(f"{_NAME}: {len(entries)} logprob entries for {len(ids)} generated tokens")
         logprobs = [_sampled_logprob(entry, token) for entry, token in zip(entries, ids, strict=True)]
-    finish: FinishReason = reason if reason in _FINISH_REASONS else "abort"
-    return Generation(ids=ids, text=text, logprobs=logprobs, finish_reason=finish)
+    return validate_generation(
+        _NAME, tokenizer, ids=ids, logprobs=logprobs, finish_reason=reason, max_tokens=max_tokens,
+        vocab_size=vocab_size,
+    )  # fmt: skip
 
 
 def _sampled_logprob(entry: Any, token: int) -> float:
