@@ -81,6 +81,11 @@ class RaisingStep(FunctionCallEnvironment):
         raise SystemError("environment exploded")
 
 
+class ExitingStep(FunctionCallEnvironment):
+    async def step(self, action: Action) -> Any:
+        raise SystemExit("a plug-in called sys.exit()")
+
+
 class RaisingReset(FunctionCallEnvironment):
     async def reset(self, task: Any = None) -> None:
         raise OSError("the sandbox could not start")
@@ -116,6 +121,8 @@ def _session(tokenizer: HFTokenizer, fault: str) -> AgentSession:
             tok = RaisingDecode(tokenizer.backend, source="raising")
         case "environment_step":
             env = lambda: RaisingStep(tools=[CalculatorTool()], max_steps=4)  # noqa: E731
+        case "environment_sys_exit":
+            env = lambda: ExitingStep(tools=[CalculatorTool()], max_steps=4)  # noqa: E731
         case "environment_reset":
             env = lambda: RaisingReset(tools=[CalculatorTool()], max_steps=4)  # noqa: E731
         case "process_reward":
@@ -132,6 +139,7 @@ EXPECTED = {
     "decode": ("decode_error", "decode_error"),
     "environment_step": ("environment_error", "environment_error"),
     "environment_reset": ("environment_error", "environment_error"),
+    "environment_sys_exit": ("environment_error", "environment_error"),
     "process_reward": ("reward_error", "reward_error"),
     "result_reward": ("final_answer", "reward_error"),  # the episode finished; only its score failed
 }

@@ -24,7 +24,7 @@ from agent_env import Environment, RewardPipeline
 from agent_protocol import Action, ChatProtocol, Message, Tokenizer
 from agent_runtime.engines.base import Generation
 from agent_runtime.errors import SessionStateError
-from agent_runtime.session import AgentSession, StepOutcome, TurnRequest
+from agent_runtime.session import CONTAINED, AgentSession, StepOutcome, TurnRequest
 
 __all__ = ["DEFAULT_COMPACTION_INSTRUCTION", "DEFAULT_RESUME_TEMPLATE", "CompactableSession"]
 
@@ -124,7 +124,7 @@ class CompactableSession(AgentSession):
         self.transcript.append_action(generation.ids, generation.logprobs)
         try:
             return await self._resume_from_summary(generation)
-        except Exception as e:  # the same boundary as AgentSession.step: this episode ends, recorded
+        except CONTAINED as e:  # the same boundary as AgentSession.step: this episode ends, recorded
             return StepOutcome(turn=self.turns, action=Action(), done=True, error=await self.contain(e))
 
     async def _resume_from_summary(self, generation: Generation) -> StepOutcome:

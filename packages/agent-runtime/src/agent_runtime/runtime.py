@@ -35,7 +35,7 @@ from agent_runtime.events import (
     ToolCallEvent,
     ToolResultEvent,
 )
-from agent_runtime.session import AgentSession, StepOutcome
+from agent_runtime.session import CONTAINED, AgentSession, StepOutcome
 from agent_runtime.trajectory import Trajectory, Usage
 
 __all__ = ["AgentRuntime", "RunResult"]
@@ -122,7 +122,7 @@ class AgentRuntime:
                     await session.fail("engine_timeout", message)
                     yield ErrorEvent(code="engine_timeout", message=message)
                     break
-                except Exception as e:  # any engine failure ends this episode only
+                except CONTAINED as e:  # any engine failure ends this episode only
                     code: str = e.code if isinstance(e, EngineError) else "engine_error"
                     message = f"{self.engine.name} failed: {type(e).__name__}: {e}"
                     log.warning("engine_failed", code=code, error_type=type(e).__name__, error=str(e)[:500])
@@ -134,7 +134,7 @@ class AgentRuntime:
                 outcome = await session.step(generation)
                 for event in _step_events(session, outcome, generation):
                     yield event
-        except Exception as e:  # the last boundary: whatever escaped the session ends this episode only
+        except CONTAINED as e:  # the last boundary: whatever escaped the session ends this episode only
             error = await session.contain(e)
             yield ErrorEvent(code=error.code, message=error.message)
         session.timings["generate_s"] = generate_s
@@ -185,7 +185,7 @@ class AgentRuntime:
         """`run`, with the one error `run` lets through (a prompt the session cannot start) recorded too."""
         try:
             return await self.run(prompt, task=task)
-        except Exception as e:
+        except CONTAINED as e:
             session = self.new_session()
             session.task = dict(task or {})
             await session.fail("invalid_prompt", f"{type(e).__name__}: {e}")

@@ -76,6 +76,11 @@ _STAGE_CODES: Final[dict[str, str]] = {
 }
 
 
+CONTAINED: Final = (Exception, SystemExit)
+"""What an episode boundary catches: every error, and `SystemExit` (a tool, environment or reward plug-in calling
+`sys.exit` must not end a server or a training step). Never `KeyboardInterrupt` or cancellation."""
+
+
 def _short(text: str) -> str:
     return text if len(text) <= _ERROR_PREVIEW else text[:_ERROR_PREVIEW] + "..."
 
@@ -222,10 +227,10 @@ class AgentSession:
         self.task = dict(task or {})
         self.prompt_messages = list(messages)
         self.messages = list(messages)
-        reset_error: Exception | None = None
+        reset_error: BaseException | None = None
         try:
             await self.environment.reset(self.task)
-        except Exception as e:  # ends this episode (below), once its prompt is recorded
+        except CONTAINED as e:  # ends this episode (below), once its prompt is recorded
             reset_error = e
         ids = await self._render_prompt(messages)
         if reset_error is not None:
@@ -282,7 +287,7 @@ class AgentSession:
         self.transcript.append_action(generation.ids, generation.logprobs)
         try:
             return await self._apply(generation, turn)
-        except Exception as e:
+        except CONTAINED as e:
             return StepOutcome(turn=turn, action=Action(), done=True, error=await self.contain(e))
 
     async def _apply(self, generation: Generation, turn: int) -> StepOutcome:
@@ -391,7 +396,7 @@ class AgentSession:
         self.stop_reason = reason
         try:
             await self.score()
-        except Exception as e:  # a reward that raised: the episode keeps its stop reason and gets no reward
+        except CONTAINED as e:  # a reward that raised: the episode keeps its stop reason and gets no reward
             self.breakdown = None
             message = f"{type(e).__name__}: {_short(str(e))}"
             logger.bind(episode_id=self.episode_id).warning("reward_failed", error=message)
