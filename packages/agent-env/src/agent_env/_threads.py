@@ -1,13 +1,27 @@
-"""Run blocking work on its own daemon thread and await it from asyncio.
+"""Run blocking work, or a coroutine on its own event loop, on a counted daemon thread and await it.
 
 Why not `asyncio.to_thread`: a tool that hangs forever would hold one of the default executor's few workers
 (six on a two-core machine) for good, so a handful of hung tools would stall every later `to_thread` in the
 process, sibling episodes included; and `asyncio.run` joins that executor at exit, so one hung thread would
 hang the program's shutdown. Here each call gets a fresh daemon thread: a caller that stops waiting (a
 timeout) gets control back at once, the abandoned thread finishes or dies with the process, and nothing else
-waits for it. The thread is leaked, not killed: Python cannot kill a thread.
+waits for it. Python cannot kill a thread, so an abandoned thread that never finishes is leaked.
 
-This module knows nothing about tools; it runs a callable.
+Leaks are bounded. Every thread started here counts against `WORKER_THREADS` (the whole process) and against
+the `ThreadBudget`s the caller put in scope with `thread_budget(...)` (the tool runner puts one per tool).
+A budget counts `live` threads and, of those, `hung` ones: still running after their caller stopped waiting.
+When starting a thread would pass a budget's `max_live` or when its `hung` count has reached `max_hung`,
+the call raises `ThreadLimitError` at once and starts nothing. A thread frees its slots when it finishes.
+
+`run_coroutine_in_thread` runs a coroutine on a fresh event loop in such a thread: if the coroutine blocks
+(``time.sleep``, a CPU loop) it blocks only that thread, and the caller's loop, and its timeouts, go on.
+Cancelling the caller cancels the coroutine on its loop; a loop that does not take the cancellation within
+`STALL_GRACE_S` is logged (``tool_blocked_its_event_loop``) and left to finish on its own.
+
+A `BaseException` raised on a worker thread (SystemExit, KeyboardInterrupt, GeneratorExit...) reaches the
+caller as `ContainedBaseException`, an ordinary exception.
+
+This module knows nothing about tools; it runs callables and coroutines.
 """
 
 from __future__ import annotations
@@ -15,45 +29,277 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import functools
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
 
-__all__ = ["run_in_daemon_thread"]
+import structlog
+
+from agent_env.errors import ContainedBaseException, ThreadLimitError
+
+__all__ = [
+    "STALL_GRACE_S",
+    "WORKER_THREADS",
+    "ThreadBudget",
+    "run_coroutine_in_thread",
+    "run_in_daemon_thread",
+    "thread_budget",
+]
+
+logger = structlog.get_logger(__name__)
+
+STALL_GRACE_S: Final = 1.0
+"""How long a cancelled coroutine's loop may take to act on the cancellation before it counts as blocked."""
+
+_LEFTOVER_GRACE_S: Final = 1.0
+
+
+@dataclass(eq=False)
+class ThreadBudget:
+    """Caps on the daemon threads started under it. `max_live` / `max_hung` None: no cap.
+
+    `live`: threads still running; `hung`: those whose caller stopped waiting (timed out or cancelled).
+    Counters change under a lock: threads release their slots themselves when they finish."""
+
+    name: str
+    max_live: int | None = None
+    max_hung: int | None = None
+    live: int = 0
+    hung: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def _refusal(self) -> str | None:
+        if self.max_hung is not None and self.hung >= self.max_hung:
+            return (
+                f"{self.hung} earlier calls under {self.name} are still running after their caller stopped "
+                f"waiting (at most {self.max_hung} may hang)"
+            )
+        if self.max_live is not None and self.live >= self.max_live:
+            return f"{self.live} worker threads are running under {self.name} (at most {self.max_live})"
+        return None
+
+
+WORKER_THREADS: Final = ThreadBudget("the process budget", max_live=512, max_hung=64)
+"""The process-wide budget every thread started here counts against. Set its fields to change the caps."""
+
+_scope: contextvars.ContextVar[tuple[ThreadBudget, ...]] = contextvars.ContextVar("agent_env_thread_budgets")
+
+
+@contextlib.contextmanager
+def thread_budget(*budgets: ThreadBudget) -> Iterator[None]:
+    """Count threads started in this context (and in tasks created from it) against `budgets` as well."""
+    token = _scope.set((*_scope.get(()), *budgets))
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+class _Slot:
+    """One thread's place in its budgets: taken before the thread starts, given back once it ends."""
+
+    def __init__(self) -> None:
+        budgets = dict.fromkeys((*_scope.get(()), WORKER_THREADS))  # a budget in scope twice counts once
+        self.budgets = tuple(sorted(budgets, key=id))  # one lock order for every slot
+        self.lock = threading.Lock()
+        self.hung = False
+        self.finished = False
+        with contextlib.ExitStack() as stack:
+            for budget in self.budgets:
+                stack.enter_context(budget._lock)
+            for budget in self.budgets:
+                refusal = budget._refusal()
+                if refusal is not None:
+                    raise ThreadLimitError(refusal)
+            for budget in self.budgets:
+                budget.live += 1
+
+    def abandon(self) -> None:
+        """The caller stopped waiting: the thread, if it still runs, is hung."""
+        with self.lock:
+            if self.finished or self.hung:
+                return
+            self.hung = True
+            for budget in self.budgets:
+                with budget._lock:
+                    budget.hung += 1
+
+    def release(self) -> None:
+        """The thread ends: give its slots back."""
+        with self.lock:
+            self.finished = True
+            for budget in self.budgets:
+                with budget._lock:
+                    budget.live -= 1
+                    if self.hung:
+                        budget.hung -= 1
+
+
+def _contain(error: BaseException) -> BaseException:
+    if isinstance(error, Exception):
+        return error
+    return ContainedBaseException(error)
+
+
+class _Delivery[T]:
+    """Hands a worker thread's outcome to a future on the caller's loop, if anyone still waits for it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[T] = loop.create_future()
+
+    def _set(self, value: T | None, error: BaseException | None) -> None:
+        if self.future.done():
+            return
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            self.future.set_result(value)  # type: ignore[arg-type]  # value is a T when error is None
+
+    def post(self, value: T | None, error: BaseException | None) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+            self.loop.call_soon_threadsafe(self._set, value, error)
 
 
 async def run_in_daemon_thread[T](fn: Callable[[], T], *, name: str = "agent-env-worker") -> T:
     """Run `fn()` on a new daemon thread (with the caller's contextvars) and return its result.
 
-    Cancelling the awaiting coroutine returns immediately; the thread keeps running until `fn` returns,
+    Raises `ThreadLimitError` without starting anything when a budget in scope is full. Cancelling the
+    awaiting coroutine returns immediately; the thread keeps running until `fn` returns (counted as hung),
     and its result is then dropped.
     """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
+    slot = _Slot()
+    delivery: _Delivery[T] = _Delivery(asyncio.get_running_loop())
     context = contextvars.copy_context()
-
-    def deliver_result(value: T) -> None:
-        if not future.done():
-            future.set_result(value)
-
-    def deliver_error(error: BaseException) -> None:
-        if not future.done():
-            future.set_exception(error)
-
-    def post(callback: Callable[[], None]) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
-            loop.call_soon_threadsafe(callback)
 
     def target() -> None:
         try:
             value = context.run(fn)
-        except Exception as error:
-            post(functools.partial(deliver_error, error))
-        except BaseException as error:  # SystemExit and friends cannot be set on a future as they are
-            wrapped = RuntimeError(f"{type(error).__name__} raised in a worker thread: {error}")
-            post(functools.partial(deliver_error, wrapped))
+        except BaseException as error:
+            delivery.post(None, _contain(error))
         else:
-            post(functools.partial(deliver_result, value))
+            delivery.post(value, None)
+        finally:
+            slot.release()
 
-    threading.Thread(target=target, name=name, daemon=True).start()
-    return await future
+    return await _await_thread(threading.Thread(target=target, name=name, daemon=True), slot, delivery)
+
+
+async def _await_thread[T](thread: threading.Thread, slot: _Slot, delivery: _Delivery[T]) -> T:
+    try:
+        thread.start()
+    except BaseException:
+        slot.release()
+        raise
+    try:
+        return await delivery.future
+    except asyncio.CancelledError:
+        slot.abandon()
+        raise
+
+
+async def run_coroutine_in_thread[T](
+    factory: Callable[[], Coroutine[Any, Any, T]], *, name: str = "agent-env-loop"
+) -> T:
+    """Run `factory()`'s coroutine on a fresh event loop in a new daemon thread; return its result.
+
+    The coroutine runs with the caller's contextvars. Cancelling the caller cancels the coroutine on its own
+    loop and returns at once; if that loop is blocked, the thread is left to finish (counted as hung) and the
+    block is logged. Raises `ThreadLimitError` without starting anything when a budget in scope is full.
+    """
+    slot = _Slot()
+    caller_loop = asyncio.get_running_loop()
+    delivery: _Delivery[T] = _Delivery(caller_loop)
+    context = contextvars.copy_context()
+    worker = _WorkerLoop(name)
+
+    def target() -> None:
+        try:
+            value = worker.run(factory, context)
+        except BaseException as error:
+            delivery.post(None, _contain(error))
+        else:
+            delivery.post(value, None)
+        finally:
+            slot.release()
+
+    try:
+        return await _await_thread(threading.Thread(target=target, name=name, daemon=True), slot, delivery)
+    except asyncio.CancelledError:
+        worker.cancel()
+        caller_loop.call_later(STALL_GRACE_S, worker.check_stalled)
+        raise
+
+
+class _WorkerLoop:
+    """The event loop of one `run_coroutine_in_thread` call, and the cancellation sent to it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self.lock = threading.Lock()
+        self.cancel_requested: float | None = None
+        self.cancel_taken = False
+        self.done = False
+
+    def run[T](self, factory: Callable[[], Coroutine[Any, Any, T]], context: contextvars.Context) -> T:
+        loop = asyncio.new_event_loop()
+        try:
+            with self.lock:
+                if self.cancel_requested is not None:
+                    raise asyncio.CancelledError
+                task: asyncio.Task[T] = loop.create_task(factory(), context=context)
+                self.loop, self.task = loop, task
+            return loop.run_until_complete(task)
+        finally:
+            with self.lock:
+                self.done = True
+            _close(loop)
+
+    def cancel(self) -> None:
+        """Ask the worker loop to cancel the coroutine (from the caller's thread)."""
+        with self.lock:
+            self.cancel_requested = time.monotonic()
+            loop, task = self.loop, self.task
+            if loop is None or task is None or self.done:
+                return
+            with contextlib.suppress(RuntimeError):  # the loop just closed
+                loop.call_soon_threadsafe(self._take_cancel, task)
+
+    def _take_cancel(self, task: asyncio.Task[Any]) -> None:
+        self.cancel_taken = True
+        if self.cancel_requested is not None:
+            late = time.monotonic() - self.cancel_requested
+            if late > STALL_GRACE_S:
+                logger.warning("tool_event_loop_unblocked", thread=self.name, blocked_s=round(late, 3))
+        task.cancel()
+
+    def check_stalled(self) -> None:
+        """Log a worker loop that has not taken its cancellation within the grace period."""
+        with self.lock:
+            if self.done or self.cancel_taken:
+                return
+        logger.warning(
+            "tool_blocked_its_event_loop",
+            thread=self.name,
+            grace_s=STALL_GRACE_S,
+            advice="an async tool must await, never block; its thread is left to finish on its own",
+        )
+
+
+def _close(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what the coroutine left running (bounded), then close the loop."""
+    try:
+        leftovers = [task for task in asyncio.all_tasks(loop) if not task.done()]
+        for task in leftovers:
+            task.cancel()
+        if leftovers:
+            loop.run_until_complete(asyncio.wait(leftovers, timeout=_LEFTOVER_GRACE_S))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    except BaseException as error:  # a leftover task raised SystemExit while we waited: nothing left to tell
+        logger.warning("tool_event_loop_cleanup_failed", error=repr(error))
+    finally:
+        loop.close()

@@ -16,9 +16,11 @@ from typing import Literal
 __all__ = [
     "AgentEnvError",
     "ArgumentError",
+    "ContainedBaseException",
     "EnvironmentStateError",
     "MCPBridgeError",
     "SearchIndexError",
+    "ThreadLimitError",
     "ToolDefinitionError",
     "ToolError",
 ]
@@ -75,3 +77,19 @@ class SearchIndexError(AgentEnvError, ValueError):
 
 class MCPBridgeError(AgentEnvError):
     """An MCP server could not be started, reached or listed."""
+
+
+class ContainedBaseException(AgentEnvError):
+    """Tool code raised a `BaseException` that is not an `Exception` (SystemExit, KeyboardInterrupt,
+    GeneratorExit, a custom one) where it would end the process or the episode; it was caught and is carried
+    by this ordinary exception instead. `original` is what was raised."""
+
+    def __init__(self, original: BaseException) -> None:
+        self.original = original
+        text = str(original)
+        super().__init__(f"{type(original).__name__}: {text}" if text else type(original).__name__)
+
+
+class ThreadLimitError(AgentEnvError, RuntimeError):
+    """A worker thread was not started because a thread budget is full (too many hung calls of one tool, or
+    too many worker threads in the process). Nothing ran; the message says which budget and its cap."""

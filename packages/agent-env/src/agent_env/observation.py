@@ -22,6 +22,8 @@ missing_name       passed through from the protocol: the call had no tool name
 unclosed_tag       passed through from the protocol: the call was cut off before it was closed
 missing_think_end  passed through from the protocol: the turn opened reasoning and never closed it
 parse_error        any other protocol parse issue (a code this layer does not know yet)
+tool_unavailable   the tool was not started: too many of its earlier calls still hang past their timeout,
+                   or the process runs too many worker threads (the message says which cap)
 =================  ========================================================================================
 
 This module knows the codes and the wire shape of an observation; it does not run tools or know any chat
@@ -57,6 +59,7 @@ ObservationCode = Literal[
     "unclosed_tag",
     "missing_think_end",
     "parse_error",
+    "tool_unavailable",
 ]
 
 _ALL_CODES: Final[frozenset[str]] = frozenset(get_args(ObservationCode))
@@ -69,8 +72,8 @@ PARSE_CODES: Final[frozenset[str]] = frozenset(
 REFUSAL_CODES: Final[frozenset[str]] = frozenset({"unknown_tool", "invalid_arguments", "too_many_calls"})
 """Codes for a readable call that the environment refused to run."""
 
-FAILURE_CODES: Final[frozenset[str]] = frozenset({"tool_error", "timeout"})
-"""Codes for a call that ran and failed."""
+FAILURE_CODES: Final[frozenset[str]] = frozenset({"tool_error", "timeout", "tool_unavailable"})
+"""Codes for a call that failed through no fault of the call itself (it ran and failed, or its tool is stuck)."""
 
 _DEFAULT_HINTS: Final[dict[str, str]] = {
     "unknown_tool": "Call one of the tools listed in the instructions.",
@@ -83,6 +86,7 @@ _DEFAULT_HINTS: Final[dict[str, str]] = {
     "unclosed_tag": "The call was cut off; write it again, complete and shorter.",
     "missing_think_end": "Close your reasoning before you call a tool or give the answer.",
     "parse_error": "The tool call could not be read; write it again.",
+    "tool_unavailable": "This tool is stuck right now; do not call it again soon: use another tool or answer.",
 }
 
 

@@ -21,6 +21,14 @@ A function whose only parameter is a Struct takes that Struct as its schema. A p
 `ToolContext` receives the call's context and is not shown to the model. A sync function runs on its own
 thread so it cannot block the event loop (see `_threads.py`).
 
+Where a tool's coroutine runs (`event_loop`): ``"isolated"`` (the default for async tools) runs each call on
+a fresh event loop in its own thread, so a coroutine that blocks (``time.sleep``, a CPU loop, a blocking
+client) blocks only itself and its timeout still fires on time; ``"shared"`` runs it on the caller's loop,
+which a tool bound to that loop needs (an MCP session, a client or lock created on the main loop). A shared
+tool must await and never block: nothing can interrupt it, and every episode on the loop waits for it.
+`max_hung_calls` caps how many of a tool's calls may still be running after their timeout before new calls
+are refused (see `tool_runner.py`).
+
 Tools are shared by concurrent episodes: a tool object must not keep per-episode state on itself; it puts
 what one episode needs in `context.state`, which belongs to that episode.
 
@@ -34,7 +42,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, get_type_hints, overload
+from typing import Any, Final, Literal, get_type_hints, overload
 
 import msgspec
 
@@ -43,10 +51,15 @@ from agent_env.errors import ToolDefinitionError
 from agent_env.schema import check_arguments, convert_arguments, struct_schema
 from agent_protocol.types import ToolSpec
 
-__all__ = ["FunctionTool", "ToolBase", "ToolContext", "tool"]
+__all__ = ["DEFAULT_MAX_HUNG_CALLS", "EventLoopMode", "FunctionTool", "ToolBase", "ToolContext", "tool"]
 
 _TOOL_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 _EMPTY_SCHEMA: Final[dict[str, Any]] = {"type": "object", "properties": {}}
+
+EventLoopMode = Literal["isolated", "shared"]
+"""Where a tool's coroutine runs: on its own loop and thread per call, or on the caller's loop."""
+
+DEFAULT_MAX_HUNG_CALLS: Final = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,7 +77,10 @@ class ToolBase(ABC):
     """A tool an environment can run. Subclass it for full control, or use `@tool` on a function.
 
     Class or instance attributes: `name`, `description`, `parameters` (a JSON schema object),
-    `timeout_s` (None: the environment's default, 30 s) and `max_output_chars` (None: the environment's).
+    `timeout_s` (None: the environment's default, 30 s), `max_output_chars` (None: the environment's),
+    `event_loop` (``"isolated"``: each call on its own loop and thread; ``"shared"``: on the caller's loop,
+    for a tool bound to it; see the module docstring) and `max_hung_calls` (calls still running after their
+    timeout before new calls are refused with ``tool_unavailable``; None: only the process-wide cap).
     """
 
     name: str
@@ -72,6 +88,8 @@ class ToolBase(ABC):
     parameters: dict[str, Any] = _EMPTY_SCHEMA
     timeout_s: float | None = None
     max_output_chars: int | None = None
+    event_loop: EventLoopMode = "isolated"
+    max_hung_calls: int | None = DEFAULT_MAX_HUNG_CALLS
 
     @property
     def spec(self) -> ToolSpec:
@@ -107,6 +125,8 @@ class FunctionTool(ToolBase):
         timeout_s: float | None = None,
         max_output_chars: int | None = None,
         strict: bool = True,
+        event_loop: EventLoopMode | None = None,
+        max_hung_calls: int | None = DEFAULT_MAX_HUNG_CALLS,
     ) -> None:
         self.fn = fn
         self.name = name or str(getattr(fn, "__name__", ""))
@@ -118,6 +138,13 @@ class FunctionTool(ToolBase):
         self.max_output_chars = max_output_chars
         self.strict = strict
         self._is_async = inspect.iscoroutinefunction(fn)
+        if event_loop not in (None, "isolated", "shared"):
+            raise ToolDefinitionError(f"tool {self.name!r}: event_loop must be 'isolated' or 'shared'")
+        if max_hung_calls is not None and max_hung_calls < 1:
+            raise ToolDefinitionError(f"tool {self.name!r}: max_hung_calls must be at least 1 (or None)")
+        # A sync function's coroutine only awaits its thread: it cannot block a loop, so it needs none of its own.
+        self.event_loop = event_loop if event_loop is not None else ("isolated" if self._is_async else "shared")
+        self.max_hung_calls = max_hung_calls
         self._context_param: str | None = None
         self._struct_param: str | None = None
         self.arguments_type = self._arguments_type(fn)
@@ -182,6 +209,8 @@ def tool(
     timeout_s: float | None = None,
     max_output_chars: int | None = None,
     strict: bool = True,
+    event_loop: EventLoopMode | None = None,
+    max_hung_calls: int | None = DEFAULT_MAX_HUNG_CALLS,
 ) -> FunctionTool: ...
 
 
@@ -193,6 +222,8 @@ def tool(
     timeout_s: float | None = None,
     max_output_chars: int | None = None,
     strict: bool = True,
+    event_loop: EventLoopMode | None = None,
+    max_hung_calls: int | None = DEFAULT_MAX_HUNG_CALLS,
 ) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 
@@ -205,10 +236,14 @@ def tool(
     timeout_s: float | None = None,
     max_output_chars: int | None = None,
     strict: bool = True,
+    event_loop: EventLoopMode | None = None,
+    max_hung_calls: int | None = DEFAULT_MAX_HUNG_CALLS,
 ) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Build a `FunctionTool` from a typed function: ``@tool`` or ``@tool(name=..., timeout_s=...)``.
 
     `strict` (default True) validates types exactly as the schema states them (``"3"`` is not an integer).
+    `event_loop` (default: ``"isolated"`` for an async function) and `max_hung_calls` (default 16): see
+    `ToolBase`.
     """
 
     def build(function: Callable[..., Any]) -> FunctionTool:
@@ -219,6 +254,8 @@ def tool(
             timeout_s=timeout_s,
             max_output_chars=max_output_chars,
             strict=strict,
+            event_loop=event_loop,
+            max_hung_calls=max_hung_calls,
         )
 
     return build(fn) if fn is not None else build

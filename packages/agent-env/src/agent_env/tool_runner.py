@@ -10,12 +10,29 @@
    does not finish gets ``timeout`` and is abandoned: an async tool is cancelled, a sync tool's thread is
    left to finish on its own (see `_threads.py`), so a tool that hangs forever cannot hang the episode;
 6. a tool that raised gets ``tool_error`` with the exception's type and message (`ToolError` shows its own
-   message, code and hint);
-7. a result that is not a string is serialized to JSON (msgspec; unknown objects fall back to `str()`);
-8. output longer than the limit is cut with a visible marker and the code ``output_truncated``.
+   message, code and hint). That includes a `BaseException` (SystemExit, KeyboardInterrupt, GeneratorExit,
+   a tool's own CancelledError): only the cancellation of the call itself propagates;
+7. a tool whose earlier calls still hang past their timeout (its `max_hung_calls`, default 16), or a process
+   that already runs too many worker threads (`WORKER_THREADS`: 512 live, 64 hung), gets
+   ``tool_unavailable`` at once and nothing is started;
+8. a result that is not a string is serialized to JSON (msgspec; unknown objects fall back to `str()`);
+9. output longer than the limit is cut with a visible marker and the code ``output_truncated``.
+
+What an async tool must do, and what is enforced. An async tool must await and never block: no
+``time.sleep``, no long CPU loop, no blocking client inside ``async def`` (put blocking work in a sync tool,
+which runs on its own thread). By default (`ToolBase.event_loop` ``"isolated"``) each call of an async tool
+runs on a fresh event loop in its own daemon thread, so a tool that blocks anyway blocks only that thread:
+the caller's loop and every other episode go on, the call gets ``timeout`` on time, and a loop that does not
+take the cancellation within a second is logged (``tool_blocked_its_event_loop``); its thread is left to
+finish and counts as hung. A tool bound to the caller's loop (`MCPTool`, a client or lock created there)
+sets ``event_loop = "shared"``: its coroutine runs on the caller's loop, where nothing can interrupt a block;
+the runner then only reports it (``tool_stalled_the_event_loop`` when the call came back well past its
+timeout). Not contained: ``os._exit``, a crash in C code, or a shared tool's own background task raising
+SystemExit.
 
 Valid calls in one turn run concurrently. A runner holds no per-episode state, so one runner (and its
-tools) can serve many concurrent episodes.
+tools) can serve many concurrent episodes. The hung-call count of a tool lives with the tool object (in a
+weak map here), so it is shared by every runner and episode that uses that tool.
 
 This module knows tools and observations; it knows nothing about episodes, steps or chat formats.
 """
@@ -25,19 +42,28 @@ from __future__ import annotations
 import asyncio
 import difflib
 import time
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
 import msgspec
 import structlog
 
-from agent_env.errors import ArgumentError, ToolDefinitionError, ToolError
+from agent_env._threads import WORKER_THREADS, ThreadBudget, run_coroutine_in_thread, thread_budget
+from agent_env.errors import ArgumentError, ContainedBaseException, ThreadLimitError, ToolDefinitionError, ToolError
 from agent_env.observation import Observation, ObservationCode
 from agent_env.tool import ToolBase, ToolContext
 from agent_protocol.types import ToolCall, ToolSpec
 
-__all__ = ["DEFAULT_MAX_OUTPUT_CHARS", "DEFAULT_TOOL_TIMEOUT_S", "ToolRunner", "render_result", "truncate"]
+__all__ = [
+    "DEFAULT_MAX_OUTPUT_CHARS",
+    "DEFAULT_TOOL_TIMEOUT_S",
+    "WORKER_THREADS",
+    "ToolRunner",
+    "render_result",
+    "truncate",
+]
 
 logger = structlog.get_logger(__name__)
 
@@ -45,6 +71,12 @@ DEFAULT_TOOL_TIMEOUT_S: Final = 30.0
 DEFAULT_MAX_OUTPUT_CHARS: Final = 8000
 _MAX_MESSAGE_CHARS: Final = 1000
 _CANCEL_GRACE_S: Final = 1.0
+_STALL_REPORT_S: Final = 0.25
+_UNAVAILABLE_HINT: Final = (
+    "This tool is stuck right now (earlier calls never finished); do not call it again soon: "
+    "use another tool or answer without it."
+)
+_tool_budgets: Final[weakref.WeakKeyDictionary[ToolBase, ThreadBudget]] = weakref.WeakKeyDictionary()
 
 
 def _fallback_encode(value: Any) -> Any:
@@ -158,13 +190,21 @@ class ToolRunner:
             log.warning("tool_validation_raised", error=repr(e))
             return self._failure(call, "tool_error", f"argument check failed: {type(e).__name__}: {e}", started)
         timeout = target.timeout_s if target.timeout_s is not None else self.default_timeout_s
-        task = asyncio.get_running_loop().create_task(target.call(arguments, context))
+        task = asyncio.get_running_loop().create_task(_invoke(target, arguments, context))
         task.add_done_callback(_consume_outcome)
         try:
             done, _ = await asyncio.wait({task}, timeout=timeout)
         except asyncio.CancelledError:
             task.cancel()
             raise
+        overrun = time.perf_counter() - started - timeout
+        if target.event_loop == "shared" and overrun > _STALL_REPORT_S:
+            log.warning(
+                "tool_stalled_the_event_loop",
+                overrun_s=round(overrun, 3),
+                timeout_s=timeout,
+                advice="an async tool must await, never block; isolated tools cannot stall the loop",
+            )
         if not done:
             task.cancel()
             await asyncio.wait({task}, timeout=_CANCEL_GRACE_S)
@@ -175,6 +215,15 @@ class ToolRunner:
         except ToolError as e:
             log.info("tool_failed", code=e.code, error=_short(e.message))
             return self._failure(call, e.code, _short(e.message), started, hint=e.hint)
+        except ThreadLimitError as e:
+            log.warning("tool_unavailable", error=str(e))
+            message = _short(f"{call.name} was not started: {e}")
+            return self._failure(call, "tool_unavailable", message, started, hint=_UNAVAILABLE_HINT)
+        except ContainedBaseException as e:
+            log.warning("tool_raised_base_exception", error_type=type(e.original).__name__, error=_short(str(e)))
+            if isinstance(e.original, asyncio.CancelledError):
+                return self._failure(call, "tool_error", f"{call.name} was cancelled", started)
+            return self._failure(call, "tool_error", _short(str(e)), started)
         except asyncio.CancelledError:
             return self._failure(call, "tool_error", f"{call.name} was cancelled", started)
         except Exception as e:
@@ -236,6 +285,44 @@ def _arguments_hint(target: ToolBase) -> str:
         kind = prop.get("type", "value") if isinstance(prop, dict) else "value"
         parts.append(f"{name} ({kind}{', required' if name in required else ''})")
     return f"{target.name} takes: {', '.join(parts)}."
+
+
+def _budget_of(target: ToolBase) -> ThreadBudget | None:
+    """The tool's own thread budget (its hung calls), shared by every runner that runs this tool object."""
+    if target.max_hung_calls is None:
+        return None
+    budget = _tool_budgets.get(target)
+    if budget is None:
+        budget = _tool_budgets[target] = ThreadBudget(f"tool {target.name!r}")
+    budget.max_hung = target.max_hung_calls
+    return budget
+
+
+async def _invoke(target: ToolBase, arguments: Any, context: ToolContext) -> object:
+    """Run one call where the tool says (its own loop and thread, or this loop), with its thread budget."""
+    budget = _budget_of(target)
+    with thread_budget(*(() if budget is None else (budget,))):
+        if target.event_loop == "shared":
+            return await _contained(lambda: target.call(arguments, context))
+        return await run_coroutine_in_thread(
+            lambda: _contained(lambda: target.call(arguments, context)), name=f"tool-{target.name}"
+        )
+
+
+async def _contained(start: Callable[[], Awaitable[object]]) -> object:
+    """Await the tool; a BaseException it raises becomes `ContainedBaseException`, except the cancellation
+    of this call itself, which propagates."""
+    try:
+        return await start()
+    except asyncio.CancelledError as e:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        raise ContainedBaseException(e) from None
+    except Exception:
+        raise
+    except BaseException as e:
+        raise ContainedBaseException(e) from None
 
 
 def _consume_outcome(task: asyncio.Task[object]) -> None:

@@ -46,7 +46,10 @@ _encoder: Final = msgspec.json.Encoder()
 
 
 class MCPTool(ToolBase):
-    """One tool of an MCP server, called through its bridge."""
+    """One tool of an MCP server, called through its bridge. Its calls run on the caller's event loop
+    (``event_loop = "shared"``): the bridge's session and streams belong to the loop that entered it."""
+
+    event_loop = "shared"
 
     def __init__(
         self,

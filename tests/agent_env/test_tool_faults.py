@@ -1,0 +1,306 @@
+"""Tool faults stay inside the call: a tool that raises anything, blocks its event loop or hangs forever gets
+a coded observation, on time, and cannot end the process, stall other calls or pile up threads."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from agent_env.observation import Observation
+from agent_env.tool import EventLoopMode, FunctionTool, tool
+from agent_env.tool_runner import WORKER_THREADS, ToolRunner
+from agent_protocol.types import ToolCall
+
+gate = threading.Event()
+
+
+@pytest.fixture(autouse=True)
+def _open_the_gate() -> Iterator[None]:
+    gate.clear()
+    yield
+    gate.set()  # every blocked or hung tool thread of the test finishes now, and frees its slots
+    deadline = time.monotonic() + 5
+    while any(t.name.startswith("tool-") for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+class Custom(BaseException):
+    """A BaseException that is none of Python's own."""
+
+
+RAISED: dict[str, Callable[[], BaseException]] = {
+    "SystemExit": lambda: SystemExit(3),
+    "KeyboardInterrupt": KeyboardInterrupt,
+    "GeneratorExit": GeneratorExit,
+    "Custom": lambda: Custom("custom base exception"),
+}
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add."""
+    return a + b
+
+
+def raiser(kind: str, *, asynchronous: bool, event_loop: EventLoopMode | None = None) -> FunctionTool:
+    async def raise_async() -> str:
+        raise RAISED[kind]()
+
+    def raise_sync() -> str:
+        raise RAISED[kind]()
+
+    return FunctionTool(raise_async if asynchronous else raise_sync, name="boom", event_loop=event_loop)
+
+
+def call(name: str, call_id: str = "c1", **arguments: Any) -> ToolCall:
+    return ToolCall(id=call_id, name=name, arguments=arguments)
+
+
+def run_guarded(coroutine: Coroutine[Any, Any, list[Observation]]) -> list[Observation]:
+    """Run the runner; a BaseException that gets out fails the test instead of ending pytest."""
+    try:
+        return asyncio.run(coroutine)
+    except BaseException as e:  # the point of the test
+        pytest.fail(f"{type(e).__name__} escaped the tool runner: {e!r}")
+
+
+def message_of(observation: Observation) -> str:
+    text: str = json.loads(observation.content)["error"]["message"]
+    return text
+
+
+@pytest.mark.parametrize("kind", sorted(RAISED))
+@pytest.mark.parametrize("event_loop", ["isolated", "shared"])
+def test_an_async_tool_that_raises_a_base_exception_is_a_tool_error(kind: str, event_loop: EventLoopMode) -> None:
+    runner = ToolRunner([raiser(kind, asynchronous=True, event_loop=event_loop), add])
+    boom, after = run_guarded(runner.run([call("boom"), call("add", "c2", a=1, b=2)]))
+    assert boom.code == "tool_error" and message_of(boom).startswith(f"{kind}")
+    assert after.ok and after.content == "3"
+
+
+@pytest.mark.parametrize("kind", sorted(RAISED))
+def test_a_sync_tool_that_raises_a_base_exception_is_a_tool_error(kind: str) -> None:
+    runner = ToolRunner([raiser(kind, asynchronous=False), add])
+    boom, after = run_guarded(runner.run([call("boom"), call("add", "c2", a=1, b=2)]))
+    assert boom.code == "tool_error" and message_of(boom).startswith(f"{kind}")
+    assert after.ok and after.content == "3"
+
+
+def test_a_tool_that_raises_cancelled_error_itself_is_a_tool_error() -> None:
+    async def fn() -> str:
+        raise asyncio.CancelledError
+
+    modes: tuple[EventLoopMode, ...] = ("isolated", "shared")
+    for event_loop in modes:
+        runner = ToolRunner([FunctionTool(fn, name="quit", event_loop=event_loop)])
+        [observation] = run_guarded(runner.run([call("quit")]))
+        assert observation.code == "tool_error" and "cancelled" in message_of(observation)
+
+
+@pytest.mark.parametrize("event_loop", ["isolated", "shared"])
+def test_cancelling_the_caller_still_cancels_the_tool(event_loop: EventLoopMode) -> None:
+    cleaned_up = threading.Event()
+
+    async def fn() -> str:
+        try:
+            await asyncio.sleep(30)
+        finally:
+            cleaned_up.set()
+        return "never"
+
+    runner = ToolRunner([FunctionTool(fn, name="wait", event_loop=event_loop)])
+
+    async def main() -> None:
+        task = asyncio.create_task(runner.run([call("wait")]))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert cleaned_up.wait(2)
+
+
+# An async tool that blocks instead of awaiting: on a shared loop it would freeze every other episode.
+@tool(timeout_s=0.3)
+async def stuck() -> str:
+    """Block the thread that runs this coroutine."""
+    gate.wait(3)
+    return "unstuck"
+
+
+@tool(timeout_s=0.3)
+async def spin() -> str:
+    """Burn CPU without awaiting."""
+    deadline = time.monotonic() + 3
+    while not gate.is_set() and time.monotonic() < deadline:
+        pass
+    return "done spinning"
+
+
+async def heartbeat(gaps: list[float], stop: asyncio.Event) -> None:
+    """Tick every 10 ms on the caller's loop and record the longest gap between ticks."""
+    last = time.monotonic()
+    while not stop.is_set():
+        await asyncio.sleep(0.01)
+        now = time.monotonic()
+        gaps.append(now - last)
+        last = now
+
+
+@pytest.mark.parametrize("blocking", [stuck, spin], ids=["blocks", "spins"])
+def test_a_blocking_async_tool_times_out_on_time_and_the_loop_keeps_running(blocking: FunctionTool) -> None:
+    runner = ToolRunner([blocking, add])
+
+    async def main() -> tuple[list[Observation], float, float]:
+        gaps: list[float] = []
+        stop = asyncio.Event()
+        ticker = asyncio.create_task(heartbeat(gaps, stop))
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        observations = await runner.run([call(blocking.name), call("add", "c2", a=2, b=2)])
+        elapsed = time.monotonic() - started
+        stop.set()
+        await ticker
+        return observations, elapsed, max(gaps)
+
+    [observation, after], elapsed, longest_gap = asyncio.run(main())
+    assert observation.code == "timeout" and after.content == "4"
+    assert elapsed < 0.9, f"the 0.3 s timeout came after {elapsed:.2f} s"
+    assert longest_gap < 0.25, f"the caller's loop stalled for {longest_gap:.2f} s"
+
+
+def test_a_blocked_loop_is_detected_and_logged() -> None:
+    runner = ToolRunner([stuck])
+
+    async def main() -> list[Observation]:
+        observations = await runner.run([call("stuck")])
+        await asyncio.sleep(1.2)  # past the grace a cancelled coroutine gets to stop
+        return observations
+
+    with capture_logs() as logs:
+        [observation] = asyncio.run(main())
+    assert observation.code == "timeout"
+    [event] = [e for e in logs if e["event"] == "tool_blocked_its_event_loop"]
+    assert event["log_level"] == "warning" and event["thread"] == "tool-stuck"
+
+
+def test_a_shared_loop_tool_runs_on_the_callers_loop_and_an_overrun_is_logged() -> None:
+    async def on_loop() -> str:
+        return "same" if asyncio.get_running_loop() is caller_loop else "other"
+
+    async def block() -> str:
+        time.sleep(0.5)  # blocks the caller's loop: nothing can stop it, but it is reported
+        return "late"
+
+    shared = ToolRunner(
+        [
+            FunctionTool(on_loop, name="where", event_loop="shared"),
+            FunctionTool(block, name="block", event_loop="shared", timeout_s=0.1),
+        ]
+    )
+    isolated = ToolRunner([FunctionTool(on_loop, name="where")])
+
+    async def main() -> list[Observation]:
+        global caller_loop
+        caller_loop = asyncio.get_running_loop()
+        return [*await shared.run([call("where"), call("block", "c2")]), *await isolated.run([call("where")])]
+
+    with capture_logs() as logs:
+        same, late, other = asyncio.run(main())
+    assert same.content == "same" and other.content == "other"
+    assert late.content == "late"
+    [event] = [e for e in logs if e["event"] == "tool_stalled_the_event_loop"]
+    assert event["tool"] == "block" and event["overrun_s"] >= 0.3
+
+
+caller_loop: asyncio.AbstractEventLoop | None = None
+
+
+def tool_threads(name: str) -> int:
+    return sum(1 for thread in threading.enumerate() if thread.name == f"tool-{name}")
+
+
+@tool(timeout_s=0.05, max_hung_calls=4)
+def hang_forever() -> str:
+    """Never return (until the test ends)."""
+    gate.wait(30)
+    return "released"
+
+
+@tool(timeout_s=0.05, max_hung_calls=4)
+async def block_forever() -> str:
+    """Block its loop's thread and never return (until the test ends)."""
+    gate.wait(30)
+    return "released"
+
+
+@pytest.mark.parametrize("hung", [hang_forever, block_forever], ids=["sync", "async"])
+def test_hung_calls_do_not_pile_up_threads(hung: FunctionTool) -> None:
+    runner = ToolRunner([hung])
+
+    async def main() -> tuple[list[Observation], int]:
+        answers: list[Observation] = []
+        most = 0
+        for i in range(200):
+            answers.extend(await runner.run([call(hung.name, f"c{i}")]))
+            most = max(most, tool_threads(hung.name))
+        return answers, most
+
+    started = time.monotonic()
+    answers, most = asyncio.run(main())
+    assert time.monotonic() - started < 5
+    assert most <= 4, f"{most} threads of {hung.name} were alive at once"
+    codes = [answer.code for answer in answers]
+    assert codes == ["timeout"] * 4 + ["tool_unavailable"] * 196
+    assert "4 earlier calls" in message_of(answers[-1])
+
+
+def test_a_hung_thread_that_finishes_frees_its_slot() -> None:
+    runner = ToolRunner([hang_forever])
+
+    async def main() -> list[Observation]:
+        return await runner.run([call("hang_forever")])
+
+    for _ in range(4):
+        assert [o.code for o in asyncio.run(main())] == ["timeout"]
+    assert [o.code for o in asyncio.run(main())] == ["tool_unavailable"]
+    gate.set()
+    deadline = time.monotonic() + 2
+    while tool_threads("hang_forever") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    [observation] = asyncio.run(main())
+    assert observation.ok and observation.content == "released"
+
+
+def test_concurrent_hung_calls_stop_at_the_process_cap() -> None:
+    runner = ToolRunner([hang_forever], max_calls_per_step=200)
+    limit, WORKER_THREADS.max_live = WORKER_THREADS.max_live, 16
+    try:
+
+        async def main() -> tuple[list[Observation], int]:
+            task = asyncio.create_task(runner.run([call("hang_forever", f"c{i}") for i in range(200)]))
+            most = 0
+            while not task.done():
+                most = max(most, tool_threads("hang_forever"))
+                await asyncio.sleep(0.005)
+            return task.result(), most
+
+        started = time.monotonic()
+        answers, most = asyncio.run(main())
+    finally:
+        WORKER_THREADS.max_live = limit
+    assert time.monotonic() - started < 3
+    assert most <= 16
+    codes = [answer.code for answer in answers]
+    assert codes.count("timeout") + codes.count("tool_unavailable") == 200
+    assert codes.count("timeout") <= 16
+    refused = next(answer for answer in answers if answer.code == "tool_unavailable")
+    assert "worker threads" in message_of(refused)
