@@ -8,13 +8,15 @@ import json
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
+from agent_env.errors import ToolDefinitionError
 from agent_env.observation import Observation
-from agent_env.tool import EventLoopMode, FunctionTool, tool
+from agent_env.tool import EventLoopMode, FunctionTool, ToolBase, ToolContext, tool
 from agent_env.tool_runner import WORKER_THREADS, ToolRunner
 from agent_protocol.types import ToolCall
 
@@ -304,3 +306,30 @@ def test_concurrent_hung_calls_stop_at_the_process_cap() -> None:
     assert codes.count("timeout") <= 16
     refused = next(answer for answer in answers if answer.code == "tool_unavailable")
     assert "worker threads" in message_of(refused)
+
+
+@dataclass
+class Counter(ToolBase):
+    """A dataclass tool: compares by value, so it cannot be a dict key."""
+
+    name: str = "counter"
+    calls: int = 0
+
+    async def call(self, arguments: Any, context: ToolContext) -> int:
+        self.calls += 1
+        return self.calls
+
+
+def test_an_unhashable_tool_still_gets_its_thread_budget() -> None:
+    runner = ToolRunner([Counter()])
+    [observation] = asyncio.run(runner.run([call("counter")]))
+    assert observation.ok and observation.content == "1"
+
+
+def test_bad_isolation_settings_are_refused_when_the_runner_is_built() -> None:
+    broken = Counter(name="broken")
+    broken.max_hung_calls = 0
+    with pytest.raises(ToolDefinitionError, match="max_hung_calls must be at least 1"):
+        ToolRunner([broken])
+    with pytest.raises(ToolDefinitionError, match="event_loop must be"):
+        FunctionTool(add.fn, event_loop="main")  # type: ignore[arg-type]

@@ -81,8 +81,11 @@ class ThreadBudget:
         return None
 
 
-WORKER_THREADS: Final = ThreadBudget("the process budget", max_live=512, max_hung=64)
-"""The process-wide budget every thread started here counts against. Set its fields to change the caps."""
+WORKER_THREADS: Final = ThreadBudget("the process budget", max_live=1024, max_hung=128)
+"""The process-wide budget every thread started here counts against. Set its fields to change the caps.
+
+`max_live` bounds threads (and, for `run_coroutine_in_thread`, event loops: about 3 file descriptors each)
+whatever their state; `max_hung` bounds leaked ones. Past either, new calls are refused, not queued."""
 
 _scope: contextvars.ContextVar[tuple[ThreadBudget, ...]] = contextvars.ContextVar("agent_env_thread_budgets")
 

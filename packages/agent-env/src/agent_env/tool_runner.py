@@ -13,7 +13,7 @@
    message, code and hint). That includes a `BaseException` (SystemExit, KeyboardInterrupt, GeneratorExit,
    a tool's own CancelledError): only the cancellation of the call itself propagates;
 7. a tool whose earlier calls still hang past their timeout (its `max_hung_calls`, default 16), or a process
-   that already runs too many worker threads (`WORKER_THREADS`: 512 live, 64 hung), gets
+   that already runs too many worker threads (`WORKER_THREADS`: 1024 live, 128 hung), gets
    ``tool_unavailable`` at once and nothing is started;
 8. a result that is not a string is serialized to JSON (msgspec; unknown objects fall back to `str()`);
 9. output longer than the limit is cut with a visible marker and the code ``output_truncated``.
@@ -27,8 +27,10 @@ take the cancellation within a second is logged (``tool_blocked_its_event_loop``
 finish and counts as hung. A tool bound to the caller's loop (`MCPTool`, a client or lock created there)
 sets ``event_loop = "shared"``: its coroutine runs on the caller's loop, where nothing can interrupt a block;
 the runner then only reports it (``tool_stalled_the_event_loop`` when the call came back well past its
-timeout). Not contained: ``os._exit``, a crash in C code, or a shared tool's own background task raising
-SystemExit.
+timeout). An isolated call has a loop of its own, so an asyncio object shared between calls (a client, a lock,
+a semaphore made elsewhere) cannot be used from it: such a tool is a shared one. Isolation costs a thread and
+a fresh loop per call (about half a millisecond). Not contained: ``os._exit``, a crash in C code, or a shared
+tool's own background task raising SystemExit.
 
 Valid calls in one turn run concurrently. A runner holds no per-episode state, so one runner (and its
 tools) can serve many concurrent episodes. The hung-call count of a tool lives with the tool object (in a
@@ -77,6 +79,7 @@ _UNAVAILABLE_HINT: Final = (
     "use another tool or answer without it."
 )
 _tool_budgets: Final[weakref.WeakKeyDictionary[ToolBase, ThreadBudget]] = weakref.WeakKeyDictionary()
+_budgets_by_id: Final[dict[int, ThreadBudget]] = {}  # tools that cannot be weak dict keys (e.g. eq dataclasses)
 
 
 def _fallback_encode(value: Any) -> Any:
@@ -133,6 +136,10 @@ class ToolRunner:
                 raise ToolDefinitionError(f"expected a ToolBase, got {type(item).__name__}")
             if item.name in self._tools:
                 raise ToolDefinitionError(f"two tools are named {item.name!r}")
+            if item.event_loop not in ("isolated", "shared"):
+                raise ToolDefinitionError(f"tool {item.name!r}: event_loop must be 'isolated' or 'shared'")
+            if item.max_hung_calls is not None and item.max_hung_calls < 1:
+                raise ToolDefinitionError(f"tool {item.name!r}: max_hung_calls must be at least 1 (or None)")
             self._tools[item.name] = item
         self.default_timeout_s = default_timeout_s
         self.max_output_chars = max_output_chars
@@ -291,9 +298,12 @@ def _budget_of(target: ToolBase) -> ThreadBudget | None:
     """The tool's own thread budget (its hung calls), shared by every runner that runs this tool object."""
     if target.max_hung_calls is None:
         return None
-    budget = _tool_budgets.get(target)
-    if budget is None:
-        budget = _tool_budgets[target] = ThreadBudget(f"tool {target.name!r}")
+    try:
+        budget = _tool_budgets.get(target)
+        if budget is None:
+            budget = _tool_budgets[target] = ThreadBudget(f"tool {target.name!r}")
+    except TypeError:  # unhashable or not weak-referenceable: the tool object lives as long as its runners
+        budget = _budgets_by_id.setdefault(id(target), ThreadBudget(f"tool {target.name!r}"))
     budget.max_hung = target.max_hung_calls
     return budget
 
