@@ -175,8 +175,8 @@ def test_a_blocking_async_tool_times_out_on_time_and_the_loop_keeps_running(bloc
 
     [observation, after], elapsed, longest_gap = asyncio.run(main())
     assert observation.code == "timeout" and after.content == "4"
-    assert elapsed < 0.9, f"the 0.3 s timeout came after {elapsed:.2f} s"
-    assert longest_gap < 0.25, f"the caller's loop stalled for {longest_gap:.2f} s"
+    assert elapsed < 1.2, f"the 0.3 s timeout came after {elapsed:.2f} s"
+    assert longest_gap < 0.5, f"the caller's loop stalled for {longest_gap:.2f} s"
 
 
 def test_a_blocked_loop_is_detected_and_logged() -> None:
@@ -184,7 +184,7 @@ def test_a_blocked_loop_is_detected_and_logged() -> None:
 
     async def main() -> list[Observation]:
         observations = await runner.run([call("stuck")])
-        await asyncio.sleep(1.2)  # past the grace a cancelled coroutine gets to stop
+        await asyncio.sleep(1.5)  # past the grace a cancelled coroutine gets to stop
         return observations
 
     with capture_logs() as logs:
