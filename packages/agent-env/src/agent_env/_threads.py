@@ -173,9 +173,9 @@ async def run_in_daemon_thread[T](fn: Callable[[], T], *, name: str = "agent-env
     awaiting coroutine returns immediately; the thread keeps running until `fn` returns (counted as hung),
     and its result is then dropped.
     """
-    slot = _Slot()
     delivery: _Delivery[T] = _Delivery(asyncio.get_running_loop())
     context = contextvars.copy_context()
+    slot = _Slot()  # last: nothing may fail between taking the slot and starting the thread
 
     def target() -> None:
         try:
@@ -212,11 +212,11 @@ async def run_coroutine_in_thread[T](
     loop and returns at once; if that loop is blocked, the thread is left to finish (counted as hung) and the
     block is logged. Raises `ThreadLimitError` without starting anything when a budget in scope is full.
     """
-    slot = _Slot()
     caller_loop = asyncio.get_running_loop()
     delivery: _Delivery[T] = _Delivery(caller_loop)
     context = contextvars.copy_context()
     worker = _WorkerLoop(name)
+    slot = _Slot()  # last: nothing may fail between taking the slot and starting the thread
 
     def target() -> None:
         try:
