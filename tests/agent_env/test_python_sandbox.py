@@ -20,8 +20,10 @@ import pytest
 
 from agent_env.errors import ToolError
 from agent_env.tool import ToolContext
+from agent_env.tool_runner import ToolRunner
 from agent_env.tools import python as python_tool
 from agent_env.tools.python import PythonTool, SandboxSupport, sandbox_support
+from agent_protocol import ToolCall
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the probes read Linux's /proc")
 
@@ -351,3 +353,33 @@ def test_the_namespace_sandbox_is_what_runs_by_default_here() -> None:
     # pid 2 in a fresh PID namespace (1 is the sandbox's own init), and / is mounted read-only
     output = run("import os\nprint(os.getpid(), bool(os.statvfs('/').f_flag & os.ST_RDONLY))")
     assert output == "2 True"
+
+
+def test_concurrent_calls_through_the_tool_runner_are_capped_too() -> None:
+    """The runner runs async tools on a loop of their own unless they share the caller's; the python tool
+    shares it, so its per-loop cap holds for calls from many episodes at once."""
+    tool = PythonTool(max_concurrent=2)
+    runner = ToolRunner([tool])
+    calls = [ToolCall(id=f"c{i}", name="python", arguments={"code": "import time; time.sleep(0.3); print('ok')"})
+             for i in range(6)]  # fmt: skip
+    peak = 0
+    stop = False
+
+    def watch() -> None:
+        nonlocal peak
+        while not stop:
+            peak = max(peak, sandboxes_running())
+            time.sleep(0.02)
+
+    async def main() -> list[str]:
+        watcher = asyncio.create_task(asyncio.to_thread(watch))
+        try:
+            batches = await asyncio.gather(*(runner.run([call]) for call in calls))
+            return [obs.content.strip() for batch in batches for obs in batch]
+        finally:
+            nonlocal stop
+            stop = True
+            await watcher
+
+    assert asyncio.run(main()) == ["ok"] * 6
+    assert 1 <= peak <= 2

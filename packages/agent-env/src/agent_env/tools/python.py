@@ -69,7 +69,7 @@ import structlog
 
 from agent_env.errors import ToolError
 from agent_env.schema import convert_arguments, struct_schema
-from agent_env.tool import ToolBase, ToolContext
+from agent_env.tool import EventLoopMode, ToolBase, ToolContext
 
 __all__ = ["PythonTool", "PythonToolArguments", "SandboxSupport", "default_max_concurrent", "sandbox_support"]
 
@@ -139,7 +139,12 @@ class PythonTool(ToolBase):
     layers: "auto" (every one the kernel allows), "namespaces" or "landlock" (that one alone, an error where
     it is missing: for tests and for hosts that must not silently run with less). `audit_hooks=False` drops
     the tripwire, to prove the kernel layers hold on their own; never turn it off for a model.
+
+    It runs on the caller's event loop (``event_loop = "shared"``): it only awaits a subprocess, never blocks,
+    and its concurrency cap is a semaphore per loop, which a fresh loop per call would make useless.
     """
+
+    event_loop: EventLoopMode = "shared"
 
     def __init__(
         self,
