@@ -44,6 +44,13 @@ class Exploding(ResultRewardStrategy):
         raise RuntimeError("bug in reward")
 
 
+class Exiting(ResultRewardStrategy):
+    name = "exiting"
+
+    async def score(self, episode: EpisodeRecord) -> float:
+        raise SystemExit("a reward plug-in called sys.exit()")
+
+
 class Hanging(ResultRewardStrategy):
     name = "hanging"
 
@@ -128,6 +135,18 @@ def test_failing_strategies_fall_back_with_codes() -> None:
         "wrong_type": "reward_error",
     }
     assert breakdown.total == pytest.approx(1.0 - 1.0)
+
+
+def test_a_strategy_that_calls_sys_exit_falls_back_and_the_loop_survives() -> None:
+    """Raised inside a task, SystemExit would leave asyncio's loop and end the server or the training step."""
+    pipeline = RewardPipeline(result=[MatchingReward(), Exiting()])
+
+    async def main() -> tuple[object, str]:
+        breakdown = await pipeline.score(episode())
+        await asyncio.sleep(0)  # the loop still runs
+        return breakdown.codes, "alive"
+
+    assert asyncio.run(main()) == ({"exiting": "reward_error"}, "alive")
 
 
 def test_a_strategy_may_return_a_score_with_a_code() -> None:

@@ -165,7 +165,7 @@ class RewardPipeline:
         except TimeoutError:
             log.warning("reward_timed_out", timeout_s=self.timeout_s)
             return RewardScore(value=fallback, code="reward_timeout")
-        except Exception as e:
+        except (Exception, SystemExit) as e:  # SystemExit too: raised in a task, asyncio would end the loop
             log.warning("reward_failed", error_type=type(e).__name__, error=str(e)[:500])
             return RewardScore(value=fallback, code="reward_error", detail=f"{type(e).__name__}: {e}"[:500])
         if not math.isfinite(score.value):
