@@ -69,32 +69,45 @@ def read_reply(sock: socket.socket, timeout: float) -> bytes:
     return data
 
 
+def answered_yet(sock: socket.socket) -> bool:
+    """Whether the server has sent anything on `sock` (or closed it), without waiting."""
+    sock.setblocking(False)
+    try:
+        sock.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return False
+    finally:
+        sock.setblocking(True)
+    return True
+
+
 # -- stalled clients ----------------------------------------------------------------------------------------------
+
+
+STALLED = 80  # more than the default max_concurrency (64), which they all held before the body was read first
 
 
 def test_clients_stalling_mid_body_do_not_lock_out_valid_requests(start_server: ServerFactory) -> None:
     """More clients than `max_concurrency` send half a body and stall: valid requests still get 200 meanwhile, and
     the stalled ones get 408 once the read timeout passes."""
-    server = start_server(max_concurrency=4, request_read_timeout_s=3.0)
+    server = start_server(request_read_timeout_s=2.5)
     half = VALID[: len(VALID) // 2]
-    stalled = [raw_head(server, f"Content-Length: {len(VALID)}\r\n", half) for _ in range(16)]
+    stalled = [raw_head(server, f"Content-Length: {len(VALID)}\r\n", half) for _ in range(STALLED)]
     try:
         time.sleep(0.3)  # every stalled request is in the server, waiting for the rest of its body
-        started = time.monotonic()
         statuses = [post(server, VALID).status_code for _ in range(6)]
-        served_within = time.monotonic() - started
+        unanswered = sum(not answered_yet(sock) for sock in stalled)
         assert statuses == [200] * 6
-        assert served_within < 3.0  # they were served while all 16 clients still stalled
-        replies = [read_reply(sock, timeout=10) for sock in stalled]
+        assert unanswered == STALLED  # the valid requests were served while every stalled client still stalled
+        replies = [read_reply(sock, timeout=15) for sock in stalled]
     finally:
         for sock in stalled:
             sock.close()
-    for reply in replies:
-        assert reply == b"" or reply.startswith(b"HTTP/1.1 408"), reply[:200]
-    assert sum(reply.startswith(b"HTTP/1.1 408") for reply in replies) == 16
+    assert sum(reply.startswith(b"HTTP/1.1 408") for reply in replies) == STALLED, {r[:40] for r in replies}
     assert b"request_timeout" in replies[0]
     metrics = server.metrics()
     assert metrics["in_flight"] == 0 and metrics["rejected_overloaded"] == 0 and metrics["server_errors"] == 0
+    assert metrics["client_errors"] == STALLED
 
 
 def test_a_client_trickling_its_body_is_cut_off_at_the_read_timeout(start_server: ServerFactory) -> None:
@@ -281,13 +294,10 @@ def test_hostile_json_is_a_400_naming_the_field(server: LiveServer, body: bytes,
     assert param in error["message"]
 
 
-def test_after_every_hostile_request_the_server_serves_and_counted_no_5xx(start_server: ServerFactory) -> None:
-    """The whole corpus against one server: every answer 4xx, none 5xx, and the server still answers."""
-    server = start_server()
-    statuses = [post(server, body).status_code for _, body, _ in HOSTILE]
-    assert all(400 <= s < 500 for s in statuses), dict(zip([h[0] for h in HOSTILE], statuses, strict=True))
+def test_after_the_hostile_requests_the_server_counted_no_5xx_and_serves(server: LiveServer) -> None:
+    """The server the corpus above went to (runs after it in file order; holds whichever subset was selected)."""
     metrics = server.metrics()
-    assert metrics["server_errors"] == 0 and metrics["client_errors"] == len(HOSTILE) and metrics["in_flight"] == 0
+    assert metrics["server_errors"] == 0 and metrics["in_flight"] == 0
     assert post(server, VALID).status_code == 200
 
 
