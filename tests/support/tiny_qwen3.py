@@ -53,19 +53,21 @@ TINY_QWEN3_RECIPE: dict[str, Any] = {
 """Everything that decides the weights; a change here rebuilds the cached directory."""
 
 
-def _recipe_id(tokenizer_json: Path) -> str:
-    digest = hashlib.sha256(json.dumps(TINY_QWEN3_RECIPE, sort_keys=True).encode())
+def _recipe_id(tokenizer_json: Path, recipe: dict[str, Any]) -> str:
+    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode())
     digest.update(_CHAT_TEMPLATE.read_bytes())
     digest.update(hashlib.sha256(tokenizer_json.read_bytes()).digest())
     return digest.hexdigest()[:16]
 
 
-def build_tiny_qwen3(out_dir: Path, tokenizer_json: Path) -> None:
-    """Write the model directory into `out_dir` (which must not exist yet)."""
+def build_tiny_qwen3(out_dir: Path, tokenizer_json: Path, recipe: dict[str, Any] | None = None) -> None:
+    """Write the model directory into `out_dir` (which must not exist yet); `recipe` defaults to
+    `TINY_QWEN3_RECIPE`."""
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-    recipe = dict(TINY_QWEN3_RECIPE)
+    chosen = dict(recipe or TINY_QWEN3_RECIPE)
+    recipe = dict(chosen)
     seed = recipe.pop("seed")
     rope_theta = recipe.pop("rope_theta")
     config = Qwen3Config(
@@ -98,42 +100,50 @@ def build_tiny_qwen3(out_dir: Path, tokenizer_json: Path) -> None:
         "clean_up_tokenization_spaces": False,
         "errors": "replace",
         "split_special_tokens": False,
-        "model_max_length": TINY_QWEN3_RECIPE["max_position_embeddings"],
+        "model_max_length": chosen["max_position_embeddings"],
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
     (out_dir / "recipe.json").write_text(
-        json.dumps({"id": _recipe_id(tokenizer_json), **TINY_QWEN3_RECIPE}, indent=2) + "\n", encoding="utf-8"
+        json.dumps({"id": _recipe_id(tokenizer_json, chosen), **chosen}, indent=2) + "\n", encoding="utf-8"
     )
     for file in out_dir.iterdir():
         file.chmod(0o644)  # safetensors writes 0600; the directory is shared with other tools (vLLM, a GPU box)
 
 
-def _is_current(path: Path, tokenizer_json: Path) -> bool:
+def _is_current(path: Path, tokenizer_json: Path, recipe: dict[str, Any]) -> bool:
     try:
-        recipe = json.loads((path / "recipe.json").read_text(encoding="utf-8"))
+        written = json.loads((path / "recipe.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return False
     needed = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
-    return recipe.get("id") == _recipe_id(tokenizer_json) and all((path / name).is_file() for name in needed)
+    return written.get("id") == _recipe_id(tokenizer_json, recipe) and all((path / name).is_file() for name in needed)
 
 
-def tiny_qwen3_path(tokenizer_json: Path, cache_dir: Path | None = None) -> Path:
+def tiny_qwen3_path(
+    tokenizer_json: Path,
+    cache_dir: Path | None = None,
+    *,
+    recipe: dict[str, Any] | None = None,
+    name: str = "tiny-qwen3",
+) -> Path:
     """The cached model directory, built first if missing or stale. Safe against concurrent builders: each
-    builds in a private temporary directory and renames it into place; the loser of a race discards its copy."""
-    target = (cache_dir or _REPO / ".cache") / "tiny-qwen3"
-    if _is_current(target, tokenizer_json):
+    builds in a private temporary directory and renames it into place; the loser of a race discards its copy.
+    A variant `recipe` (e.g. a head size another backend's kernels support) is cached under its own `name`."""
+    chosen = dict(recipe or TINY_QWEN3_RECIPE)
+    target = (cache_dir or _REPO / ".cache") / name
+    if _is_current(target, tokenizer_json, chosen):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".tiny-qwen3-", dir=target.parent))
     try:
-        build_tiny_qwen3(scratch / "model", tokenizer_json)
-        if target.exists() and not _is_current(target, tokenizer_json):
+        build_tiny_qwen3(scratch / "model", tokenizer_json, chosen)
+        if target.exists() and not _is_current(target, tokenizer_json, chosen):
             stale = scratch / "stale"
             os.replace(target, stale)  # moved aside, deleted with the scratch directory
         try:
             os.replace(scratch / "model", target)
         except OSError:
-            if not _is_current(target, tokenizer_json):  # someone else won the race with a good copy, or not
+            if not _is_current(target, tokenizer_json, chosen):  # someone else won the race with a good copy, or not
                 raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
