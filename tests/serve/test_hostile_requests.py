@@ -117,12 +117,9 @@ def test_a_client_trickling_its_body_is_cut_off_at_the_read_timeout(start_server
     started = time.monotonic()
     try:
         for byte in VALID[:-1]:
-            try:
-                sock.sendall(bytes([byte]))
-            except OSError:
-                break
-            if time.monotonic() - started > 3:
-                break
+            if answered_yet(sock) or time.monotonic() - started > 3:
+                break  # (sending on after the answer would make the server's close a reset)
+            sock.sendall(bytes([byte]))
             time.sleep(0.2)
         reply = read_reply(sock, timeout=5)
     finally:
@@ -165,8 +162,8 @@ def test_a_chunked_body_over_the_cap_is_a_413(start_server: ServerFactory) -> No
     sock = raw_head(server, "Transfer-Encoding: chunked\r\n")
     try:
         chunk = b"x" * 16384
-        for _ in range(8):  # 128 KiB, twice the cap
-            sock.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+        for size in (16384, 16384, 16384, 16384, 1):  # one byte over the cap, and no more (nothing left unread
+            sock.sendall(b"%x\r\n" % size + chunk[:size] + b"\r\n")  # that would make the close a reset)
         reply = read_reply(sock, timeout=5)
     finally:
         sock.close()
@@ -292,6 +289,53 @@ def test_hostile_json_is_a_400_naming_the_field(server: LiveServer, body: bytes,
         return
     assert error["param"] is not None and error["param"].startswith(param), error
     assert param in error["message"]
+
+
+TOWER_124 = "[" * 122 + "[[]]" + "]" * 122  # 124 levels, the innermost two of them empty pairs
+
+
+@pytest.mark.parametrize(
+    ("x", "status"),
+    [
+        (nested(10), 200),
+        (nested(125), 200),  # the body's own object, `messages`, message 0, then 125 levels: 128 in all
+        (nested(126), 400),
+        ("[" + TOWER_124 + "," + nested(124) + "]", 200),  # two towers side by side: 128 in all
+        ("[[" + TOWER_124 + "]]", 400),  # 129 levels, found past the empty pairs dropped first
+    ],
+    ids=["shallow", "128_levels", "129_levels", "two_towers_of_128", "129_levels_empty_leaves"],
+)
+def test_nesting_is_refused_exactly_past_the_limit(server: LiveServer, x: str, status: int) -> None:
+    response = post(server, body_with("x", x))
+    assert response.status_code == status, response.text[:300]
+    if status == 400:
+        assert error_of(response)["param"].startswith("messages[0].x[0]")
+
+
+def test_bodies_held_at_once_are_bounded_and_small_requests_still_pass(start_server: ServerFactory) -> None:
+    """Bodies are read before a slot is taken, so their bytes are budgeted across requests: once the stalled
+    bodies hold the budget, a further big body is a 503, while a small request still fits and is served."""
+    server = start_server(
+        max_request_bytes=64 * 1024, max_buffered_request_bytes=160 * 1024, request_read_timeout_s=2.5
+    )
+    part = b"x" * (60 * 1024)
+    stalled = [raw_head(server, f"Content-Length: {64 * 1024}\r\n", part) for _ in range(2)]  # 120 KiB held
+    try:
+        time.sleep(0.5)
+        third = raw_head(server, f"Content-Length: {64 * 1024}\r\n", part)  # would hold 180 KiB
+        refused = read_reply(third, timeout=5)
+        third.close()
+        assert refused.startswith(b"HTTP/1.1 503"), refused[:200]
+        assert b"retry-after: 1" in refused.lower() and b"server_overloaded" in refused
+        assert post(server, VALID).status_code == 200  # a small body still fits
+        replies = [read_reply(sock, timeout=10) for sock in stalled]
+    finally:
+        for sock in stalled:
+            sock.close()
+    assert all(reply.startswith(b"HTTP/1.1 408") for reply in replies)
+    metrics = server.metrics()
+    assert metrics["rejected_body_budget"] == 1 and metrics["server_errors"] == 0
+    assert post(server, VALID).status_code == 200  # every byte was given back
 
 
 def test_after_the_hostile_requests_the_server_counted_no_5xx_and_serves(server: LiveServer) -> None:

@@ -10,23 +10,26 @@ Routes:
 - ``GET /``: the web chat page (``static/``: plain HTML and JavaScript, no build step).
 
 A chat completion is admitted in this order, so that nothing costly happens before it is known to be worth it:
-the key; the body, read whole under a size cap and a read deadline (`request_body.py`: 413, 408); its shape
-(`json_guard.py`: nesting and number lengths, before any recursive decoder); its fields; its length against the
-context, before any tokenizing (`text_budget.py`); and only then a concurrency slot (429). A client that stalls
-mid-body therefore holds no slot, and a request that will be refused never waits for one.
+the key; the body, read whole under a size cap, a read deadline and a budget of body bytes held across all
+requests (`request_body.py`: 413, 408, 503); its shape (`json_guard.py`: nesting and number lengths, before any
+recursive decoder); its fields; its length against the context, before any tokenizing (`text_budget.py`); and
+only then a concurrency slot (429). A client that stalls mid-body therefore holds no slot, and a request that
+will be refused never waits for one. A body of megabytes is checked and decoded off the event loop.
 
 Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``: 400 for a malformed body, naming
 the field (too deep, a number too long, a wrong type or value, a conversation longer than the context); 401 for a
 missing or wrong key (when `ServeConfig.api_key` is set; `/v1/*` and `/metrics` only); 404 for an unknown model
 or route; 408 for a body that does not arrive in time; 413 for a body over the cap; 429 at once when
-`max_concurrency` requests are in flight; 500 when the engine, the environment or a plug-in fails mid-request
-(that request only: the server goes on serving).
+`max_concurrency` requests are in flight; 503 when the bodies being read already hold
+`max_buffered_request_bytes`; 500 when the engine, the environment or a plug-in fails mid-request (that request
+only: the server goes on serving).
 
 This module knows HTTP routing, auth and the admission order; what a completion does is the modes' business.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import time
@@ -51,7 +54,7 @@ from agent_runtime.serving.backend import ServingBackend
 from agent_runtime.serving.config import ServeConfig
 from agent_runtime.serving.json_guard import check_json_body
 from agent_runtime.serving.openai_wire import ChatCompletionRequest, ModelCard, ModelList, decode_request, encode
-from agent_runtime.serving.request_body import read_body
+from agent_runtime.serving.request_body import BodyBudget, request_body
 from agent_runtime.serving.sse import EventStream
 from agent_runtime.serving.text_budget import check_message_count, check_text_fits
 from agent_runtime.serving.tools_mode import complete_tools, stream_tools
@@ -61,6 +64,7 @@ __all__ = ["create_app"]
 logger = structlog.get_logger(__name__)
 
 _JSON: Final = "application/json"
+_PARSE_OFF_LOOP_BYTES: Final = 1 << 20
 _STATIC: Final = {
     "index.html": "text/html; charset=utf-8",
     "chat.js": "text/javascript; charset=utf-8",
@@ -138,13 +142,18 @@ async def chat_completions(request: Request) -> Response:
     metrics.requests += 1
     _authorize(request, backend)
     config = backend.config
+    budget: BodyBudget = request.app.state.body_budget
     try:  # the body is read and checked before the request takes a slot: a stalled client holds none
-        body = await read_body(request, max_bytes=config.max_request_bytes, timeout_s=config.request_read_timeout_s)
+        async with request_body(
+            request, max_bytes=config.max_request_bytes, timeout_s=config.request_read_timeout_s, budget=budget
+        ) as body:
+            if len(body) > _PARSE_OFF_LOOP_BYTES:  # megabytes of JSON: checked and decoded off the event loop
+                chat, messages, tools = await asyncio.to_thread(_parse, body, backend)
+            else:
+                chat, messages, tools = _parse(body, backend)
     except ClientDisconnect:  # gone before its request was read: nobody to answer
         logger.info("client_disconnected", path=request.url.path)
         return Response(status_code=499)
-    chat, messages, tools = _parse(body, backend)
-    del body
     if not backend.try_enter():
         raise ApiError(
             429,
@@ -263,9 +272,12 @@ async def _api_error(request: Request, exc: Exception) -> Response:
     if not isinstance(exc, ApiError):  # pragma: no cover - registered for ApiError only
         raise exc
     metrics = _backend(request).metrics
-    if exc.status >= 500:
+    if exc.code == "server_overloaded":  # 429 (no slot; counted by the gate) or 503 (no room for the body)
+        if exc.status == 503:
+            metrics.rejected_body_budget += 1
+    elif exc.status >= 500:
         metrics.server_errors += 1
-    elif exc.status != 429:
+    else:
         metrics.client_errors += 1
     return _error_response(exc)
 
@@ -316,4 +328,5 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.backend = backend
+    app.state.body_budget = BodyBudget(backend.config.max_buffered_request_bytes)
     return app

@@ -22,6 +22,8 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
       the body streams in).
     - `request_read_timeout_s`: the longest the whole body may take to arrive (408 beyond). The body is read
       before a request takes a slot of `max_concurrency`, so clients that stall mid-body lock nobody out.
+    - `max_buffered_request_bytes`: the bytes of request bodies held at once, across every request being read or
+      parsed (503 beyond): since bodies are read before a slot is taken, this is what bounds their memory.
     - `max_chars_per_token`: a conversation whose text needs more tokens than the context holds, at this many
       characters per token, is refused (400) before it is tokenized. Generous: text averages about 4; raise it
       only for conversations made mostly of long runs of spaces or rule lines.
@@ -39,6 +41,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     transcript_store_tokens: int = 8_000_000
     max_request_bytes: int = 8 * 1024 * 1024
     request_read_timeout_s: float = 30.0
+    max_buffered_request_bytes: int = 256 * 1024 * 1024
     max_chars_per_token: float = 32.0
 
     def __post_init__(self) -> None:
@@ -50,6 +53,11 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"engine_timeout_s must be positive, got {self.engine_timeout_s}")
         if self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes must be at least 1, got {self.max_request_bytes}")
+        if self.max_buffered_request_bytes < self.max_request_bytes:
+            raise ValueError(
+                f"max_buffered_request_bytes ({self.max_buffered_request_bytes}) must be at least max_request_bytes "
+                f"({self.max_request_bytes})"
+            )
         if self.request_read_timeout_s <= 0:
             raise ValueError(f"request_read_timeout_s must be positive, got {self.request_read_timeout_s}")
         if self.max_chars_per_token < 1:

@@ -1,10 +1,11 @@
 """`ServerMetrics`: the server's counters, served as JSON at `GET /metrics`.
 
-Requests by mode and outcome, the overload gate, the agent episodes' tool calls and compactions, and how tools-mode
-follow-ups were prepared: `transcript_prefix_hits` (the conversation extended a stored transcript; only the new
-messages were tokenized, `reused_prompt_tokens` counts the ids taken over as they were), `transcript_rerenders`
-(the conversation had earlier assistant turns but matched no stored transcript, so it was rendered from scratch)
-and `transcript_new` (a first turn, rendered from scratch by nature). One event loop updates it; no locks.
+Requests by mode and outcome, the overload gate and the body budget, the agent episodes' tool calls and
+compactions, and how tools-mode follow-ups were prepared: `transcript_prefix_hits` (the conversation extended a
+stored transcript; only the new messages were tokenized, `reused_prompt_tokens` counts the ids taken over as they
+were), `transcript_rerenders` (the conversation had earlier assistant turns but matched no stored transcript, so
+it was rendered from scratch) and `transcript_new` (a first turn, rendered from scratch by nature). One event
+loop updates it; no locks.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ class ServerMetrics(msgspec.Struct, kw_only=True):
     completed: int = 0
     client_errors: int = 0  # answered 4xx (bad request, unknown model, bad key); overload counted apart
     server_errors: int = 0  # the engine, a tool environment or the server failed mid-request
-    rejected_overloaded: int = 0
+    rejected_overloaded: int = 0  # 429: max_concurrency requests were in flight
+    rejected_body_budget: int = 0  # 503: the bodies being read held max_buffered_request_bytes
     in_flight: int = 0
     peak_in_flight: int = 0
     episodes: int = 0

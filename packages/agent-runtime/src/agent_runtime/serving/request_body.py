@@ -1,10 +1,14 @@
 """Reading a request body under limits, before the request may take a concurrency slot.
 
-`read_body` reads at most `max_bytes` (413 beyond it: refused from ``Content-Length`` before a byte of the body is
+`request_body` reads at most `max_bytes` (413 beyond it: refused from ``Content-Length`` before a byte of the body is
 read, or as soon as a body without one streams past the cap) within `timeout_s` for the whole body (408 beyond
 it: the deadline covers every read together, so a client that stalls mid-body or trickles a byte at a time is cut
 off all the same). Both answers carry ``Connection: close``: the rest of that body is never read, so the
 connection cannot serve another request.
+
+Since bodies are read before the concurrency gate, the gate no longer bounds the memory they take; `BodyBudget`
+does: every byte of every body being read or parsed is counted against one limit, and a body that would go past
+it is answered 503 (``Retry-After: 1``) and dropped. A client that stalls holds only the bytes it sent.
 
 This module knows Starlette's request stream and the two limits; nothing about chat completions.
 """
@@ -12,13 +16,15 @@ This module knows Starlette's request stream and the two limits; nothing about c
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Final
 
 from starlette.requests import Request
 
 from agent_runtime.serving.api_error import ApiError
 
-__all__ = ["read_body"]
+__all__ = ["BodyBudget", "request_body"]
 
 _CLOSE: Final = {"Connection": "close"}
 _MAX_LENGTH_DIGITS: Final = 18  # a Content-Length longer than this is over any cap (and int() stays cheap)
@@ -34,9 +40,39 @@ def _too_large(max_bytes: int, size: str) -> ApiError:
     )
 
 
-async def read_body(request: Request, *, max_bytes: int, timeout_s: float) -> bytes:
-    """The whole body; raises `ApiError` 413 (over `max_bytes`) or 408 (not all there within `timeout_s`).
-    A client that hangs up mid-body raises Starlette's `ClientDisconnect`."""
+class BodyBudget:
+    """The bytes of request bodies held at once, across every request being read or parsed. One event loop uses
+    it; no locks."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def release(self, size: int) -> None:
+        self.held -= size
+
+
+@contextlib.asynccontextmanager
+async def request_body(
+    request: Request, *, max_bytes: int, timeout_s: float, budget: BodyBudget
+) -> AsyncIterator[bytes]:
+    """The whole body, counted against `budget` until the block ends. Raises `ApiError` 413 (over `max_bytes`),
+    408 (not all there within `timeout_s`) or 503 (`budget` spent); a client that hangs up mid-body raises
+    Starlette's `ClientDisconnect`."""
+    body = await _read(request, max_bytes=max_bytes, timeout_s=timeout_s, budget=budget)
+    try:
+        yield body
+    finally:
+        budget.release(len(body))
+
+
+async def _read(request: Request, *, max_bytes: int, timeout_s: float, budget: BodyBudget) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
         declared = declared.strip()
@@ -51,11 +87,20 @@ async def read_body(request: Request, *, max_bytes: int, timeout_s: float) -> by
     try:
         async with asyncio.timeout(timeout_s):
             async for chunk in request.stream():
-                size += len(chunk)
-                if size > max_bytes:
+                if size + len(chunk) > max_bytes:
                     raise _too_large(max_bytes, f"over {max_bytes} bytes and still coming")
+                if not budget.take(len(chunk)):
+                    raise ApiError(
+                        503,
+                        f"the server holds {budget.limit} bytes of request bodies already; retry shortly",
+                        type="server_error",
+                        code="server_overloaded",
+                        headers={**_CLOSE, "Retry-After": "1"},
+                    )
+                size += len(chunk)
                 chunks.append(chunk)
     except TimeoutError as e:
+        budget.release(size)
         raise ApiError(
             408,
             f"the request body did not arrive within {timeout_s:g} s ({size} bytes came); "
@@ -63,4 +108,7 @@ async def read_body(request: Request, *, max_bytes: int, timeout_s: float) -> by
             code="request_timeout",
             headers=_CLOSE,
         ) from e
+    except BaseException:
+        budget.release(size)
+        raise
     return b"".join(chunks)
