@@ -118,6 +118,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "408. Bodies are read before a request counts against --max-concurrency (default: %(default)s)",
     )
     parser.add_argument(
+        "--max-buffered-request-bytes",
+        type=int,
+        default=256 * 1024 * 1024,
+        metavar="BYTES",
+        help="the bytes of request bodies held at once, across all requests being read; a body that would go past it "
+        "is answered 503 with Retry-After (default: %(default)s)",
+    )
+    parser.add_argument(
         "--max-chars-per-token",
         type=float,
         default=32.0,
@@ -156,6 +164,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"{flag} must be a positive number of seconds, got {value}")
     if args.max_request_bytes < 1:
         parser.error("--max-request-bytes must be at least 1")
+    if args.max_buffered_request_bytes < args.max_request_bytes:
+        parser.error("--max-buffered-request-bytes must be at least --max-request-bytes")
     if not args.max_chars_per_token >= 1:
         parser.error("--max-chars-per-token must be at least 1")
     return args
@@ -272,6 +282,7 @@ def serve_config(args: argparse.Namespace, recipe: Recipe, model: str) -> ServeC
         engine_timeout_s=args.engine_timeout,
         max_request_bytes=args.max_request_bytes,
         request_read_timeout_s=args.request_read_timeout,
+        max_buffered_request_bytes=args.max_buffered_request_bytes,
         max_chars_per_token=args.max_chars_per_token,
     )
 
