@@ -123,7 +123,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=256 * 1024 * 1024,
         metavar="BYTES",
         help="the bytes of request bodies held at once, across all requests being read; a body that would go past it "
-        "is answered 503 with Retry-After (default: %(default)s)",
+        "is answered 429 with Retry-After (default: %(default)s)",
     )
     parser.add_argument(
         "--max-chars-per-token",

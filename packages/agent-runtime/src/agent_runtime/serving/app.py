@@ -11,7 +11,7 @@ Routes:
 
 A chat completion is admitted in this order, so that nothing costly happens before it is known to be worth it:
 the key; the body, read whole under a size cap, a read deadline and a budget of body bytes held across all
-requests (`request_body.py`: 413, 408, 503); its shape (`json_guard.py`: nesting and number lengths, before any
+requests (`request_body.py`: 413, 408, 429); its shape (`json_guard.py`: nesting and number lengths, before any
 recursive decoder); its fields; its length against the context, before any tokenizing (`text_budget.py`); and
 only then a concurrency slot (429). A client that stalls mid-body therefore holds no slot, and a request that
 will be refused never waits for one. A body of megabytes is checked and decoded off the event loop.
@@ -20,7 +20,7 @@ Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``: 4
 the field (too deep, a number too long, a wrong type or value, a conversation longer than the context); 401 for a
 missing or wrong key (when `ServeConfig.api_key` is set; `/v1/*` and `/metrics` only); 404 for an unknown model
 or route; 408 for a body that does not arrive in time; 413 for a body over the cap; 429 at once when
-`max_concurrency` requests are in flight; 503 when the bodies being read already hold
+`max_concurrency` requests are in flight, or when the bodies being read already hold
 `max_buffered_request_bytes`; 500 when the engine, the environment or a plug-in fails mid-request (that request
 only: the server goes on serving).
 
@@ -154,6 +154,10 @@ async def chat_completions(request: Request) -> Response:
     except ClientDisconnect:  # gone before its request was read: nobody to answer
         logger.info("client_disconnected", path=request.url.path)
         return Response(status_code=499)
+    except ApiError as e:
+        if e.code == "server_overloaded":  # the bodies being read hold the whole budget
+            metrics.rejected_body_budget += 1
+        raise
     if not backend.try_enter():
         raise ApiError(
             429,
@@ -272,9 +276,8 @@ async def _api_error(request: Request, exc: Exception) -> Response:
     if not isinstance(exc, ApiError):  # pragma: no cover - registered for ApiError only
         raise exc
     metrics = _backend(request).metrics
-    if exc.code == "server_overloaded":  # 429 (no slot; counted by the gate) or 503 (no room for the body)
-        if exc.status == 503:
-            metrics.rejected_body_budget += 1
+    if exc.code == "server_overloaded":  # no slot or no room for the body: counted where refused
+        pass
     elif exc.status >= 500:
         metrics.server_errors += 1
     else:

@@ -23,7 +23,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     - `request_read_timeout_s`: the longest the whole body may take to arrive (408 beyond). The body is read
       before a request takes a slot of `max_concurrency`, so clients that stall mid-body lock nobody out.
     - `max_buffered_request_bytes`: the bytes of request bodies held at once, across every request being read or
-      parsed (503 beyond): since bodies are read before a slot is taken, this is what bounds their memory.
+      parsed (429 beyond): since bodies are read before a slot is taken, this is what bounds their memory.
     - `max_chars_per_token`: a conversation whose text needs more tokens than the context holds, at this many
       characters per token, is refused (400) before it is tokenized. Generous: text averages about 4; raise it
       only for conversations made mostly of long runs of spaces or rule lines.

@@ -8,7 +8,8 @@ connection cannot serve another request.
 
 Since bodies are read before the concurrency gate, the gate no longer bounds the memory they take; `BodyBudget`
 does: every byte of every body being read or parsed is counted against one limit, and a body that would go past
-it is answered 503 (``Retry-After: 1``) and dropped. A client that stalls holds only the bytes it sent.
+it is answered 429 (``Retry-After: 1``, as the
+concurrency gate answers) and dropped. A client that stalls holds only the bytes it sent.
 
 This module knows Starlette's request stream and the two limits; nothing about chat completions.
 """
@@ -63,7 +64,7 @@ async def request_body(
     request: Request, *, max_bytes: int, timeout_s: float, budget: BodyBudget
 ) -> AsyncIterator[bytes]:
     """The whole body, counted against `budget` until the block ends. Raises `ApiError` 413 (over `max_bytes`),
-    408 (not all there within `timeout_s`) or 503 (`budget` spent); a client that hangs up mid-body raises
+    408 (not all there within `timeout_s`) or 429 (`budget` spent); a client that hangs up mid-body raises
     Starlette's `ClientDisconnect`."""
     body = await _read(request, max_bytes=max_bytes, timeout_s=timeout_s, budget=budget)
     try:
@@ -91,9 +92,9 @@ async def _read(request: Request, *, max_bytes: int, timeout_s: float, budget: B
                     raise _too_large(max_bytes, f"over {max_bytes} bytes and still coming")
                 if not budget.take(len(chunk)):
                     raise ApiError(
-                        503,
+                        429,
                         f"the server holds {budget.limit} bytes of request bodies already; retry shortly",
-                        type="server_error",
+                        type="rate_limit_error",
                         code="server_overloaded",
                         headers={**_CLOSE, "Retry-After": "1"},
                     )
