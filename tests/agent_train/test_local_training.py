@@ -4,18 +4,30 @@ held-out problems; a paused run resumes to the same end; the run directory holds
 `apps/serve` with no --model serves the installed result, answering as the trainer's own evaluation does.
 
 These are outcome checks on a shortened run (the ``ci`` preset: 200 SFT steps, 20 RL steps, 100 held-out
-problems; about five minutes on two idle cores) at a fixed seed. A run is reproducible on one machine (the same
-seed gave the same figures in separate sessions), not across seeds. Measured with this preset (RL evaluations
-every 5 steps in brackets):
+problems; about five minutes on two idle cores) at seed 0.
 
-    seed 0: before 0.00, after SFT 0.63, after RL 0.76 (0.75 0.75 0.73 0.76)
-    seed 1: before 0.00, after SFT 0.54, after RL 0.67 (0.60 0.55 0.56 0.67)
-    seed 2: before 0.00, after SFT 0.50, after RL 0.80 (0.54 0.57 0.68 0.80)
-    seed 3: before 0.00, after SFT 0.46, after RL 0.46 (0.47 0.45 0.48 0.46)
+SFT is checked on the trainer's own figure: far above the untrained model at every seed and run measured.
 
-The SFT margin holds for every seed tried; the RL margin is asserted for seed 0, where every RL evaluation was at
-least 0.10 above the SFT figure. At seed 3 twenty RL steps were not enough (most failures miscopy the tool's
-result into the answer). The full run's figures are in the package README."""
+RL is checked paired, because a run is not reproducible: the same seed gives other figures on another machine,
+under other load or after unrelated code changes (seed 0: 0.63 -> 0.76 when this preset was tuned; 0.71 -> 0.78
+twice, 0.71 -> 0.77 and 0.62 -> 0.76 in the session that wrote this check), and the old check, "after RL >= after
+SFT + 0.08" on one aggregate figure of 100 problems, failed three of those five runs. Now the SFT model and the
+final model each answer the same PAIRED_SIZE held-out problems (greedy, fresh engines); the problems RL fixed (SFT
+wrong, RL right) and broke (SFT right, RL wrong) are counted (`agent_train.local.paired`), and RL must fix at least
+MIN_NET_FIXED more than it breaks, with an exact one-sided sign test over the changed problems at p <= MAX_SIGN_P.
+Measured with this preset, 200 problems:
+
+    seed 0 (two runs, the same answers):  fixed 21, broken  4, net +17, p = 0.0005  -> passes
+    seed 0 (this test, two runs):         counts not recorded                       -> passes
+    seed 0, RL learning rate 0:           fixed  0, broken  0, net   0, p = 1       -> fails, as it must
+    seed 1:                               fixed 90, broken  4, net +86, p = 2e-22   -> passes
+    seed 2:                               fixed 20, broken  0, net +20, p = 1e-06   -> passes
+    seed 3:                               fixed 36, broken 34, net  +2, p = 0.45    -> fails
+
+The seed is still one chosen seed: at seed 3 twenty RL steps change many answers both ways without a net gain,
+and the check fails there. What pairing on 200 problems buys at seed 0 is margin: the measured runs clear the bar
+by 9 problems and p by a factor of 20, where the old aggregate bar was missed by one and two problems. The
+figures, and how to rerun them, are in the agent-train README ("The CI learning check")."""
 
 from __future__ import annotations
 
@@ -30,12 +42,15 @@ pytest.importorskip("vllm")
 
 from agent_train.local.config import LocalTrainConfig, preset
 from agent_train.local.metrics import read_metrics
+from agent_train.local.paired import PairedComparison, compare, held_out_success, sign_test_p
 from agent_train.local.trainer import TrainResult, train_local
 from tests.support.tiny_demo import TINY_DEMO_SPEC
 
 SEED = 0
-MIN_SFT_GAIN = 0.25  # measured: 0.63 / 0.54 / 0.50 / 0.46 over seeds 0 / 1 / 2 / 3
-MIN_RL_GAIN = 0.08  # measured at seed 0: +0.13 at the end, at least +0.10 at every RL evaluation
+MIN_SFT_GAIN = 0.25  # measured: 0.63 / 0.54 / 0.50 / 0.46 at seeds 0-3; reruns: 0.71 (seed 0), 0.47 (1), 0.49 (3)
+PAIRED_SIZE = 200  # held-out problems both models answer: the ci run's 100 and the next 100
+MIN_NET_FIXED = 8  # fixed - broken, of PAIRED_SIZE; see the module docstring for what was measured
+MAX_SIGN_P = 0.01
 
 
 @pytest.fixture(scope="module")
@@ -44,22 +59,42 @@ def ci_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
     return train_local(config, tmp_path_factory.mktemp("ci-run"), progress=False)
 
 
-def test_the_ci_run_learns_in_both_phases(ci_run: TrainResult) -> None:
+@pytest.fixture(scope="module")
+def paired(ci_run: TrainResult) -> PairedComparison:
+    """The SFT model and the final model on the same PAIRED_SIZE held-out problems (greedy, fresh engines)."""
+    size, batch = PAIRED_SIZE, ci_run.config.max_batch_size
+    return compare(
+        held_out_success(ci_run.run_dir / "sft", size, max_batch_size=batch),
+        held_out_success(ci_run.model_dir, size, max_batch_size=batch),
+    )
+
+
+def test_the_paired_counts_and_the_sign_test() -> None:
+    counted = compare([False, False, True, True, False], [True, True, False, True, False])
+    assert (counted.fixed, counted.broken) == (2, 1)
+    assert sign_test_p(0, 0) == 1.0  # nothing changed: no evidence either way
+    assert sign_test_p(1, 0) == 0.5
+    assert sign_test_p(21, 4) == pytest.approx(0.000455, abs=1e-6)  # sum of C(25, k) for k >= 21, over 2**25
+    assert sign_test_p(4, 21) > 0.99
+    with pytest.raises(ValueError, match="the same problems"):
+        compare([True], [True, False])
+
+
+def test_the_ci_run_learns_in_both_phases(ci_run: TrainResult, paired: PairedComparison) -> None:
+    """SFT: the aggregate figure, far above the untrained model at every seed and rerun measured. RL: paired on
+    the same problems (see the module docstring): more fixed than broken, by a margin and beyond chance."""
     figures = ci_run.figures
     assert set(figures) == {"before", "after_sft", "after_rl"}
     assert figures["before"] <= 0.02  # an untrained model cannot do this
     assert figures["after_sft"] >= figures["before"] + MIN_SFT_GAIN
-    assert figures["after_rl"] >= figures["after_sft"] + MIN_RL_GAIN
     assert ci_run.eval_episodes == preset("ci").eval_size and ci_run.finished
+    assert paired.fixed - paired.broken >= MIN_NET_FIXED, paired.summary()
+    assert paired.sign_test_p <= MAX_SIGN_P, paired.summary()
 
 
-def test_the_run_directory_holds_metrics_plot_summary_and_a_servable_model(ci_run: TrainResult) -> None:
-    import asyncio
-
-    from agent_runtime.engines.hf import HFEngine
-    from agent_train.demo.recipe import make_recipe
-    from agent_train.local.evaluate import evaluate
-
+def test_the_run_directory_holds_metrics_plot_summary_and_a_servable_model(
+    ci_run: TrainResult, paired: PairedComparison
+) -> None:
     config = preset("ci")
     records = read_metrics(ci_run.files["metrics"])
     assert [r["step"] for r in records if r["kind"] == "sft"] == list(range(1, config.sft_steps + 1))
@@ -72,11 +107,8 @@ def test_the_run_directory_holds_metrics_plot_summary_and_a_servable_model(ci_ru
     assert summary["figures"] == ci_run.figures and summary["seed"] == config.seed and summary["finished"]
 
     # the final model directory is a checkpoint the serving engine loads, and it scores what training measured
-    recipe = make_recipe()
-    engine = HFEngine.from_pretrained(ci_run.model_dir)
-    result, _ = asyncio.run(evaluate(engine, recipe, list(recipe.rows("test"))[: config.eval_size]))
-    asyncio.run(engine.close())
-    assert abs(result.success - ci_run.figures["after_rl"]) <= 0.03  # batching may flip a near-tie or two
+    success = sum(paired.after[: config.eval_size]) / config.eval_size
+    assert abs(success - ci_run.figures["after_rl"]) <= 0.03  # batching may flip a near-tie or two
 
 
 def test_a_paused_run_resumes_where_it_stopped(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ OpenRLHF agent executor with the `hf` engine. One idea per module:
 - `rollout`: groups of episodes through `AgentExecutor.execute` and `LocalRolloutEngine`;
 - `rl`: group-normalized advantages and the clipped policy-gradient step (optional KL to the SFT model);
 - `evaluate`: greedy held-out success through `AgentRuntime`;
+- `paired`: two saved models on the same held-out problems, fixed / broken and a sign test;
 - `metrics` (JSONL), `plot` (PNG), `checkpoint` (HF model directory + trainer state, resume);
 - `trainer`: `train_local`, the phases in order; `cli`: `main(argv)`, what `uv run apps/train` runs.
 
