@@ -10,6 +10,7 @@ cases is the "upstream faults: clean end N / tried N" row of docs/RELIABILITY.md
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import socket
 import time
@@ -256,6 +257,37 @@ def test_a_trickling_server_is_cut_off_at_the_deadline(upstream: CompletionsServ
     while upstream.disconnects == hung_up and time.monotonic() < deadline:
         time.sleep(0.02)
     assert upstream.disconnects == hung_up + 1  # the engine hung up; the server saw it and stopped sending
+
+
+def _padded_answer(upstream: CompletionsServer, tokenizer: HFTokenizer, size: int) -> bytes:
+    """The honest answer's JSON, padded with whitespace to `size` bytes: valid, just large."""
+    honest = json.dumps(
+        {"choices": [{"index": 0, "text": ANSWER, "token_ids": tokenizer.encode(ANSWER), "finish_reason": "stop"}]}
+    ).encode()
+    return honest[:-1] + b" " * (size - len(honest)) + b"}"
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content_length", "chunked"])
+def test_an_answer_over_max_response_bytes_is_refused(
+    upstream: CompletionsServer, tokenizer: HFTokenizer, chunked: bool
+) -> None:
+    """A server sending 3 MB to an engine capped at 1 MiB: refused from the Content-Length it announces, or as
+    soon as the streamed body passes the cap; before the cap the whole body was held in memory, any size."""
+    upstream.faults.raw_body = _padded_answer(upstream, tokenizer, 3 * 1024 * 1024)
+    upstream.faults.chunked = chunked
+    engine = engine_for(upstream.base_url, tokenizer, max_response_bytes=1024 * 1024)
+    with pytest.raises(EngineBadOutput, match="max_response_bytes"):
+        generate(engine)
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content_length", "chunked"])
+def test_an_answer_under_max_response_bytes_is_read(
+    upstream: CompletionsServer, tokenizer: HFTokenizer, chunked: bool
+) -> None:
+    upstream.faults.raw_body = _padded_answer(upstream, tokenizer, 512 * 1024)
+    upstream.faults.chunked = chunked
+    engine = engine_for(upstream.base_url, tokenizer, max_response_bytes=1024 * 1024)
+    assert generate(engine).ids == tokenizer.encode(ANSWER)
 
 
 def test_the_deadline_covers_retries_too(upstream: CompletionsServer, tokenizer: HFTokenizer) -> None:

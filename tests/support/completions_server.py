@@ -38,7 +38,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -59,13 +59,14 @@ class Faults:
     raw_body: bytes | None = None
     truncate_to: int | None = None
     trickle_s: float = 0.0
+    chunked: bool = False  # send the answer in 64 KiB chunks with no Content-Length
     _fail: list[tuple[int, str]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
         """No faults: the server answers honestly again."""
         self.delay_s, self.omit_token_ids, self.rewrite, self.raw_body = 0.0, False, None, None
-        self.truncate_to, self.trickle_s = None, 0.0
+        self.truncate_to, self.trickle_s, self.chunked = None, 0.0, False
         while self.take_failure() is not None:
             pass
 
@@ -196,7 +197,9 @@ class CompletionsServer:
 
     def _answer_is_faulty(self) -> bool:
         f = self.faults
-        return f.rewrite is not None or f.raw_body is not None or f.truncate_to is not None or f.trickle_s > 0
+        return (
+            f.rewrite is not None or f.raw_body is not None or f.truncate_to is not None or f.trickle_s > 0 or f.chunked
+        )
 
     def _faulty(self, answer: dict[str, Any]) -> Response:
         """The answer as a broken upstream sends it (see the module docstring)."""
@@ -208,6 +211,9 @@ class CompletionsServer:
             return _Truncated(body, faults.truncate_to)
         if faults.trickle_s > 0:
             return _Trickled(body, faults.trickle_s, self)
+        if faults.chunked:
+            pieces = [body[i : i + 65536] for i in range(0, len(body), 65536)]
+            return StreamingResponse(iter(pieces), media_type="application/json")
         return Response(body, media_type="application/json")
 
     def _parse(self, body: dict[str, Any]) -> tuple[list[int], SamplingParams]:

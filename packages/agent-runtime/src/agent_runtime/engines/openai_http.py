@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import httpx
 import structlog
@@ -59,6 +60,9 @@ _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _TOKEN_ID_KEYS = ("token_ids", "output_token_ids", "output_ids")
 
 
+DEFAULT_MAX_RESPONSE_BYTES: Final = 64 * 1024 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class _Failure:
     reason: str
@@ -76,7 +80,8 @@ class OpenAIEngine(LLMEngine):
     `<|im_end|>` and `<|endoftext|>`; they are sent with every request. `deadline_s` (None: none) bounds one
     `generate` call end to end; its default matches `AgentRuntime`'s `engine_timeout_s`, because a completion
     that is not streamed sends nothing until it is done, so the deadline must outlast the longest honest
-    generation. `timeout_s` bounds each read.
+    generation. `timeout_s` bounds each read. `max_response_bytes` caps one answer's body (default 64 MiB, far
+    above a 32k-token completion with logprobs); a server that sends more is `EngineBadOutput`, read no further.
     """
 
     name = "openai"
@@ -92,6 +97,7 @@ class OpenAIEngine(LLMEngine):
         api_key: str | None = None,
         timeout_s: float = 600.0,
         deadline_s: float | None = 600.0,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         connect_timeout_s: float = 10.0,
         max_retries: int = 4,
         backoff_s: float = 0.5,
@@ -105,6 +111,9 @@ class OpenAIEngine(LLMEngine):
             raise ValueError("max_retries, backoff_s and backoff_max_s must be >= 0")
         if deadline_s is not None and not deadline_s > 0:  # `not >` also refuses NaN
             raise ValueError(f"deadline_s must be positive (or None for no deadline), got {deadline_s}")
+        if max_response_bytes < 1:
+            raise ValueError(f"max_response_bytes must be positive, got {max_response_bytes}")
+        self.max_response_bytes = max_response_bytes
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.tokenizer = load_tokenizer(tokenizer)
@@ -203,25 +212,46 @@ class OpenAIEngine(LLMEngine):
     async def _attempt(self, url: str, body: Mapping[str, Any]) -> tuple[Any, _Failure | None]:
         """One POST: the decoded answer, or a failure worth retrying. Raises for a failure that is not."""
         try:
-            response = await self._client.post(url, json=body)
+            async with self._client.stream("POST", url, json=body) as response:
+                content = await self._read_capped(response, url)
         except httpx.TimeoutException as e:
             return None, _Failure(f"timed out ({type(e).__name__})", isinstance(e, httpx.ConnectTimeout), error=e)
         except httpx.TransportError as e:
             return None, _Failure(f"{type(e).__name__}: {e}", isinstance(e, httpx.ConnectError), error=e)
         if response.status_code < 400:
             try:
-                return response.json(), None
+                return json.loads(content), None
             except (ValueError, RecursionError) as e:  # RecursionError: nesting deeper than the parser goes
                 raise EngineBadOutput(
                     f"openai: {url} answered {response.status_code} with a body that is not JSON it can read "
                     f"({type(e).__name__}: {str(e)[:120]})"
                 ) from e
-        message = _error_message(response)
+        message = _error_message(response, content)
         if response.status_code not in _RETRY_STATUS:
             logger.warning("openai_request_rejected", url=url, status=response.status_code, message=message)
             raise EngineError(f"openai: {url} rejected the request ({response.status_code}): {message}")
         reason = f"HTTP {response.status_code}: {message}"
         return None, _Failure(reason, response.status_code == 503, retry_after=_retry_after_s(response))
+
+    async def _read_capped(self, response: httpx.Response, url: str) -> bytes:
+        """The body, refusing one past `max_response_bytes` as soon as it gets there: a hostile or broken
+        server cannot fill this process's memory."""
+        declared = response.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_response_bytes:
+            raise EngineBadOutput(
+                f"openai: {url} announced a {int(declared):,}-byte answer, over max_response_bytes "
+                f"({self.max_response_bytes:,})"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > self.max_response_bytes:
+                raise EngineBadOutput(
+                    f"openai: {url} sent more than max_response_bytes ({self.max_response_bytes:,}); stopped reading"
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         delay = min(self.backoff_max_s, self.backoff_s * 2.0**attempt)
@@ -260,12 +290,12 @@ class OpenAIEngine(LLMEngine):
         )
 
 
-def _error_message(response: httpx.Response) -> str:
+def _error_message(response: httpx.Response, content: bytes) -> str:
     """The server's own words: vLLM/OpenAI `{"error": {"message"}}`, older vLLM `{"message"}`, or the body."""
     try:
-        data = response.json()
-    except ValueError:
-        return response.text.strip()[:500] or response.reason_phrase
+        data = json.loads(content)
+    except (ValueError, RecursionError):
+        return content.decode("utf-8", "replace").strip()[:500] or response.reason_phrase
     if isinstance(data, dict):
         error = data.get("error")
         if isinstance(error, dict) and error.get("message"):
