@@ -12,8 +12,10 @@ import asyncio
 import os
 import re
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -276,33 +278,41 @@ def test_every_process_route_trips_the_audit_hooks(code: str, event: str) -> Non
     assert event in output and (("PermissionError" in output and "not allowed" in output) or "pty" in event), output
 
 
-def test_concurrent_calls_are_capped() -> None:
-    tool = PythonTool(max_concurrent=2)
-    code = "import time; time.sleep(0.3); print('ok')"
+SLEEPER = "import time; time.sleep(0.3); print('ok')"
+
+
+def _with_peak(calls: Callable[[], Awaitable[list[str]]]) -> tuple[list[str], int]:
+    """Run `calls()` while a thread samples how many sandboxes are alive; the outputs and the peak."""
     peak = 0
-    stop = False
+    stop = threading.Event()
 
     def watch() -> None:
         nonlocal peak
-        while not stop:
+        while not stop.is_set():
             peak = max(peak, sandboxes_running())
             time.sleep(0.02)
 
     async def main() -> list[str]:
-        arguments = tool.parse_arguments({"code": code})
-        return await asyncio.gather(*(tool.call(arguments, ToolContext()) for _ in range(6)))
-
-    async def with_watcher() -> list[str]:
         watcher = asyncio.create_task(asyncio.to_thread(watch))
         try:
-            return await main()
+            return await calls()
         finally:
-            nonlocal stop
-            stop = True
+            stop.set()
             await watcher
 
+    return asyncio.run(main()), peak
+
+
+def test_concurrent_calls_are_capped() -> None:
+    tool = PythonTool(max_concurrent=2)
+
+    async def calls() -> list[str]:
+        arguments = tool.parse_arguments({"code": SLEEPER})
+        return list(await asyncio.gather(*(tool.call(arguments, ToolContext()) for _ in range(6))))
+
     started = time.monotonic()
-    assert asyncio.run(with_watcher()) == ["ok"] * 6
+    outputs, peak = _with_peak(calls)
+    assert outputs == ["ok"] * 6
     assert time.monotonic() - started >= 3 * 0.3
     assert 1 <= peak <= 2
 
@@ -358,28 +368,13 @@ def test_the_namespace_sandbox_is_what_runs_by_default_here() -> None:
 def test_concurrent_calls_through_the_tool_runner_are_capped_too() -> None:
     """The runner runs async tools on a loop of their own unless they share the caller's; the python tool
     shares it, so its per-loop cap holds for calls from many episodes at once."""
-    tool = PythonTool(max_concurrent=2)
-    runner = ToolRunner([tool])
-    calls = [ToolCall(id=f"c{i}", name="python", arguments={"code": "import time; time.sleep(0.3); print('ok')"})
-             for i in range(6)]  # fmt: skip
-    peak = 0
-    stop = False
+    runner = ToolRunner([PythonTool(max_concurrent=2)])
+    calls = [ToolCall(id=f"c{i}", name="python", arguments={"code": SLEEPER}) for i in range(6)]
 
-    def watch() -> None:
-        nonlocal peak
-        while not stop:
-            peak = max(peak, sandboxes_running())
-            time.sleep(0.02)
+    async def run_all() -> list[str]:
+        batches = await asyncio.gather(*(runner.run([call]) for call in calls))
+        return [obs.content.strip() for batch in batches for obs in batch]
 
-    async def main() -> list[str]:
-        watcher = asyncio.create_task(asyncio.to_thread(watch))
-        try:
-            batches = await asyncio.gather(*(runner.run([call]) for call in calls))
-            return [obs.content.strip() for batch in batches for obs in batch]
-        finally:
-            nonlocal stop
-            stop = True
-            await watcher
-
-    assert asyncio.run(main()) == ["ok"] * 6
+    outputs, peak = _with_peak(run_all)
+    assert outputs == ["ok"] * 6
     assert 1 <= peak <= 2
