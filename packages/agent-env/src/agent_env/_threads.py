@@ -175,11 +175,17 @@ async def run_in_daemon_thread[T](fn: Callable[[], T], *, name: str = "agent-env
     """
     delivery: _Delivery[T] = _Delivery(asyncio.get_running_loop())
     context = contextvars.copy_context()
+    return await _run_on_thread(lambda: context.run(fn), delivery, name)
+
+
+async def _run_on_thread[T](call: Callable[[], T], delivery: _Delivery[T], name: str) -> T:
+    """Run `call()` on a new daemon thread that holds a budget slot, deliver its outcome (a BaseException
+    contained) to `delivery`'s loop and await it. Cancelled, the slot counts as hung until the thread ends."""
     slot = _Slot()  # last: nothing may fail between taking the slot and starting the thread
 
     def target() -> None:
         try:
-            value = context.run(fn)
+            value = call()
         except BaseException as error:
             delivery.post(None, _contain(error))
         else:
@@ -187,10 +193,7 @@ async def run_in_daemon_thread[T](fn: Callable[[], T], *, name: str = "agent-env
         finally:
             slot.release()
 
-    return await _await_thread(threading.Thread(target=target, name=name, daemon=True), slot, delivery)
-
-
-async def _await_thread[T](thread: threading.Thread, slot: _Slot, delivery: _Delivery[T]) -> T:
+    thread = threading.Thread(target=target, name=name, daemon=True)
     try:
         thread.start()
     except BaseException:
@@ -216,20 +219,8 @@ async def run_coroutine_in_thread[T](
     delivery: _Delivery[T] = _Delivery(caller_loop)
     context = contextvars.copy_context()
     worker = _WorkerLoop(name)
-    slot = _Slot()  # last: nothing may fail between taking the slot and starting the thread
-
-    def target() -> None:
-        try:
-            value = worker.run(factory, context)
-        except BaseException as error:
-            delivery.post(None, _contain(error))
-        else:
-            delivery.post(value, None)
-        finally:
-            slot.release()
-
     try:
-        return await _await_thread(threading.Thread(target=target, name=name, daemon=True), slot, delivery)
+        return await _run_on_thread(lambda: worker.run(factory, context), delivery, name)
     except asyncio.CancelledError:
         worker.cancel()
         caller_loop.call_later(STALL_GRACE_S, worker.check_stalled)
