@@ -53,6 +53,17 @@ def spawn(argv: list[str], *, setsid: bool = False) -> str:
     )
 
 
+def sleeper_argv(marker: str) -> list[str]:
+    """A child that sleeps 30 s, found in the process table by `marker`."""
+    return [sys.executable, "-c", "import time; time.sleep(30)", marker]
+
+
+def detached_sleeper() -> tuple[str, str]:
+    """A fresh marker, and snippet source that starts a `setsid` sleeper carrying it (through fork_exec)."""
+    marker = f"agent-env-probe-{uuid.uuid4().hex}"
+    return marker, spawn(sleeper_argv(marker), setsid=True)
+
+
 def sandboxes_running() -> int:
     """How many calls have a live process, counted by their distinct work dirs in the process table."""
     found = set()
@@ -182,7 +193,7 @@ def test_the_kernel_layers_leave_the_work_dir_writable() -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_setsid_children_do_not_outlive_the_call(mode: str) -> None:
     marker = f"agent-env-probe-{uuid.uuid4().hex}"
-    sleeper = [sys.executable, "-c", "import time; time.sleep(30)", marker]
+    sleeper = sleeper_argv(marker)
     code = (
         "import os, sys\n"
         "for _ in range(20):\n"
@@ -198,16 +209,15 @@ def test_setsid_children_do_not_outlive_the_call(mode: str) -> None:
 
 
 def test_setsid_children_started_through_fork_exec_do_not_outlive_the_call() -> None:
-    marker = f"agent-env-probe-{uuid.uuid4().hex}"
-    code = spawn([sys.executable, "-c", "import time; time.sleep(30)", marker], setsid=True) * 20
+    marker, one = detached_sleeper()
+    code = one * 20
     run(code, wall_time_s=5)
     assert survivors(marker) == []
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_the_call_returns_when_the_snippet_ends_though_a_child_holds_stdout(mode: str) -> None:
-    marker = f"agent-env-probe-{uuid.uuid4().hex}"
-    code = spawn([sys.executable, "-c", "import time; time.sleep(30)", marker], setsid=True)
+    marker, code = detached_sleeper()
     started = time.monotonic()
     assert run(code, audit_hooks=False, isolation=mode, wall_time_s=10) == "spawned"
     assert time.monotonic() - started < 5
@@ -216,10 +226,8 @@ def test_the_call_returns_when_the_snippet_ends_though_a_child_holds_stdout(mode
 
 @pytest.mark.parametrize("mode", MODES)
 def test_the_wall_clock_kills_the_whole_tree(mode: str) -> None:
-    marker = f"agent-env-probe-{uuid.uuid4().hex}"
-    code = spawn([sys.executable, "-c", "import time; time.sleep(30)", marker], setsid=True) + (
-        "import time\ntime.sleep(30)"
-    )
+    marker, code = detached_sleeper()
+    code += "import time\ntime.sleep(30)"
     started = time.monotonic()
     with pytest.raises(ToolError, match="wall-clock limit of 1 s") as caught:
         run(code, audit_hooks=False, isolation=mode, wall_time_s=1)
@@ -230,10 +238,8 @@ def test_the_wall_clock_kills_the_whole_tree(mode: str) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_cancelled_call_leaves_no_process(mode: str) -> None:
-    marker = f"agent-env-probe-{uuid.uuid4().hex}"
-    code = spawn([sys.executable, "-c", "import time; time.sleep(30)", marker], setsid=True) + (
-        "import time\ntime.sleep(30)"
-    )
+    marker, code = detached_sleeper()
+    code += "import time\ntime.sleep(30)"
     tool = PythonTool(audit_hooks=False, isolation=mode)  # type: ignore[arg-type]
 
     async def cancelled() -> None:
@@ -248,8 +254,7 @@ def test_a_cancelled_call_leaves_no_process(mode: str) -> None:
 
 
 def test_a_child_holding_stdout_is_no_timeout_with_the_hooks_on() -> None:
-    marker = f"agent-env-probe-{uuid.uuid4().hex}"
-    code = spawn([sys.executable, "-c", "import time; time.sleep(30)", marker], setsid=True)
+    marker, code = detached_sleeper()
     started = time.monotonic()
     output = run(code, wall_time_s=10)
     assert time.monotonic() - started < 5 and survivors(marker) == []
@@ -343,7 +348,7 @@ def test_auto_without_namespaces_falls_back_to_the_subreaper(monkeypatch: pytest
         "import os, sys\n"
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
-        f"    os.execv({sys.executable!r}, {[sys.executable, '-c', 'import time; time.sleep(30)', marker]!r})\n"
+        f"    os.execv({sys.executable!r}, {sleeper_argv(marker)!r})\n"
         "print(os.getpid() > 2)"
     )
     assert run(code, audit_hooks=False) == "True"  # not PID 2 of a fresh namespace
