@@ -53,6 +53,18 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     trajectory: Trajectory
     events: list[Event] = msgspec.field(default_factory=list)
 
+    @classmethod
+    def of(cls, session: AgentSession, events: list[Event] | None = None) -> RunResult:
+        """The result of `session`'s finished episode (what its `FinalEvent` says, and its trajectory)."""
+        return cls(
+            final_answer=session.final_answer,
+            stop_reason=session.stop_reason,
+            reward=session.reward,
+            usage=session.usage(),
+            trajectory=session.record(),
+            events=events or [],
+        )
+
 
 class AgentRuntime:
     """Runs episodes of a session definition against one engine."""
@@ -157,14 +169,7 @@ class AgentRuntime:
         final = events[-1] if events else None
         if not isinstance(final, FinalEvent):
             raise RuntimeError("internal error: an episode stream ended without a FinalEvent")
-        return RunResult(
-            final_answer=final.answer,
-            stop_reason=final.stop_reason,
-            reward=final.reward,
-            usage=final.usage,
-            trajectory=session.record(),
-            events=events if keep_events else [],
-        )
+        return RunResult.of(session, events if keep_events else [])
 
     async def run_many(
         self, prompts: Sequence[str | Sequence[MessageLike]], *, tasks: Sequence[Mapping[str, Any]] | None = None
@@ -190,13 +195,7 @@ class AgentRuntime:
             session.task = dict(task or {})
             await session.fail("invalid_prompt", f"{type(e).__name__}: {e}")
             logger.warning("episode_not_started", error_type=type(e).__name__, error=str(e)[:500])
-            return RunResult(
-                final_answer=None,
-                stop_reason=session.stop_reason,
-                reward=session.reward,
-                usage=session.usage(),
-                trajectory=session.record(),
-            )
+            return RunResult.of(session)
 
 
 def _step_events(session: AgentSession, outcome: StepOutcome, generation: Generation) -> list[Event]:
