@@ -398,9 +398,8 @@ class AgentSession:
             await self.score()
         except CONTAINED as e:  # a reward that raised: the episode keeps its stop reason and gets no reward
             self.breakdown = None
-            message = f"{type(e).__name__}: {_short(str(e))}"
-            logger.bind(episode_id=self.episode_id).warning("reward_failed", error=message)
-            self._record_error("reward_error", message, self.turns)
+            self.stage = "reward"
+            await self.contain(e)
 
     async def _score_step(self, record: StepRecord) -> StepReward | None:
         if self.rewards is None or not self.rewards.process:
