@@ -226,6 +226,40 @@ def test_a_shared_loop_tool_runs_on_the_callers_loop_and_an_overrun_is_logged() 
 caller_loop: asyncio.AbstractEventLoop | None = None
 
 
+@tool(timeout_s=0.2)
+async def quick() -> str:
+    """Finish well inside the timeout, on its own loop."""
+    await asyncio.sleep(0.05)
+    return "in time"
+
+
+def test_waiting_for_the_thread_to_start_does_not_count_against_the_timeout() -> None:
+    """Many calls at once while another thread keeps the GIL busy, as the hf engine's does in rollouts: each call
+    waits for its thread to get going, and only the tool's own time counts."""
+    stop = threading.Event()
+
+    def busy() -> None:
+        while not stop.is_set():
+            sum(range(1000))
+
+    runner = ToolRunner([quick])
+    burner = threading.Thread(target=busy, daemon=True)
+    burner.start()
+    try:
+
+        async def main() -> list[Observation]:
+            return await asyncio.gather(*(runner.run_one(call("quick", f"c{i}"), ToolContext()) for i in range(300)))
+
+        started = time.monotonic()
+        observations = asyncio.run(main())
+        elapsed = time.monotonic() - started
+    finally:
+        stop.set()
+        burner.join()
+    codes = [o.code for o in observations if not o.ok]
+    assert codes == [], f"{len(codes)} of 300 calls failed ({set(codes)}) in {elapsed:.2f} s"
+
+
 def tool_threads(name: str) -> int:
     return sum(1 for thread in threading.enumerate() if thread.name == f"tool-{name}")
 

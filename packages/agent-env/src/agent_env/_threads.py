@@ -18,6 +18,12 @@ the call raises `ThreadLimitError` at once and starts nothing. A thread frees it
 Cancelling the caller cancels the coroutine on its loop; a loop that does not take the cancellation within
 `STALL_GRACE_S` is logged (``tool_blocked_its_event_loop``) and left to finish on its own.
 
+Time spent waiting is not the work's own time. A caller can put a `WorkClock` in scope (`timed(clock)`): the
+thread records when the work itself started and that it finished, before its outcome is handed back. A caller
+with a timeout can then tell a call that ran too long from one that waited too long to run (a busy GIL, many
+threads starting at once) or whose result is already on its way to a loop that was busy. Only the outermost
+thread records; helpers the work starts itself do not move the clock.
+
 A `BaseException` raised on a worker thread (SystemExit, KeyboardInterrupt, GeneratorExit...) reaches the
 caller as `ContainedBaseException`, an ordinary exception.
 
@@ -43,9 +49,11 @@ __all__ = [
     "STALL_GRACE_S",
     "WORKER_THREADS",
     "ThreadBudget",
+    "WorkClock",
     "run_coroutine_in_thread",
     "run_in_daemon_thread",
     "thread_budget",
+    "timed",
 ]
 
 logger = structlog.get_logger(__name__)
@@ -98,6 +106,34 @@ def thread_budget(*budgets: ThreadBudget) -> Iterator[None]:
         yield
     finally:
         _scope.reset(token)
+
+
+@dataclass(eq=False)
+class WorkClock:
+    """When the work itself ran (`time.monotonic()`), set by the thread that runs it; read by its caller."""
+
+    started: float | None = None
+    finished: bool = False  # set before the outcome is posted to the caller's loop
+
+
+_clock: Final[contextvars.ContextVar[WorkClock | None]] = contextvars.ContextVar("agent_env_work_clock", default=None)
+
+
+@contextlib.contextmanager
+def timed(clock: WorkClock) -> Iterator[None]:
+    """Record on `clock` when the next thread started in this context (or in tasks created from it) runs its work."""
+    token = _clock.set(clock)
+    try:
+        yield
+    finally:
+        _clock.reset(token)
+
+
+def _thread_context() -> contextvars.Context:
+    """The caller's contextvars for a worker thread, without the clock: only the outermost thread records."""
+    context = contextvars.copy_context()
+    context.run(_clock.set, None)
+    return context
 
 
 class _Slot:
@@ -174,22 +210,29 @@ async def run_in_daemon_thread[T](fn: Callable[[], T], *, name: str = "agent-env
     and its result is then dropped.
     """
     delivery: _Delivery[T] = _Delivery(asyncio.get_running_loop())
-    context = contextvars.copy_context()
+    context = _thread_context()
     return await _run_on_thread(lambda: context.run(fn), delivery, name)
 
 
 async def _run_on_thread[T](call: Callable[[], T], delivery: _Delivery[T], name: str) -> T:
     """Run `call()` on a new daemon thread that holds a budget slot, deliver its outcome (a BaseException
     contained) to `delivery`'s loop and await it. Cancelled, the slot counts as hung until the thread ends."""
+    clock = _clock.get()
     slot = _Slot()  # last: nothing may fail between taking the slot and starting the thread
 
     def target() -> None:
+        if clock is not None:
+            clock.started = time.monotonic()
         try:
             value = call()
         except BaseException as error:
-            delivery.post(None, _contain(error))
+            outcome: tuple[T | None, BaseException | None] = (None, _contain(error))
         else:
-            delivery.post(value, None)
+            outcome = (value, None)
+        try:
+            if clock is not None:
+                clock.finished = True
+            delivery.post(*outcome)
         finally:
             slot.release()
 
@@ -217,7 +260,7 @@ async def run_coroutine_in_thread[T](
     """
     caller_loop = asyncio.get_running_loop()
     delivery: _Delivery[T] = _Delivery(caller_loop)
-    context = contextvars.copy_context()
+    context = _thread_context()
     worker = _WorkerLoop(name)
     try:
         return await _run_on_thread(lambda: worker.run(factory, context), delivery, name)

@@ -6,7 +6,9 @@
 2. calls past `max_calls_per_step` are refused (``too_many_calls``);
 3. an unknown tool name gets ``unknown_tool`` and the list of tools (and the closest name);
 4. arguments are checked before the call; a mismatch gets ``invalid_arguments`` naming the field;
-5. the tool runs under its timeout (the tool's `timeout_s`, else the runner's default, 30 s). A tool that
+5. the tool runs under its timeout (the tool's `timeout_s`, else the runner's default, 30 s), counted from
+   when its own code starts: an isolated call that waited for its thread to run (a busy GIL, a burst of calls)
+   gets up to one timeout more, and a result that is in when the deadline comes is taken. A tool that
    does not finish gets ``timeout`` and is abandoned: an async tool is cancelled, a sync tool's thread is
    left to finish on its own (see `_threads.py`), so a tool that hangs forever cannot hang the episode;
 6. a tool that raised gets ``tool_error`` with the exception's type and message (`ToolError` shows its own
@@ -52,7 +54,14 @@ from typing import Any, Final
 import msgspec
 import structlog
 
-from agent_env._threads import WORKER_THREADS, ThreadBudget, run_coroutine_in_thread, thread_budget
+from agent_env._threads import (
+    WORKER_THREADS,
+    ThreadBudget,
+    WorkClock,
+    run_coroutine_in_thread,
+    thread_budget,
+    timed,
+)
 from agent_env.errors import ArgumentError, ContainedBaseException, ThreadLimitError, ToolDefinitionError, ToolError
 from agent_env.observation import Observation, ObservationCode
 from agent_env.tool import ToolBase, ToolContext
@@ -197,10 +206,11 @@ class ToolRunner:
             log.warning("tool_validation_raised", error=repr(e))
             return self._failure(call, "tool_error", f"argument check failed: {type(e).__name__}: {e}", started)
         timeout = target.timeout_s if target.timeout_s is not None else self.default_timeout_s
-        task = asyncio.get_running_loop().create_task(_invoke(target, arguments, context))
+        clock = WorkClock()
+        task = asyncio.get_running_loop().create_task(_invoke(target, arguments, context, clock))
         task.add_done_callback(_consume_outcome)
         try:
-            done, _ = await asyncio.wait({task}, timeout=timeout)
+            done = await _wait_own_time(task, clock, timeout)
         except asyncio.CancelledError:
             task.cancel()
             raise
@@ -308,15 +318,45 @@ def _budget_of(target: ToolBase) -> ThreadBudget | None:
     return budget
 
 
-async def _invoke(target: ToolBase, arguments: Any, context: ToolContext) -> object:
-    """Run one call where the tool says (its own loop and thread, or this loop), with its thread budget."""
+async def _invoke(target: ToolBase, arguments: Any, context: ToolContext, clock: WorkClock) -> object:
+    """Run one call where the tool says (its own loop and thread, or this loop), with its thread budget.
+    `clock` learns when the tool's own code started and finished: on its thread for an isolated tool, here for a
+    shared one (whose threads, if it starts any, are its own business)."""
     budget = _budget_of(target)
     with thread_budget(*(() if budget is None else (budget,))):
         if target.event_loop == "shared":
-            return await _contained(lambda: target.call(arguments, context))
-        return await run_coroutine_in_thread(
-            lambda: _contained(lambda: target.call(arguments, context)), name=f"tool-{target.name}"
-        )
+            clock.started = time.monotonic()
+            try:
+                return await _contained(lambda: target.call(arguments, context))
+            finally:
+                clock.finished = True
+        with timed(clock):
+            return await run_coroutine_in_thread(
+                lambda: _contained(lambda: target.call(arguments, context)), name=f"tool-{target.name}"
+            )
+
+
+async def _wait_own_time(task: asyncio.Task[object], clock: WorkClock, timeout: float) -> bool:
+    """Wait for `task` until the tool has run `timeout` s of its own time; True when it is done.
+
+    Time spent before the tool's code starts (its thread waiting for the GIL, a burst of threads starting) does
+    not count, up to `timeout` more; an outcome already posted to this loop when the deadline comes is taken,
+    not thrown away as a timeout (a loop busy past the deadline runs the timer and the delivery together)."""
+    cap = time.monotonic() + 2 * timeout
+    delivering = False
+    while True:
+        now = time.monotonic()
+        if clock.finished:
+            if delivering:
+                return False  # posted, yet not delivered within the grace: the loop is gone or wedged
+            delivering, wait_s = True, _CANCEL_GRACE_S
+        else:
+            wait_s = min((clock.started if clock.started is not None else now) + timeout, cap) - now
+            if wait_s <= 0:
+                return False
+        done, _ = await asyncio.wait({task}, timeout=wait_s)
+        if done:
+            return True
 
 
 async def _contained(start: Callable[[], Awaitable[object]]) -> object:
