@@ -24,8 +24,8 @@ import msgspec
 import structlog
 
 from agent_protocol import MessageLike
+from agent_runtime.engine_call import EngineFailure, call_engine
 from agent_runtime.engines.base import Generation, LLMEngine, SamplingParams
-from agent_runtime.errors import EngineError
 from agent_runtime.events import (
     AssistantEvent,
     CompactionEvent,
@@ -125,24 +125,15 @@ class AgentRuntime:
         try:
             while (request := await session.next_request()) is not None:
                 t0 = time.perf_counter()
-                try:
-                    async with asyncio.timeout(self.engine_timeout_s):
-                        generation = await self.engine.generate(request.prompt_ids, request.sampling(self.sampling))
-                except TimeoutError:
-                    message = f"{self.engine.name} did not answer within {self.engine_timeout_s} s"
-                    log.warning("engine_timed_out", timeout_s=self.engine_timeout_s)
-                    await session.fail("engine_timeout", message)
-                    yield ErrorEvent(code="engine_timeout", message=message)
+                sampling = request.sampling(self.sampling)
+                generation = await call_engine(
+                    self.engine, request.prompt_ids, sampling, timeout_s=self.engine_timeout_s
+                )
+                generate_s += time.perf_counter() - t0
+                if isinstance(generation, EngineFailure):  # ends this episode only
+                    await session.fail(generation.code, generation.message)
+                    yield ErrorEvent(code=generation.code, message=generation.message)
                     break
-                except CONTAINED as e:  # any engine failure ends this episode only
-                    code: str = e.code if isinstance(e, EngineError) else "engine_error"
-                    message = f"{self.engine.name} failed: {type(e).__name__}: {e}"
-                    log.warning("engine_failed", code=code, error_type=type(e).__name__, error=str(e)[:500])
-                    await session.fail(code, message)
-                    yield ErrorEvent(code=code, message=message)
-                    break
-                finally:
-                    generate_s += time.perf_counter() - t0
                 outcome = await session.step(generation)
                 for event in _step_events(session, outcome, generation):
                     yield event

@@ -6,13 +6,15 @@
         generation = await engine.generate(request.prompt_ids, request.sampling(base))
         outcome = await session.step(generation)
 
-`reset` renders the first prompt through the protocol and tokenizes it once. `step` appends the generated
-ids exactly as sampled (never re-tokenized), parses their text, steps the environment, scores the step,
-renders the feedback (tool results, next turn header) and appends the feedback's ids, tokenized alone.
-`next_request` enforces the budgets: a per-turn `max_new_tokens` and a `max_context_tokens` for the context;
-when the next turn cannot fit, the episode ends cleanly with ``stop_reason="context_exhausted"`` and the engine
-is never sent a prompt longer than its context. Errors (a dead engine, a broken environment) are recorded on
-the trajectory with `fail`; nothing already recorded is lost.
+An `AgentSession` is a `Conversation` (the turn: rendering, token-in-token-out appends, parsing, budgets) plus
+an `Environment`, a `RewardPipeline` and a `ContextPolicy`. `reset` renders the first prompt and tokenizes it
+once. `step` hands the generated ids to the conversation (appended exactly as sampled, then parsed), steps the
+environment, scores the step, and appends the feedback (tool results, the next turn's header), tokenized alone.
+`next_request` enforces the budgets: a per-turn `max_new_tokens` and a `max_context_tokens` for the context; when
+the next turn cannot fit, the episode ends cleanly with ``stop_reason="context_exhausted"`` and the engine is
+never sent a prompt longer than its context. The context policy may instead ask for a summary and continue from
+it in a new segment (compaction: `CompactionPolicy`). Errors (a dead engine, a broken environment) are recorded
+on the trajectory with `fail`; nothing already recorded is lost.
 
 This module knows protocols, environments, rewards, tokens and `Generation`; it does not call engines (the
 runtime and the training executor do) and knows nothing about HTTP or OpenRLHF.
@@ -25,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import msgspec
 import structlog
@@ -51,30 +53,19 @@ from agent_protocol import (
     get_protocol,
     load_tokenizer,
 )
-from agent_runtime.encoding import encode_off_loop
-from agent_runtime.engines.base import Generation, SamplingParams
+from agent_runtime.context_policy import BudgetPolicy, ContextPolicy
+from agent_runtime.conversation import Conversation, Stage, TurnRequest, stage_code
+from agent_runtime.engines.base import Generation
 from agent_runtime.errors import SessionStateError
+from agent_runtime.outcomes import ErrorCode, StopReason
 from agent_runtime.trajectory import EpisodeError, Trajectory, Usage
 
-__all__ = ["AgentSession", "EnvironmentFactory", "StepOutcome", "TurnRequest"]
+__all__ = ["CONTAINED", "AgentSession", "EnvironmentFactory", "Stage", "StepOutcome", "TurnRequest"]
 
 logger = structlog.get_logger(__name__)
 
 EnvironmentFactory = Callable[[], Environment]
-_MIN_TURN_TOKENS: Final = 1
 _ERROR_PREVIEW: Final = 500
-
-Stage = Literal["idle", "decode", "parse", "environment", "reward", "render"]
-"""Where a step is: the foreign code it is running, so that an exception is recorded with the right code."""
-
-_STAGE_CODES: Final[dict[str, str]] = {
-    "decode": "decode_error",  # the tokenizer could not decode the generated ids
-    "parse": "parse_error",  # the protocol's parser raised (it should not: see ChatProtocol.parse_assistant_text)
-    "environment": "environment_error",  # the environment's reset or step raised
-    "reward": "reward_error",  # a process reward raised
-    "render": "render_error",  # the feedback could not be rendered or tokenized
-}
-
 
 CONTAINED: Final = (Exception, SystemExit)
 """What an episode boundary catches: every error, and `SystemExit` (a tool, environment or reward plug-in calling
@@ -83,19 +74,6 @@ CONTAINED: Final = (Exception, SystemExit)
 
 def _short(text: str) -> str:
     return text if len(text) <= _ERROR_PREVIEW else text[:_ERROR_PREVIEW] + "..."
-
-
-class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """What the next generation needs: the full prompt ids of the current context and the token budget."""
-
-    prompt_ids: list[int]
-    max_new_tokens: int
-    purpose: str = "turn"  # "turn" or "summary" (compaction)
-
-    def sampling(self, base: SamplingParams | None = None) -> SamplingParams:
-        """`base` with `max_new_tokens` clamped to this turn's budget."""
-        base = base or SamplingParams()
-        return msgspec.structs.replace(base, max_new_tokens=min(base.max_new_tokens, self.max_new_tokens))
 
 
 class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,7 +88,7 @@ class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
     final_answer: str | None = None
     truncated: bool = False
     feedback_ids: list[int] = msgspec.field(default_factory=list)
-    compaction: str | None = None  # set by CompactableSession when this step produced a summary
+    compaction: str | None = None  # the summary, when this step was a summary turn and the context was compacted
     error: EpisodeError | None = None  # set when an exception ended the episode in this step (see `contain`)
 
 
@@ -127,6 +105,7 @@ class AgentSession:
         max_new_tokens: int = 1024,
         max_context_tokens: int | None = None,
         system_prompt: str | None = None,
+        context: ContextPolicy | None = None,
     ) -> None:
         self.protocol = get_protocol(protocol) if isinstance(protocol, str) else protocol
         self._environment_source = environment
@@ -139,6 +118,7 @@ class AgentSession:
         self.max_new_tokens = max_new_tokens
         self.max_context_tokens = max_context_tokens
         self.system_prompt = system_prompt
+        self.context: ContextPolicy = context if context is not None else BudgetPolicy()
         self.environment = self._new_environment()
         self._clear()
 
@@ -165,32 +145,61 @@ class AgentSession:
 
     def _clear(self) -> None:
         self.episode_id = self.environment.episode_id
-        self.segments: list[TokenTranscript] = []
-        self.messages: list[Message] = []
+        self.conversation: Conversation | None = None
         self.prompt_messages: list[Message] = []
         self.task: dict[str, Any] = {}
         self.steps: list[StepRecord] = []
         self.step_rewards: list[StepReward] = []
         self.errors: list[EpisodeError] = []
-        self.turns = 0
-        self.generations = 0
         self.tool_calls = 0
         self.compactions = 0
+        self.summaries: list[str] = []
+        self.summarizing = False
         self.done = False
         self.started = False
-        self.stop_reason: str | None = None
+        self.stop_reason: StopReason | None = None
         self.final_answer: str | None = None
         self.breakdown: RewardBreakdown | None = None
         self.timings: dict[str, float] = {"environment_s": 0.0, "reward_s": 0.0, "render_s": 0.0}
-        self._turn_closed = True
-        self.stage: Stage = "idle"
+        self._stage: Stage = "idle"
+
+    # -- the conversation's state, as the session's ------------------------------------------------------
+
+    @property
+    def segments(self) -> list[TokenTranscript]:
+        return self.conversation.segments if self.conversation is not None else []
+
+    @property
+    def messages(self) -> list[Message]:
+        return self.conversation.messages if self.conversation is not None else []
 
     @property
     def transcript(self) -> TokenTranscript:
         """The current segment's transcript (the only one unless the session compacted)."""
-        if not self.segments:
+        if self.conversation is None or not self.conversation.segments:
             raise SessionStateError("the session has no transcript yet; call reset() first")
-        return self.segments[-1]
+        return self.conversation.transcript
+
+    @property
+    def turns(self) -> int:
+        return self.conversation.turns if self.conversation is not None else 0
+
+    @property
+    def generations(self) -> int:
+        return self.conversation.generations if self.conversation is not None else 0
+
+    @property
+    def stage(self) -> Stage:
+        """The stage running now: the conversation's (decode, parse, render) or the session's own."""
+        if self.conversation is not None and self.conversation.stage != "idle":
+            return self.conversation.stage
+        return self._stage
+
+    @stage.setter
+    def stage(self, value: Stage) -> None:
+        self._stage = value
+        if self.conversation is not None:
+            self.conversation.stage = "idle"
 
     @property
     def reward(self) -> float:
@@ -210,6 +219,11 @@ class AgentSession:
             raise SessionStateError("the session has no tokenizer; pass tokenizer= or run it through AgentRuntime")
         return self.tokenizer
 
+    def _conv(self) -> Conversation:
+        if self.conversation is None:
+            raise SessionStateError("call reset() first")
+        return self.conversation
+
     # -- the loop ----------------------------------------------------------------------------------------
 
     async def reset(self, prompt: str | Sequence[MessageLike], *, task: Mapping[str, Any] | None = None) -> list[int]:
@@ -223,34 +237,33 @@ class AgentSession:
             raise ValueError("reset() needs a prompt: a string or at least one message")
         if self.system_prompt is not None and messages[0].role != "system":
             messages.insert(0, Message(role="system", content=self.system_prompt))
+        conversation = Conversation(
+            self.protocol,
+            self._tok(),
+            max_new_tokens=self.max_new_tokens,
+            max_context_tokens=self.max_context_tokens,
+            tools=self.environment.tools,
+        )
+        conversation.errors = self.errors
         self.started = True
         self.task = dict(task or {})
         self.prompt_messages = list(messages)
-        self.messages = list(messages)
         reset_error: BaseException | None = None
         try:
             await self.environment.reset(self.task)
         except CONTAINED as e:  # ends this episode (below), once its prompt is recorded
             reset_error = e
-        ids = await self._render_prompt(messages)
+        conversation.tools = list(self.environment.tools)
+        ids = await conversation.open_segment(messages)  # raises for a prompt that cannot be rendered: caller input
+        self.conversation = conversation
         if reset_error is not None:
             self.stage = "environment"
             await self.contain(reset_error)
             return ids
-        log = logger.bind(episode_id=self.episode_id)
-        log.debug("session_reset", prompt_tokens=len(ids))
-        if self.max_context_tokens is not None and len(ids) + _MIN_TURN_TOKENS > self.max_context_tokens:
+        logger.bind(episode_id=self.episode_id).debug("session_reset", prompt_tokens=len(ids))
+        if not conversation.fits(0):
             limit = self.max_context_tokens
             await self._fail_with("context_exhausted", f"the prompt has {len(ids)} tokens; the context holds {limit}")
-        return ids
-
-    async def _render_prompt(self, messages: Sequence[Message]) -> list[int]:
-        t0 = time.perf_counter()
-        ids = await self._encode(self.protocol.render_prompt(messages, tools=self.environment.tools))
-        self.timings["render_s"] += time.perf_counter() - t0
-        transcript = TokenTranscript()
-        transcript.append_prompt(ids)
-        self.segments.append(transcript)
         return ids
 
     async def next_request(self) -> TurnRequest | None:
@@ -259,18 +272,18 @@ class AgentSession:
             raise SessionStateError("call reset() before next_request()")
         if self.done:
             return None
-        room = self._room(self.max_new_tokens)
-        if room < _MIN_TURN_TOKENS:
+        conversation = self._conv()
+        if self.summarizing:
+            request = conversation.request(self.context.summary_max_new_tokens, purpose="summary")
+            if request is None:
+                await self._fail_with("context_exhausted", "no room left for the summary turn")
+            return request
+        request = conversation.request(self.max_new_tokens)
+        if request is None:
             await self._fail_with(
                 "context_exhausted", f"no room left for another turn in {self.max_context_tokens} tokens"
             )
-            return None
-        return TurnRequest(prompt_ids=list(self.transcript.ids), max_new_tokens=room)
-
-    def _room(self, wanted: int) -> int:
-        if self.max_context_tokens is None:
-            return wanted
-        return min(wanted, self.max_context_tokens - len(self.transcript))
+        return request
 
     async def step(self, generation: Generation) -> StepOutcome:
         """Apply one generated turn. Never raises for what the model, a tool, the environment or a reward
@@ -281,26 +294,17 @@ class AgentSession:
             raise SessionStateError("call reset() before step()")
         if self.done:
             raise SessionStateError(f"episode {self.episode_id} is over ({self.stop_reason}); call reset()")
-        self.turns += 1
-        self.generations += 1
-        turn = self.turns
-        self.transcript.append_action(generation.ids, generation.logprobs)
         try:
-            return await self._apply(generation, turn)
+            if self.summarizing:
+                return await self._resume_from_summary(generation)
+            return await self._apply(generation)
         except CONTAINED as e:
-            return StepOutcome(turn=turn, action=Action(), done=True, error=await self.contain(e))
+            return StepOutcome(turn=self.turns, action=Action(), done=True, error=await self.contain(e))
 
-    async def _apply(self, generation: Generation, turn: int) -> StepOutcome:
-        tok = self._tok()
-        closed = self._closes_turn(generation.ids)
-        truncated = not closed and generation.finish_reason == "length"
-        self.stage = "decode"
-        text = tok.decode(generation.ids)
-        self.stage = "parse"
-        action = self.protocol.parse_assistant_text(text, call_id_prefix=f"call_{turn}")
-        for issue in action.issues:
-            self.errors.append(EpisodeError(code=issue.code, message=issue.message, turn=turn))
-        self.messages.append(action.to_message())
+    async def _apply(self, generation: Generation) -> StepOutcome:
+        conversation = self._conv()
+        reply = conversation.accept(generation, call_id_prefix=f"call_{conversation.turns + 1}")
+        turn, action, truncated = conversation.turns, reply.action, reply.truncated
         self.tool_calls += len(action.tool_calls)
 
         self.stage = "environment"
@@ -308,13 +312,13 @@ class AgentSession:
         result = await self.environment.step(action)
         self.timings["environment_s"] += time.perf_counter() - t0
         observations = result.observations
-        for observation in observations:  # parse problems are recorded above, from the action
+        for observation in observations:  # parse problems are recorded by the conversation, from the action
             if not observation.ok and observation.code not in PARSE_CODES:
-                code = observation.code or "tool_error"
-                self.errors.append(EpisodeError(code=code, message=observation.content, turn=turn))
+                self._record_error(observation.code or "tool_error", observation.content, turn)
         if result.stop_reason == "environment_error":
             self._record_error("environment_error", str(result.info.get("error", "")), turn)
-        self.messages.extend(o.to_message() for o in observations)
+        if result.done:  # the observations of a final step are part of the record, never rendered
+            conversation.messages.extend(o.to_message() for o in observations)
 
         record = StepRecord(index=turn - 1, action=action, observations=observations, done=result.done)
         self.steps.append(record)
@@ -329,27 +333,73 @@ class AgentSession:
                 turn=turn, action=action, observations=observations, step_reward=step_reward,
                 done=True, final_answer=result.final_answer, truncated=truncated,
             )  # fmt: skip
-        feedback_messages = [o.to_message() for o in observations]
-        if not feedback_messages:
+        feedback = [o.to_message() for o in observations]
+        if not feedback:
             self.stage = "idle"
             await self._fail_with("environment_error", "the environment answered nothing and did not end the episode")
             return StepOutcome(turn=turn, action=action, step_reward=step_reward, done=True, truncated=truncated)
-        self.stage = "render"
-        feedback_ids = await self._append_feedback(feedback_messages, closed=closed, turn=turn)
+        feedback_ids = await self._append_feedback(feedback, turn)
         self.stage = "idle"
         return StepOutcome(
             turn=turn, action=action, observations=observations, step_reward=step_reward,
             done=self.done, truncated=truncated, feedback_ids=feedback_ids,
         )  # fmt: skip
 
+    async def _append_feedback(self, observed: list[Message], turn: int) -> list[int]:
+        """Render and append a turn's feedback; with the instruction to summarize when the context policy asks."""
+        conversation = self._conv()
+        messages, ids = observed, await conversation.feedback_ids(observed)
+        asks = self.context.wants_summary(
+            context_tokens=len(conversation) + len(ids),
+            max_new_tokens=self.max_new_tokens,
+            max_context_tokens=self.max_context_tokens,
+            compactions=self.compactions,
+        )
+        if asks:
+            messages = [*observed, self.context.instruction()]
+            ids = await conversation.feedback_ids(messages)
+        if not conversation.fits(len(ids)):
+            conversation.messages.extend(observed)  # the results are part of the record even when they cannot be shown
+            await self._fail_with("context_exhausted", f"the feedback of turn {turn} ({len(ids)} tokens) does not fit")
+            return []
+        conversation.append_feedback(ids, messages)
+        if asks:
+            self.summarizing = True
+            logger.bind(episode_id=self.episode_id, turn=turn).info(
+                "compaction_requested", context_tokens=len(conversation)
+            )
+        return ids
+
+    async def _resume_from_summary(self, generation: Generation) -> StepOutcome:
+        """A summary turn: read the summary and continue in a new segment from the task and the summary."""
+        conversation = self._conv()
+        reply = conversation.accept(generation, call_id_prefix="summary", summary=True)
+        action = reply.action
+        summary = action.content.strip() or (action.reasoning_content or "").strip()
+        self.summarizing = False
+        if not summary:
+            await self._fail_with("compaction_failed", "the model's summary was empty")
+            return StepOutcome(turn=self.turns, action=action, done=True)
+        self.compactions += 1
+        self.summaries.append(summary)
+        resume = self.context.resume_message(summary)
+        ids = await conversation.open_segment([*self.prompt_messages, resume], add=[resume])
+        logger.bind(episode_id=self.episode_id).info(
+            "compacted", segment=len(conversation.segments), prompt_tokens=len(ids), summary_chars=len(summary)
+        )
+        if not conversation.fits(0):
+            await self._fail_with("context_exhausted", f"the compacted prompt still has {len(ids)} tokens")
+        return StepOutcome(turn=self.turns, action=action, done=self.done, feedback_ids=ids, compaction=summary)
+
     async def contain(self, error: BaseException) -> EpisodeError:
         """End the episode because `error` escaped one of its stages (see `step`); the error is recorded with
         the stage's code, the episode is scored if the reward pipeline still can be, and nothing recorded is
         lost. The one place a foreign exception becomes episode data; the runtime calls it too."""
-        code = _STAGE_CODES.get(self.stage, "internal_error")
+        stage = self.stage
+        code = stage_code(stage)
         message = f"{type(error).__name__}: {_short(str(error))}"
         logger.bind(episode_id=self.episode_id, turn=self.turns).warning(
-            "episode_contained_error", code=code, stage=self.stage, error_type=type(error).__name__, error=message
+            "episode_contained_error", code=code, stage=stage, error_type=type(error).__name__, error=message
         )
         self.stage = "idle"
         if self.done:  # it failed while finishing (scoring): keep the stop reason, record what broke
@@ -358,40 +408,22 @@ class AgentSession:
             await self._fail_with(code, message)
         return EpisodeError(code=code, message=message, turn=self.turns)
 
-    async def _append_feedback(self, messages: list[Message], *, closed: bool, turn: int) -> list[int]:
-        t0 = time.perf_counter()
-        ids = await self._encode(self.protocol.render_feedback(messages, turn_closed=closed))
-        self.timings["render_s"] += time.perf_counter() - t0
-        if self._room(len(ids) + _MIN_TURN_TOKENS) < len(ids) + _MIN_TURN_TOKENS:
-            await self._fail_with("context_exhausted", f"the feedback of turn {turn} ({len(ids)} tokens) does not fit")
-            return []
-        self.transcript.append_observation(ids)
-        return ids
-
-    async def _encode(self, text: str) -> list[int]:
-        """Encode `text` alone; a long one on a worker thread, so other episodes on the loop keep running."""
-        return await encode_off_loop(self._tok(), text)
-
-    def _closes_turn(self, ids: Sequence[int]) -> bool:
-        end = self._tok().token_to_id(self.protocol.end_of_turn)
-        return bool(ids) and end is not None and ids[-1] == end
-
-    async def fail(self, code: str, message: str) -> None:
+    async def fail(self, code: ErrorCode, message: str) -> None:
         """End the episode because of an error outside the model's control (a dead engine). What was
         recorded stays; the episode is still scored, so a rollout gets a reward."""
         if self.done:
             return
         await self._fail_with(code, message)
 
-    async def _fail_with(self, code: str, message: str) -> None:
+    async def _fail_with(self, code: ErrorCode, message: str) -> None:
         self._record_error(code, message, self.turns)
         logger.bind(episode_id=self.episode_id, turn=self.turns).info("episode_ended_early", code=code, why=message)
-        await self._finish(code)
+        await self._finish(code)  # type: ignore[arg-type]  # an error that ends an episode is its stop reason
 
-    def _record_error(self, code: str, message: str, turn: int) -> None:
+    def _record_error(self, code: ErrorCode, message: str, turn: int) -> None:
         self.errors.append(EpisodeError(code=code, message=message, turn=turn))
 
-    async def _finish(self, reason: str) -> None:
+    async def _finish(self, reason: StopReason) -> None:
         self.done = True
         self.stop_reason = reason
         try:
@@ -439,9 +471,13 @@ class AgentSession:
         )
 
     def usage(self) -> Usage:
-        completion = sum(sum(t.loss_mask) for t in self.segments)
-        total = sum(len(t) for t in self.segments)
-        return Usage(prompt_tokens=total - completion, completion_tokens=completion, generations=self.generations)
+        return self.conversation.usage() if self.conversation is not None else Usage()
+
+    def _timings(self) -> dict[str, float]:
+        timings = dict(self.timings)
+        if self.conversation is not None:
+            timings["render_s"] = self.conversation.render_s
+        return timings
 
     def record(self) -> Trajectory:
         """The episode as a `Trajectory` (serving logs it, training consumes it)."""
@@ -449,7 +485,7 @@ class AgentSession:
             episode_id=self.episode_id,
             protocol=self.protocol.name,
             messages=list(self.messages),
-            segments=[t.record() for t in self.segments],
+            segments=self.conversation.records() if self.conversation is not None else [],
             reward=self.reward,
             breakdown=self.breakdown,
             final_answer=self.final_answer,
@@ -459,6 +495,6 @@ class AgentSession:
             compactions=self.compactions,
             errors=list(self.errors),
             usage=self.usage(),
-            timings=dict(self.timings),
+            timings=self._timings(),
             task=self.task,
         )

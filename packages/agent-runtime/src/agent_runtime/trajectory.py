@@ -18,6 +18,7 @@ import msgspec
 
 from agent_env import RewardBreakdown
 from agent_protocol import Message, TranscriptRecord
+from agent_runtime.outcomes import ErrorCode, StopReason, TurnFinish
 
 __all__ = ["EpisodeError", "Trajectory", "TrajectoryReadError", "TrajectoryWriter", "Usage", "read_trajectories"]
 
@@ -25,7 +26,7 @@ __all__ = ["EpisodeError", "Trajectory", "TrajectoryReadError", "TrajectoryWrite
 class EpisodeError(msgspec.Struct, frozen=True, kw_only=True):
     """Something that went wrong during an episode and was recorded instead of raised."""
 
-    code: str  # e.g. "engine_error", "invalid_json", "tool_error", "context_exhausted"
+    code: ErrorCode  # e.g. "engine_error", "invalid_json", "tool_error", "context_exhausted"
     message: str
     turn: int = 0
 
@@ -51,7 +52,7 @@ class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
     reward: float = 0.0
     breakdown: RewardBreakdown | None = None
     final_answer: str | None = None
-    stop_reason: str | None = None
+    stop_reason: StopReason | TurnFinish | None = None  # a tools-mode request's record ends with its finish reason
     turns: int = 0
     tool_calls: int = 0
     compactions: int = 0

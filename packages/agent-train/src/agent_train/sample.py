@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any, Final, get_args
+from typing import Any, Final
 
 import msgspec
 
-from agent_env import ObservationCode, RewardPipeline
+from agent_env import RewardPipeline
 from agent_runtime import Trajectory
+from agent_runtime.outcomes import ERROR_CODES as OUTCOME_ERROR_CODES
 
 __all__ = [
     "ERROR_CODES",
@@ -39,13 +40,7 @@ __all__ = [
     "sample_from_trajectory",
 ]
 
-ERROR_CODES: Final[tuple[str, ...]] = tuple(
-    sorted(
-        {code for code in get_args(ObservationCode) if code != "output_truncated"}
-        | {"engine_error", "engine_timeout", "engine_bad_output", "environment_error", "context_exhausted"}
-        | {"compaction_failed", "decode_error", "render_error", "reward_error", "internal_error"}
-    )
-)
+ERROR_CODES: Final[tuple[str, ...]] = tuple(sorted(code for code in OUTCOME_ERROR_CODES if code != "output_truncated"))
 """The error codes that get their own `agent_error_<code>` count; any other code counts as `agent_error_other`."""
 
 _COUNTS: Final = (

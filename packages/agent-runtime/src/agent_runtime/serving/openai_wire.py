@@ -14,9 +14,11 @@ Encoders and decoders are built once, here. This module knows the wire format on
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final
 
 import msgspec
+
+from agent_runtime.outcomes import TurnFinish
 
 __all__ = [
     "AGENT_EVENT_FIELD",
@@ -45,7 +47,7 @@ __all__ = [
 AGENT_EVENT_FIELD: Final = "agent_event"
 """The name of the chunk field that carries agent events in a stream."""
 
-FinishReason = Literal["stop", "length", "tool_calls"]
+FinishReason = TurnFinish  # one definition, shared with the trajectory record
 
 _INT32: Final = 2**31 - 1
 

@@ -17,7 +17,6 @@ engine and the wire format; routing, auth and the overload gate are the app's.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import time
@@ -26,13 +25,13 @@ from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-import msgspec
 import structlog
 
-from agent_protocol import Action, Message, MessageError, TokenTranscript, ToolCall, ToolSpec
-from agent_runtime.encoding import encode_off_loop
+from agent_protocol import Action, Message, MessageError, ToolCall, ToolSpec
+from agent_runtime.conversation import Conversation, stage_code
+from agent_runtime.engine_call import EngineFailure, call_engine
 from agent_runtime.engines.base import Generation
-from agent_runtime.errors import EngineError
+from agent_runtime.outcomes import StopReason, TurnFinish
 from agent_runtime.serving.api_error import ApiError
 from agent_runtime.serving.backend import ServingBackend, new_completion_id
 from agent_runtime.serving.openai_wire import (
@@ -44,7 +43,6 @@ from agent_runtime.serving.openai_wire import (
     CompletionUsage,
     Delta,
     ErrorBody,
-    FinishReason,
     FunctionCall,
     ResponseMessage,
     ToolCallDelta,
@@ -63,58 +61,67 @@ Preparation = Literal["prefix_hit", "rerender", "new"]
 
 @dataclass
 class _Turn:
-    """One tools-mode request: the prompt transcript it continues or rendered, then what the engine made of it."""
+    """One tools-mode request: a turn of the stored `Conversation` it continues, or of one rendered from the
+    client's messages, driven through the same core as every agent-mode turn."""
 
     backend: ServingBackend
     request: ChatCompletionRequest
     messages: list[Message]
     tools: list[ToolSpec]
     conversation_id: str = ""
-    transcript: TokenTranscript = field(default_factory=TokenTranscript)
-    turns: int = 0
+    conversation: Conversation | None = None
     prepared: Preparation = "new"
     prompt_tokens: int = 0
     generation: Generation | None = None
     action: Action | None = None
     calls: tuple[ToolCall, ...] = ()
-    finish: FinishReason = "stop"
+    finish: TurnFinish = "stop"
     errors: list[EpisodeError] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
     generate_s: float = 0.0
 
     async def prepare(self) -> None:
-        """Continue a stored transcript or render the conversation; raises `ApiError` when it cannot fit."""
+        """Continue a stored conversation or render this one; raises `ApiError` when it cannot fit."""
         backend, messages, metrics = self.backend, self.messages, self.backend.metrics
-        tokenizer, protocol = backend.engine.tokenizer, backend.protocol
         last = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=None)
         stored = None
         if last is not None and last + 1 < len(messages):
-            stored = backend.store.get(conversation_key(self.tools, messages[: last + 1]))
+            stored = backend.store.take(conversation_key(self.tools, messages[: last + 1]))
         if stored is not None and last is not None:
-            self.conversation_id, self.transcript, self.turns = stored.conversation_id, stored.transcript, stored.turns
-            reused = len(self.transcript)
-            with self._contained("render_error", f"the {protocol.name} protocol could not render the follow-up"):
-                feedback = protocol.render_feedback(messages[last + 1 :], turn_closed=stored.turn_closed)
-                self.transcript.append_observation(await encode_off_loop(tokenizer, feedback))
+            self.conversation_id, conversation = stored.conversation_id, stored.conversation
+            self.conversation = conversation
+            conversation.errors = self.errors  # this request's record holds this request's errors
+            reused = len(conversation)
+            new = messages[last + 1 :]
+            with self._contained("the follow-up"):
+                conversation.append_feedback(await conversation.feedback_ids(new), new)
             self.prepared = "prefix_hit"
             metrics.transcript_prefix_hits += 1
             metrics.reused_prompt_tokens += reused
-            metrics.rendered_prompt_tokens += len(self.transcript) - reused
+            metrics.rendered_prompt_tokens += len(conversation) - reused
         else:
             self.conversation_id = uuid.uuid4().hex[:12]
-            with self._contained("render_error", f"the {protocol.name} protocol could not render the conversation"):
-                prompt = protocol.render_prompt(messages, tools=self.tools)
-                self.transcript.append_prompt(await encode_off_loop(tokenizer, prompt))
-            self.turns = sum(1 for m in messages if m.role == "assistant")
+            conversation = Conversation(
+                backend.protocol,
+                backend.engine.tokenizer,
+                max_new_tokens=backend.recipe.max_new_tokens,
+                max_context_tokens=backend.context_limit,
+                tools=self.tools,
+            )
+            self.conversation = conversation
+            conversation.errors = self.errors
+            with self._contained("the conversation"):
+                await conversation.open_segment(messages)
+            conversation.turns = conversation.generations = sum(1 for m in messages if m.role == "assistant")
             self.prepared = "rerender" if last is not None else "new"
             if last is not None:
                 metrics.transcript_rerenders += 1
             else:
                 metrics.transcript_new += 1
-            metrics.rendered_prompt_tokens += len(self.transcript)
-        self.prompt_tokens = len(self.transcript)
-        limit = backend.context_limit
-        if self.prompt_tokens + 1 > limit:
+            metrics.rendered_prompt_tokens += len(conversation)
+        self.prompt_tokens = len(conversation)
+        if not conversation.fits(0):
+            limit = backend.context_limit
             raise ApiError(
                 400,
                 f"the conversation has {self.prompt_tokens} tokens; the model's context holds {limit}",
@@ -123,65 +130,64 @@ class _Turn:
             )
 
     async def generate(self) -> None:
-        """One engine call, parsed; stores the continued transcript. Raises `ApiError` when the engine fails."""
-        backend = self.backend
-        engine, protocol, tokenizer = backend.engine, backend.protocol, backend.engine.tokenizer
+        """One engine call, read by the conversation; stores it for the follow-up. Raises `ApiError` when the
+        engine fails or its output cannot be read."""
+        backend, conversation = self.backend, self.conversation
+        assert conversation is not None  # prepare() ran
         sampling = backend.sampling_for(self.request)
-        room = backend.context_limit - self.prompt_tokens
-        budget = min(sampling.max_new_tokens, backend.recipe.max_new_tokens, room)
-        sampling = msgspec.structs.replace(sampling, max_new_tokens=budget)
-        timeout = backend.config.engine_timeout_s
+        turn = conversation.request(min(sampling.max_new_tokens, backend.recipe.max_new_tokens))
+        assert turn is not None  # prepare() checked that a token fits
         t0 = time.perf_counter()
-        try:
-            async with asyncio.timeout(timeout):
-                generation = await engine.generate(list(self.transcript.ids), sampling)
-        except TimeoutError as e:
-            message = f"{engine.name} did not answer within {timeout} s"
-            self.errors.append(EpisodeError(code="engine_timeout", message=message, turn=self.turns + 1))
-            raise ApiError(500, message, type="server_error", code="engine_timeout") from e
-        except (Exception, SystemExit) as e:  # any engine failure fails this request only
-            code = getattr(e, "code", None) if isinstance(e, EngineError) else None
-            code = code if isinstance(code, str) else "engine_error"  # EngineError subclasses say which
-            message = f"{engine.name} failed: {type(e).__name__}: {e}"
-            self.errors.append(EpisodeError(code=code, message=message, turn=self.turns + 1))
-            raise ApiError(500, message, type="server_error", code=code) from e
-        finally:
-            self.generate_s = time.perf_counter() - t0
-        self.generation = generation
-        self.turns += 1
-        self.transcript.append_action(generation.ids, generation.logprobs)
-        end = tokenizer.token_to_id(protocol.end_of_turn)
-        closed = bool(generation.ids) and generation.ids[-1] == end
-        prefix = f"call_{uuid.uuid4().hex[:8]}"
-        with self._contained("decode_error", f"{engine.name}'s tokenizer could not decode the generated ids"):
-            text = tokenizer.decode(generation.ids)
-        with self._contained("parse_error", f"the {protocol.name} protocol could not read the model's turn"):
-            action = protocol.parse_assistant_text(text, call_id_prefix=prefix)
-        self.action = action
-        self.errors.extend(EpisodeError(code=i.code, message=i.message, turn=self.turns) for i in action.issues)
-        self.calls = action.valid_tool_calls
+        outcome = await call_engine(
+            backend.engine, turn.prompt_ids, turn.sampling(sampling), timeout_s=backend.config.engine_timeout_s
+        )
+        self.generate_s = time.perf_counter() - t0
+        if isinstance(outcome, EngineFailure):
+            conversation.record_error(outcome.code, outcome.message, conversation.turns + 1)
+            raise ApiError(500, outcome.message, type="server_error", code=outcome.code)
+        self.generation = outcome
+        with self._contained("the model's turn"):
+            reply = conversation.accept(outcome, call_id_prefix=f"call_{uuid.uuid4().hex[:8]}")
+        self.action = reply.action
+        self.calls = reply.action.valid_tool_calls
         if self.calls:
             self.finish = "tool_calls"
-        elif generation.finish_reason == "length" and not closed:
+        elif reply.truncated:
             self.finish = "length"
-        backend.metrics.generated_tokens += len(generation.ids)
+        backend.metrics.generated_tokens += len(outcome.ids)
         key = conversation_key(self.tools, [*self.messages, self.echo()])
-        backend.store.put(key, StoredConversation(self.conversation_id, self.transcript, closed, self.turns))
+        backend.store.put(key, StoredConversation(self.conversation_id, conversation))
 
     @contextlib.contextmanager
-    def _contained(self, code: str, what: str) -> Iterator[None]:
+    def _contained(self, what: str) -> Iterator[None]:
         """The boundary around foreign code (a tokenizer, a protocol plug-in): whatever it raises, `SystemExit`
-        included, fails this request only, as a 500 with `code`, recorded on its trajectory."""
+        included, fails this request only, as a 500 whose code names the stage that raised (``render_error``,
+        ``decode_error``, ``parse_error``), recorded on its trajectory."""
         try:
             yield
         except (ApiError, MessageError):
             raise
         except (Exception, SystemExit) as e:
-            message = f"{what}: {type(e).__name__}: {str(e)[:500]}"
+            conversation = self.conversation
+            code = stage_code(conversation.stage) if conversation is not None else "internal_error"
+            message = f"{self._what_failed(code, what)}: {type(e).__name__}: {str(e)[:500]}"
             logger.error("component_failed", mode="tools", code=code, error_type=type(e).__name__, error=message,
                          exc_info=True)  # fmt: skip
-            self.errors.append(EpisodeError(code=code, message=message, turn=self.turns))
+            self.errors.append(EpisodeError(code=code, message=message, turn=self._turns()))
             raise ApiError(500, message, type="server_error", code=code) from e
+
+    def _what_failed(self, code: str, what: str) -> str:
+        protocol, engine = self.backend.protocol.name, self.backend.engine.name
+        if code == "decode_error":
+            return f"{engine}'s tokenizer could not decode the generated ids"
+        if code == "parse_error":
+            return f"the {protocol} protocol could not read the model's turn"
+        if code == "render_error":
+            return f"the {protocol} protocol could not render {what}"
+        return f"{what} failed"
+
+    def _turns(self) -> int:
+        return self.conversation.turns if self.conversation is not None else 0
 
     def echo(self) -> Message:
         """The assistant message as the client gets it, and so as it will send it back."""
@@ -209,23 +215,23 @@ class _Turn:
 
     def record(self) -> None:
         """Log this request's trajectory: the whole conversation so far, its transcript, what this turn did."""
-        messages = list(self.messages)
-        if self.action is not None:
-            messages.append(self.action.to_message())
-        t = self.transcript
-        completion = sum(t.loss_mask)
+        conversation = self.conversation
+        messages = list(conversation.messages) if conversation is not None else list(self.messages)
+        stop_reason: StopReason | TurnFinish | None = self.finish if self.action is not None else None
+        if self.action is None and self.errors:
+            stop_reason = self.errors[-1].code  # type: ignore[assignment]  # the codes that fail a request end it
         self.backend.record(
             Trajectory(
                 episode_id=self.conversation_id,
                 protocol=self.backend.protocol.name,
                 messages=messages,
-                segments=[t.record()] if len(t) else [],
+                segments=conversation.records() if conversation is not None and len(conversation) else [],
                 final_answer=self.action.content if self.action is not None and not self.calls else None,
-                stop_reason=self.finish if self.action is not None else (self.errors[-1].code if self.errors else None),
-                turns=self.turns,
+                stop_reason=stop_reason,
+                turns=self._turns(),
                 tool_calls=len(self.calls),
                 errors=list(self.errors),
-                usage=Usage(prompt_tokens=len(t) - completion, completion_tokens=completion, generations=self.turns),
+                usage=conversation.usage() if conversation is not None else Usage(),
                 timings={"generate_s": self.generate_s, "total_s": time.perf_counter() - self.started},
                 task={"mode": "tools", "prepared": self.prepared},
             )

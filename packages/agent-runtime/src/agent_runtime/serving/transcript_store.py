@@ -11,22 +11,26 @@ The key covers what the prompt is made of (roles, contents, tool calls with thei
 ids and names, the tool specs) and leaves out `reasoning_content`, which clients often drop when they echo a
 turn back; the stored ids keep the reasoning as it was sampled.
 
-The store is a bounded LRU: at most `max_conversations` entries and `max_tokens` stored token ids; ids are kept
-packed (4 bytes each). One event loop uses it; it has no locks. This module knows messages and transcripts only.
+The store keeps the `Conversation` objects themselves, so a follow-up costs nothing per token of history: `take`
+hands the stored conversation over (it leaves the store) and the request puts it back under its new key once the
+model answered. A second follow-up to the same stored turn (a client that branches or retries) finds nothing and
+is rendered from scratch (a `transcript_rerenders`), so no two requests ever extend one transcript. The store is a
+bounded LRU: at most `max_conversations` entries and `max_tokens` token ids held (about 40 bytes each, as Python
+ints in lists: the default 8M tokens is at most about 320 MB). One event loop uses it; it has no locks. This
+module knows messages and conversations only.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
-from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
 
-from agent_protocol import Message, Span, TokenTranscript, ToolSpec
+from agent_protocol import Message, ToolSpec
+from agent_runtime.conversation import Conversation
 
 __all__ = ["StoredConversation", "TranscriptStore", "conversation_key"]
 
@@ -50,58 +54,21 @@ def conversation_key(tools: Sequence[ToolSpec], messages: Sequence[Message]) -> 
 
 @dataclass(frozen=True, slots=True)
 class StoredConversation:
-    """One stored conversation: its id (kept across turns, for logs), the transcript, whether its last assistant
-    turn closed itself (ended with the end-of-turn token) and how many assistant turns it holds."""
+    """One stored conversation: its id (kept across turns, for logs) and the conversation itself."""
 
     conversation_id: str
-    transcript: TokenTranscript
-    turn_closed: bool
-    turns: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Packed:
-    conversation_id: str
-    ids: array[int]
-    loss_mask: bytes
-    logprobs: array[float]  # NaN where there was none
-    spans: tuple[Span, ...]
-    turn_closed: bool
-    turns: int
-
-    @classmethod
-    def pack(cls, entry: StoredConversation) -> _Packed:
-        t = entry.transcript
-        return cls(
-            conversation_id=entry.conversation_id,
-            ids=array("i", t.ids),
-            loss_mask=bytes(t.loss_mask),
-            logprobs=array("d", (math.nan if lp is None else lp for lp in t.logprobs)),
-            spans=tuple(t.spans),
-            turn_closed=entry.turn_closed,
-            turns=entry.turns,
-        )
-
-    def unpack(self) -> StoredConversation:
-        transcript = TokenTranscript()
-        transcript.ids = self.ids.tolist()
-        transcript.loss_mask = list(self.loss_mask)
-        transcript.logprobs = [None if math.isnan(lp) else lp for lp in self.logprobs]
-        transcript.spans = list(self.spans)
-        return StoredConversation(
-            conversation_id=self.conversation_id, transcript=transcript, turn_closed=self.turn_closed, turns=self.turns
-        )
+    conversation: Conversation
 
 
 class TranscriptStore:
-    """A bounded LRU of conversation transcripts. `get` hands out a copy, so stored entries never change."""
+    """A bounded LRU of conversations. `take` hands one over; `put` stores one."""
 
     def __init__(self, *, max_conversations: int = 1024, max_tokens: int = 8_000_000) -> None:
         if max_conversations < 0 or max_tokens < 0:
             raise ValueError("the transcript store's bounds must be >= 0 (0 disables it)")
         self.max_conversations = max_conversations
         self.max_tokens = max_tokens
-        self._entries: OrderedDict[str, _Packed] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[StoredConversation, int]] = OrderedDict()
         self.tokens = 0
         self.evictions = 0
 
@@ -111,23 +78,25 @@ class TranscriptStore:
     def __contains__(self, key: str) -> bool:
         return key in self._entries
 
-    def get(self, key: str) -> StoredConversation | None:
-        packed = self._entries.get(key)
-        if packed is None:
+    def take(self, key: str) -> StoredConversation | None:
+        """The conversation stored under `key`, removed from the store (the caller now owns it)."""
+        found = self._entries.pop(key, None)
+        if found is None:
             return None
-        self._entries.move_to_end(key)
-        return packed.unpack()
+        entry, size = found
+        self.tokens -= size
+        return entry
 
     def put(self, key: str, entry: StoredConversation) -> None:
-        size = len(entry.transcript)
+        size = sum(len(t) for t in entry.conversation.segments)
         if self.max_conversations == 0 or size > self.max_tokens:
             return
         old = self._entries.pop(key, None)
         if old is not None:
-            self.tokens -= len(old.ids)
-        self._entries[key] = _Packed.pack(entry)
+            self.tokens -= old[1]
+        self._entries[key] = (entry, size)
         self.tokens += size
         while len(self._entries) > self.max_conversations or self.tokens > self.max_tokens:
-            _, evicted = self._entries.popitem(last=False)
-            self.tokens -= len(evicted.ids)
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self.tokens -= evicted
             self.evictions += 1

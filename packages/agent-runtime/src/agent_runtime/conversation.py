@@ -1,0 +1,250 @@
+"""`Conversation`: the one implementation of a turn, token-in-token-out. Agent mode, tools mode, compaction and
+training all go through it.
+
+    conversation = Conversation(protocol, tokenizer, max_new_tokens=1024, max_context_tokens=32768, tools=specs)
+    await conversation.open_segment(messages)                    # render the prompt, tokenize it once
+    request = conversation.request(conversation.max_new_tokens)  # None: no room for another turn
+    reply = conversation.accept(await engine.generate(request.prompt_ids, request.sampling(base)))
+    ids = await conversation.feedback_ids(observation_messages)  # the feedback, rendered and tokenized alone
+    if conversation.fits(len(ids)):
+        conversation.append_feedback(ids, observation_messages)
+
+It owns the protocol, the tokenizer, the token segments (one per context; a compacted episode has several),
+the messages view, the budgets, the turn counters and the errors the model's output caused. Generated ids are
+appended exactly as sampled; only new text (a prompt, feedback) is tokenized, alone. Nothing here is O(history)
+per turn: a request hands the engine a view of the current segment (`PromptView`), not a copy.
+
+What it does not do: call an engine, step an environment, score, decide when an episode ends or when to compact
+(`AgentSession` and its `ContextPolicy` do), or speak HTTP (serving maps the wire format onto it). Foreign code it
+calls (the tokenizer, the protocol) may raise; `stage` says which was running, so that the caller's boundary
+records the right code (`stage_code`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator, Sequence
+from typing import Final, Literal, overload
+
+import msgspec
+
+from agent_protocol import Action, ChatProtocol, Message, Tokenizer, TokenTranscript, ToolSpec, TranscriptRecord
+from agent_runtime.encoding import encode_off_loop
+from agent_runtime.engines.base import Generation, SamplingParams
+from agent_runtime.errors import SessionStateError
+from agent_runtime.outcomes import ErrorCode, StageCode
+from agent_runtime.trajectory import EpisodeError, Usage
+
+__all__ = ["MIN_TURN_TOKENS", "Conversation", "PromptView", "Reply", "Stage", "TurnRequest", "stage_code"]
+
+MIN_TURN_TOKENS: Final = 1
+
+Stage = Literal["idle", "decode", "parse", "environment", "reward", "render"]
+"""Where a turn is: the foreign code it is running, so that an exception is recorded with the right code."""
+
+_STAGE_CODES: Final[dict[Stage, StageCode]] = {
+    "decode": "decode_error",  # the tokenizer could not decode the generated ids
+    "parse": "parse_error",  # the protocol's parser raised (it should not: see ChatProtocol.parse_assistant_text)
+    "environment": "environment_error",  # the environment's reset or step raised
+    "reward": "reward_error",  # a process reward raised
+    "render": "render_error",  # the prompt or feedback could not be rendered or tokenized
+}
+
+
+def stage_code(stage: Stage) -> StageCode:
+    """The error code of an exception raised while `stage` ran (``internal_error`` outside every stage)."""
+    return _STAGE_CODES.get(stage, "internal_error")
+
+
+class PromptView(Sequence[int]):
+    """The first `len(self)` ids of a transcript, without copying them. Transcripts only grow, so the view stays
+    what it was when the request was made."""
+
+    __slots__ = ("_ids", "_length")
+
+    def __init__(self, ids: list[int], length: int | None = None) -> None:
+        self._ids = ids
+        self._length = len(ids) if length is None else length
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._length)
+            return self._ids[start:stop:step]
+        position = index + self._length if index < 0 else index
+        if not 0 <= position < self._length:
+            raise IndexError("prompt index out of range")
+        return self._ids[position]
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(self._ids, self._length)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (PromptView, list, tuple)):
+            return len(other) == self._length and all(a == b for a, b in zip(self, other, strict=False))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, which are not hashable
+
+    def __repr__(self) -> str:
+        return f"PromptView(tokens={self._length})"
+
+
+class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What the next generation needs: the prompt ids of the current context (a view) and the token budget."""
+
+    prompt_ids: Sequence[int]
+    max_new_tokens: int
+    purpose: Literal["turn", "summary"] = "turn"
+
+    def sampling(self, base: SamplingParams | None = None) -> SamplingParams:
+        """`base` with `max_new_tokens` clamped to this turn's budget."""
+        base = base or SamplingParams()
+        return msgspec.structs.replace(base, max_new_tokens=min(base.max_new_tokens, self.max_new_tokens))
+
+
+class Reply(msgspec.Struct, frozen=True, kw_only=True):
+    """A generation as the conversation read it: the parsed action, whether the turn closed itself with the
+    end-of-turn token, and whether it was cut off by the length limit instead."""
+
+    action: Action
+    closed: bool
+    truncated: bool
+
+
+class Conversation:
+    """One conversation's token segments, messages, budgets and counters (see the module docstring)."""
+
+    def __init__(
+        self,
+        protocol: ChatProtocol,
+        tokenizer: Tokenizer,
+        *,
+        max_new_tokens: int,
+        max_context_tokens: int | None = None,
+        tools: Sequence[ToolSpec] = (),
+    ) -> None:
+        self.protocol = protocol
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.max_context_tokens = max_context_tokens
+        self.tools = list(tools)
+        self.segments: list[TokenTranscript] = []
+        self.messages: list[Message] = []
+        self.errors: list[EpisodeError] = []
+        self.turns = 0
+        self.generations = 0
+        self.turn_closed = True
+        self.stage: Stage = "idle"
+        self.render_s = 0.0
+        self._end_id = tokenizer.token_to_id(protocol.end_of_turn)
+
+    @property
+    def transcript(self) -> TokenTranscript:
+        """The current segment (the only one unless the conversation was compacted)."""
+        if not self.segments:
+            raise SessionStateError("the conversation has no transcript yet; open a segment first")
+        return self.segments[-1]
+
+    def __len__(self) -> int:
+        """Tokens in the current context."""
+        return len(self.segments[-1]) if self.segments else 0
+
+    # -- building the context ----------------------------------------------------------------------------
+
+    async def open_segment(self, prompt: Sequence[Message], *, add: Sequence[Message] | None = None) -> list[int]:
+        """Render `prompt` (with the tools) as a new context and tokenize it once. `add` is what the messages
+        view gains (default: the whole prompt; a compacted context adds only its resume message)."""
+        self.stage = "render"
+        t0 = time.perf_counter()
+        ids = await encode_off_loop(self.tokenizer, self.protocol.render_prompt(list(prompt), tools=self.tools))
+        self.render_s += time.perf_counter() - t0
+        transcript = TokenTranscript()
+        transcript.append_prompt(ids)
+        self.segments.append(transcript)
+        self.messages.extend(prompt if add is None else add)
+        self.turn_closed = True
+        self.stage = "idle"
+        return ids
+
+    async def feedback_ids(self, messages: Sequence[Message]) -> list[int]:
+        """`messages` (tool results, a user message) rendered as what follows the last turn, tokenized alone."""
+        self.stage = "render"
+        t0 = time.perf_counter()
+        text = self.protocol.render_feedback(list(messages), turn_closed=self.turn_closed)
+        ids = await encode_off_loop(self.tokenizer, text)
+        self.render_s += time.perf_counter() - t0
+        self.stage = "idle"
+        return ids
+
+    def fits(self, tokens: int, *, reserve: int = MIN_TURN_TOKENS) -> bool:
+        """Whether `tokens` more, and `reserve` for the next turn, fit the context."""
+        return self.max_context_tokens is None or len(self) + tokens + reserve <= self.max_context_tokens
+
+    def append_feedback(self, ids: Sequence[int], messages: Sequence[Message]) -> None:
+        self.transcript.append_observation(ids)
+        self.messages.extend(messages)
+
+    # -- one turn ----------------------------------------------------------------------------------------
+
+    def room(self, wanted: int) -> int:
+        """How many new tokens the next turn may have: `wanted`, or what the context has left."""
+        if self.max_context_tokens is None:
+            return wanted
+        return min(wanted, self.max_context_tokens - len(self))
+
+    def request(self, wanted: int, *, purpose: Literal["turn", "summary"] = "turn") -> TurnRequest | None:
+        """The next generation on the current context, or None when not even one token fits."""
+        room = self.room(wanted)
+        if room < MIN_TURN_TOKENS:
+            return None
+        ids = self.transcript.ids
+        return TurnRequest(prompt_ids=PromptView(ids), max_new_tokens=room, purpose=purpose)
+
+    def accept(self, generation: Generation, *, call_id_prefix: str, summary: bool = False) -> Reply:
+        """Append the generated ids exactly as sampled, then read them: decode, parse, record the parse issues
+        as errors and the assistant message. A summary turn (`summary=True`) is a generation but not a turn, and
+        its message keeps no tool calls (nothing runs them)."""
+        self.generations += 1
+        if not summary:
+            self.turns += 1
+        self.transcript.append_action(generation.ids, generation.logprobs)
+        closed = bool(generation.ids) and self._end_id is not None and generation.ids[-1] == self._end_id
+        self.turn_closed = closed
+        self.stage = "decode"
+        text = self.tokenizer.decode(generation.ids)
+        self.stage = "parse"
+        action = self.protocol.parse_assistant_text(text, call_id_prefix=call_id_prefix)
+        self.stage = "idle"
+        if not summary:
+            for issue in action.issues:
+                self.record_error(issue.code, issue.message)
+            self.messages.append(action.to_message())
+        else:
+            self.messages.append(
+                Message(role="assistant", content=action.content, reasoning_content=action.reasoning_content)
+            )
+        truncated = not closed and generation.finish_reason == "length"
+        return Reply(action=action, closed=closed, truncated=truncated)
+
+    # -- records -----------------------------------------------------------------------------------------
+
+    def record_error(self, code: ErrorCode, message: str, turn: int | None = None) -> EpisodeError:
+        error = EpisodeError(code=code, message=message, turn=self.turns if turn is None else turn)
+        self.errors.append(error)
+        return error
+
+    def usage(self) -> Usage:
+        completion = sum(sum(t.loss_mask) for t in self.segments)
+        total = sum(len(t) for t in self.segments)
+        return Usage(prompt_tokens=total - completion, completion_tokens=completion, generations=self.generations)
+
+    def records(self) -> list[TranscriptRecord]:
+        return [t.record() for t in self.segments]

@@ -1,0 +1,53 @@
+"""`call_engine`: the one boundary around an engine call, used by the runtime (agent mode, rollouts) and by
+tools-mode serving alike.
+
+    outcome = await call_engine(engine, request.prompt_ids, sampling, timeout_s=600)
+    if isinstance(outcome, EngineFailure):      # the episode or the request ends; nothing else does
+        ...outcome.code, outcome.message
+    else:
+        generation = outcome
+
+Whatever the engine does, the caller gets a `Generation` or an `EngineFailure`: past `timeout_s` it is
+``engine_timeout``; an `EngineError` says its own code (``engine_error``, ``engine_bad_output``,
+``engine_timeout``); any other exception, `SystemExit` included, is ``engine_error``. Cancellation of the caller
+propagates. Retries belong to the engines that can retry (the HTTP engine retries what is worth retrying, within
+its own deadline). This module knows engines and codes, not sessions or HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import msgspec
+import structlog
+
+from agent_runtime.engines.base import Generation, LLMEngine, SamplingParams
+from agent_runtime.errors import EngineError, EngineErrorCode
+
+__all__ = ["EngineFailure", "call_engine"]
+
+logger = structlog.get_logger(__name__)
+
+
+class EngineFailure(msgspec.Struct, frozen=True, kw_only=True):
+    """An engine call that gave no generation: the code the episode or request records, and why."""
+
+    code: EngineErrorCode
+    message: str
+
+
+async def call_engine(
+    engine: LLMEngine, prompt_ids: Sequence[int], sampling: SamplingParams, *, timeout_s: float | None
+) -> Generation | EngineFailure:
+    """One generation, or the failure that stood in its way (see the module docstring)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await engine.generate(prompt_ids, sampling)
+    except TimeoutError:
+        logger.warning("engine_timed_out", engine=engine.name, timeout_s=timeout_s)
+        return EngineFailure(code="engine_timeout", message=f"{engine.name} did not answer within {timeout_s} s")
+    except (Exception, SystemExit) as e:  # any engine failure fails this episode or request only
+        code: EngineErrorCode = e.code if isinstance(e, EngineError) else "engine_error"
+        logger.warning("engine_failed", engine=engine.name, code=code, error_type=type(e).__name__, error=str(e)[:500])
+        return EngineFailure(code=code, message=f"{engine.name} failed: {type(e).__name__}: {e}")
