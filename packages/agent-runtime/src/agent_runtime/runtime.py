@@ -103,20 +103,26 @@ class AgentRuntime:
         *,
         task: Mapping[str, Any] | None = None,
         session: AgentSession | None = None,
+        sampling: SamplingParams | None = None,
     ) -> AsyncIterator[Event]:
-        """Run one episode, yielding events as they happen; the last event is always a `FinalEvent`."""
+        """Run one episode, yielding events as they happen; the last event is always a `FinalEvent`. `sampling`
+        replaces the runtime's for this episode (a rollout's own seed)."""
         session = session or self.new_session()
         if self._slots is not None:
             await self._slots.acquire()
         try:
-            async for event in self._drive(session, prompt, task):
+            async for event in self._drive(session, prompt, task, sampling or self.sampling):
                 yield event
         finally:
             if self._slots is not None:
                 self._slots.release()
 
     async def _drive(
-        self, session: AgentSession, prompt: str | Sequence[MessageLike], task: Mapping[str, Any] | None
+        self,
+        session: AgentSession,
+        prompt: str | Sequence[MessageLike],
+        task: Mapping[str, Any] | None,
+        base: SamplingParams,
     ) -> AsyncIterator[Event]:
         log = logger.bind(episode_id=session.episode_id, engine=self.engine.name)
         started = time.perf_counter()
@@ -125,7 +131,7 @@ class AgentRuntime:
         try:
             while (request := await session.next_request()) is not None:
                 t0 = time.perf_counter()
-                sampling = request.sampling(self.sampling)
+                sampling = request.sampling(base)
                 generation = await call_engine(
                     self.engine, request.prompt_ids, sampling, timeout_s=self.engine_timeout_s
                 )
@@ -153,10 +159,11 @@ class AgentRuntime:
         *,
         task: Mapping[str, Any] | None = None,
         keep_events: bool = False,
+        sampling: SamplingParams | None = None,
     ) -> RunResult:
         """Run one episode to the end and return its final answer, trajectory and usage."""
         session = self.new_session()
-        events = [event async for event in self.stream(prompt, task=task, session=session)]
+        events = [event async for event in self.stream(prompt, task=task, session=session, sampling=sampling)]
         final = events[-1] if events else None
         if not isinstance(final, FinalEvent):
             raise RuntimeError("internal error: an episode stream ended without a FinalEvent")

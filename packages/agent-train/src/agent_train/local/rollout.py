@@ -1,17 +1,19 @@
-"""RL rollouts for the local trainer, through the same executor OpenRLHF calls (`AgentExecutor.execute`).
+"""RL rollouts for the local trainer: the recipe's episodes through `AgentRuntime`, trained from their
+`Trajectory` segments directly.
 
     rollouts = Rollouts(recipe, engine, max_length=512)             # engine: an LLMEngine, e.g. HFEngine
     records = await rollouts.collect(rows, group_size=8, temperature=1.0, seed=step)
 
-Each prompt is run `group_size` times. Every episode goes through `AgentExecutor.execute(prompt, label,
-sampling_params, max_length, hf_tokenizer, llm_engine)` with vLLM's own `SamplingParams` and
-`LocalRolloutEngine` (OpenRLHF's rollout-engine contract answered by the local engine), and the dict OpenRLHF
-would train on (`observation_tokens`, `action_ranges`, `reward`, `rollout_log_probs`) is what this trainer trains
-on. The local trainer and an OpenRLHF job therefore see the same token streams, masks and rewards.
+Each prompt is run `group_size` times, all at once (the engine batches them), through the same runtime, session
+and `Conversation` that serving and OpenRLHF's executor run. A record is the trained segment of a trajectory as
+the transcript holds it: ids, loss mask and the engine's logprobs, with the episode's reward. OpenRLHF's wire
+format (`observation_tokens`, `action_ranges`) is not a step on this path; the executor equivalence test shows
+that an OpenRLHF job gets the same ids, masks and rewards from the executor. So this path imports neither vLLM
+nor OpenRLHF.
 
 Seeds: episode `i` of a call samples with seed ``seed * 100_003 + i``, so a run is reproducible up to float
-rounding between batch shapes. This module knows the executor's contract; it knows nothing about losses.
-OpenRLHF and vLLM are imported when a `Rollouts` is made, not with the module (`RolloutRecord` is light).
+rounding between batch shapes. The trained segment is the last one, as in the executor (`sample.py`); a compacted
+episode's earlier segments are not trained yet. This module knows runtimes and trajectories; nothing about losses.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from typing import Any
 import msgspec
 import structlog
 
-from agent_runtime import LLMEngine, Recipe
-from agent_train.task import encode_task, label_of
+from agent_runtime import AgentRuntime, AssistantEvent, LLMEngine, Recipe
+from agent_train.sample import extra_logs
 
 __all__ = ["RolloutRecord", "Rollouts", "loss_mask_from_ranges"]
 
@@ -54,17 +56,19 @@ def loss_mask_from_ranges(length: int, action_ranges: Sequence[Sequence[int]]) -
 
 
 class Rollouts:
-    """Samples groups of episodes of `recipe` on `engine` through `AgentExecutor`."""
+    """Samples groups of episodes of `recipe` on `engine` through `AgentRuntime`."""
 
     def __init__(self, recipe: Recipe, engine: LLMEngine, *, max_length: int | None = None) -> None:
-        from agent_train.executor import AgentExecutor  # OpenRLHF (and torch)
-        from agent_train.local_rollout_engine import LocalRolloutEngine  # vLLM
-
         self.recipe = recipe
         self.engine = engine
-        self.executor = AgentExecutor(recipe)
-        self.rollout_engine = LocalRolloutEngine(engine)
         self.max_length = int(max_length or recipe.max_context_tokens or engine.context_length)
+        self.runtime = AgentRuntime(
+            engine,
+            recipe.make_session(engine.tokenizer),
+            sampling=msgspec.structs.replace(recipe.sampling, max_new_tokens=recipe.max_new_tokens, logprobs=True),
+            max_context_tokens=self.max_length,
+            engine_timeout_s=None,
+        )
 
     async def collect(
         self, rows: Sequence[Mapping[str, Any]], *, group_size: int, temperature: float = 1.0, seed: int = 0
@@ -86,7 +90,7 @@ class Rollouts:
         return records
 
     async def _kept(self, group: int, row: Mapping[str, Any], *, temperature: float, seed: int) -> RolloutRecord | None:
-        """`_one`, inside the batch's boundary: the executor already records what a model, tool, reward or
+        """`_one`, inside the batch's boundary: the runtime already records what a model, tool, reward or
         engine did to an episode; what still raises (a row whose prompt cannot be rendered, a bug) drops that
         one episode, logged, and never the batch. Group baselines take groups of any size."""
         try:
@@ -96,26 +100,20 @@ class Rollouts:
             return None
 
     async def _one(self, group: int, row: Mapping[str, Any], *, temperature: float, seed: int) -> RolloutRecord:
-        from vllm import SamplingParams as VLLMSamplingParams  # loaded by __init__ already
-
-        params = VLLMSamplingParams(
-            temperature=temperature,
-            top_p=1.0,
-            max_tokens=self.recipe.max_new_tokens,
-            logprobs=0,  # the sampled token's logprob only, as OpenRLHF asks vLLM
-            seed=seed,
-        )
-        out = await self.executor.execute(
-            encode_task(row), label_of(row), params, self.max_length, self.engine.tokenizer, self.rollout_engine
-        )
-        ids = [int(i) for i in out["observation_tokens"]]
-        logprobs = out["rollout_log_probs"]
+        sampling = msgspec.structs.replace(self.runtime.sampling, temperature=temperature, top_p=1.0, seed=seed)
+        task = {key: value for key, value in row.items() if key != "prompt"}  # as the executor's task row
+        result = await self.runtime.run(row["prompt"], task=task, sampling=sampling, keep_events=True)
+        trajectory = result.trajectory
+        if not trajectory.segments:
+            raise ValueError(f"the episode has no transcript ({trajectory.stop_reason})")
+        segment = trajectory.segments[-1]
+        turns = [event for event in result.events if isinstance(event, AssistantEvent)]
         return RolloutRecord(
             group=group,
-            ids=ids,
-            loss_mask=loss_mask_from_ranges(len(ids), out["action_ranges"]),
-            logprobs=[float(x) for x in logprobs] if logprobs is not None else [0.0] * len(ids),
-            reward=float(out["reward"]),
-            truncated=bool(out["truncated"]),
-            extra_logs={k: float(v) for k, v in out["extra_logs"].items()},
+            ids=list(segment.ids),
+            loss_mask=list(segment.loss_mask),
+            logprobs=[0.0 if lp is None else float(lp) for lp in segment.logprobs],
+            reward=trajectory.reward,
+            truncated=bool(turns) and turns[-1].finish_reason == "length",
+            extra_logs=extra_logs(trajectory, self.recipe.rewards),
         )
