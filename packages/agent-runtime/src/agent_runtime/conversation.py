@@ -22,21 +22,20 @@ records the right code (`stage_code`).
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections.abc import Iterator, Sequence
-from typing import Final, Literal, overload
+from collections.abc import Sequence
+from typing import Final, Literal
 
 import msgspec
 
 from agent_protocol import Action, ChatProtocol, Message, Tokenizer, TokenTranscript, ToolSpec, TranscriptRecord
 from agent_runtime.encoding import encode_off_loop
-from agent_runtime.engines.base import Generation, SamplingParams
+from agent_runtime.engines.base import Generation, PromptView, SamplingParams
 from agent_runtime.errors import SessionStateError
 from agent_runtime.outcomes import ErrorCode, StageCode
 from agent_runtime.trajectory import EpisodeError, Usage
 
-__all__ = ["MIN_TURN_TOKENS", "Conversation", "PromptView", "Reply", "Stage", "TurnRequest", "stage_code"]
+__all__ = ["MIN_TURN_TOKENS", "Conversation", "Reply", "Stage", "TurnRequest", "stage_code"]
 
 MIN_TURN_TOKENS: Final = 1
 
@@ -55,46 +54,6 @@ _STAGE_CODES: Final[dict[Stage, StageCode]] = {
 def stage_code(stage: Stage) -> StageCode:
     """The error code of an exception raised while `stage` ran (``internal_error`` outside every stage)."""
     return _STAGE_CODES.get(stage, "internal_error")
-
-
-class PromptView(Sequence[int]):
-    """The first `len(self)` ids of a transcript, without copying them. Transcripts only grow, so the view stays
-    what it was when the request was made."""
-
-    __slots__ = ("_ids", "_length")
-
-    def __init__(self, ids: list[int], length: int | None = None) -> None:
-        self._ids = ids
-        self._length = len(ids) if length is None else length
-
-    def __len__(self) -> int:
-        return self._length
-
-    @overload
-    def __getitem__(self, index: int) -> int: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[int]: ...
-    def __getitem__(self, index: int | slice) -> int | list[int]:
-        if isinstance(index, slice):
-            start, stop, step = index.indices(self._length)
-            return self._ids[start:stop:step]
-        position = index + self._length if index < 0 else index
-        if not 0 <= position < self._length:
-            raise IndexError("prompt index out of range")
-        return self._ids[position]
-
-    def __iter__(self) -> Iterator[int]:
-        return itertools.islice(self._ids, self._length)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (PromptView, list, tuple)):
-            return len(other) == self._length and all(a == b for a, b in zip(self, other, strict=False))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]  # equal to lists, which are not hashable
-
-    def __repr__(self) -> str:
-        return f"PromptView(tokens={self._length})"
 
 
 class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):

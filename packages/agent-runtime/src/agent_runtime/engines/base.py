@@ -9,17 +9,26 @@ formats beyond the optional `chat()` convenience, which uses a `ChatProtocol` it
 
 from __future__ import annotations
 
+import itertools
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Final, Literal
+from collections.abc import Iterator, Sequence
+from typing import Final, Literal, overload
 
 import msgspec
 
 from agent_protocol import ChatProtocol, MessageLike, Tokenizer
 from agent_runtime.errors import ContextBudgetExceeded, EngineBadOutput, EngineError
 
-__all__ = ["FinishReason", "Generation", "LLMEngine", "SamplingParams", "tokenizer_vocab_size", "validate_generation"]
+__all__ = [
+    "FinishReason",
+    "Generation",
+    "LLMEngine",
+    "PromptView",
+    "SamplingParams",
+    "tokenizer_vocab_size",
+    "validate_generation",
+]
 
 FinishReason = Literal["stop", "length", "abort"]
 """vLLM's names: `stop` (a stop token or string), `length` (max_new_tokens or the context), `abort`."""
@@ -58,6 +67,46 @@ class Generation(msgspec.Struct, frozen=True, kw_only=True):
     text: str
     logprobs: list[float] | None
     finish_reason: FinishReason
+
+
+class PromptView(Sequence[int]):
+    """The first `len(self)` ids of a transcript, without copying them. Transcripts only grow, so the view stays
+    what it was when the request was made."""
+
+    __slots__ = ("_ids", "_length")
+
+    def __init__(self, ids: list[int], length: int | None = None) -> None:
+        self._ids = ids
+        self._length = len(ids) if length is None else length
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._length)
+            return self._ids[start:stop:step]
+        position = index + self._length if index < 0 else index
+        if not 0 <= position < self._length:
+            raise IndexError("prompt index out of range")
+        return self._ids[position]
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(self._ids, self._length)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (PromptView, list, tuple)):
+            return len(other) == self._length and all(a == b for a, b in zip(self, other, strict=False))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, which are not hashable
+
+    def __repr__(self) -> str:
+        return f"PromptView(tokens={self._length})"
 
 
 class LLMEngine(ABC):

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable, Iterable, Sequence
 
 from agent_protocol import Tokenizer
-from agent_runtime.engines.base import Generation, LLMEngine, SamplingParams
+from agent_runtime.engines.base import Generation, LLMEngine, PromptView, SamplingParams
 from agent_runtime.errors import EngineError
 
 __all__ = ["ScriptStep", "ScriptedEngine"]
@@ -45,7 +45,7 @@ class ScriptedEngine(LLMEngine):
         self._policy = policy
         self._logprob = logprob
         self._delay_s = delay_s
-        self.calls: list[list[int]] = []  # every prompt received, for assertions
+        self.calls: list[Sequence[int]] = []  # every prompt received, for assertions
 
     @property
     def remaining(self) -> int:
@@ -60,7 +60,7 @@ class ScriptedEngine(LLMEngine):
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
         budget = self.max_new_tokens_for(len(prompt_ids), sampling.max_new_tokens)
-        self.calls.append(list(prompt_ids))
+        self.calls.append(prompt_ids if isinstance(prompt_ids, PromptView) else list(prompt_ids))  # views never change
         if self._delay_s:
             await asyncio.sleep(self._delay_s)
         if self._policy is not None:

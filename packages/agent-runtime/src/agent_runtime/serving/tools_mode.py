@@ -214,7 +214,10 @@ class _Turn:
         )
 
     def record(self) -> None:
-        """Log this request's trajectory: the whole conversation so far, its transcript, what this turn did."""
+        """Log this request's trajectory: the whole conversation so far, its transcript, what this turn did.
+        Nothing is built when there is no log: the record is the one part of a request that is O(history)."""
+        if self.backend.writer is None:
+            return
         conversation = self.conversation
         messages = list(conversation.messages) if conversation is not None else list(self.messages)
         stop_reason: StopReason | TurnFinish | None = self.finish if self.action is not None else None
