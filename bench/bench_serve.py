@@ -91,8 +91,9 @@ def agent_app() -> Any:
 
     from agent_protocol import HFTokenizer
     from agent_runtime import ScriptedEngine
-    from agent_runtime.serving import ServeConfig, calculator_recipe, create_app
+    from agent_runtime.serving import ServeConfig, create_app
     from tests.support.calculator_policy import calculator_policy
+    from tests.support.calculator_recipe import calculator_recipe
     from tests.support.qwen3_tokenizer import qwen3_tokenizer_path
 
     structlog.configure(

@@ -271,7 +271,7 @@ def test_a_broken_copy_of_the_doc_fails() -> None:
     )
     assert broken != text
     assert check(broken, _index()) == [
-        "packages/agent-train/src/agent_train/demo/recipe.py does not define make_recipes",
+        "packages/agent-demo/src/agent_demo/recipe.py does not define make_recipes",
         "`make_recipes` names no class, function, module or constant",
         "`AgentSesion.step`: AgentSesion is no class in packages/ and no module",
         "`AgentSession.to_record`: class AgentSession has no member to_record",

@@ -1,4 +1,4 @@
-"""The layering protocol < env < runtime < train < apps, checked on every import statement and on every
+"""The layering protocol < env < runtime < demo < train < apps, checked on every import statement and on every
 declared dependency. A violation fails CI."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ["agent_protocol", "agent_env", "agent_runtime", "agent_train"]  # bottom to top
+LAYERS = ["agent_protocol", "agent_env", "agent_runtime", "agent_demo", "agent_train"]  # bottom to top
 PACKAGES = {name: ROOT / "packages" / name.replace("_", "-") for name in LAYERS}
 
 

@@ -1,8 +1,9 @@
 """`uv run apps/serve`: serve a trained agent behind an OpenAI-compatible API and a web chat page.
 
-With no arguments it serves the project's demo agent (built first if missing) on http://127.0.0.1:8000. This file
-only parses arguments, configures logging, builds the engine and the recipe, and starts uvicorn; the server is
-`agent_runtime.serving`.
+With no arguments it serves the project's demo agent (`agent_demo`; its model built first if missing) on
+http://127.0.0.1:8000. A model named without a recipe is served with a recipe derived from its directory
+(`agent_runtime.model_recipe`). This file only parses arguments, configures logging, builds the engine and the
+recipe, and starts uvicorn; the server is `agent_runtime.serving`.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
-import importlib.util
 import json
 import logging
 import os
@@ -22,15 +21,17 @@ from typing import Any
 import structlog
 import uvicorn
 
+from agent_demo.recipe import make_recipe as demo_recipe
+from agent_protocol import list_protocols
 from agent_runtime import LLMEngine, RuntimeAgentError
 from agent_runtime.engines import make_engine
+from agent_runtime.model_recipe import recipe_for_model
 from agent_runtime.recipe import Recipe, RecipeError, load_recipe
-from agent_runtime.serving import ServeConfig, calculator_recipe, create_app
+from agent_runtime.serving import ServeConfig, create_app
 from agent_runtime.torch_warnings import ignore_pynvml_deprecation
 
-DEMO_RECIPE = "agent_train.demo.recipe"
-DEMO_MODEL_MODULE = "agent_train.demo"
-DEMO_MODEL_FUNCTION = "ensure_demo_model"  # find the demo model's directory, building it first when missing
+# A model id (not a directory) without --recipe: the files its recipe is derived from, fetched from the Hub cache.
+MODEL_CONFIG_FILES = ["config.json", "generation_config.json", "tokenizer_config.json", "chat_template.*"]
 API_KEY_ENV = "AGENT_SERVE_API_KEY"
 
 logger = structlog.get_logger("apps.serve")
@@ -47,8 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--model",
-        help="a Hugging Face model directory or model id. Omitted: the project's demo agent, built first if missing "
-        "(see agent_train.demo). With --engine openai: the local directory whose tokenizer the remote model uses.",
+        help="a Hugging Face model directory or model id. Omitted: the project's demo agent (agent_demo), its model "
+        "built first if missing (agent_train.demo). With --engine openai: the local directory whose tokenizer the "
+        "remote model uses.",
     )
     parser.add_argument(
         "--engine",
@@ -67,7 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--context-length",
         type=int,
-        help="the model's context in tokens (default: the model's max_position_embeddings; 32768 if unknown)",
+        help="the model's context in tokens (default: the model's max_position_embeddings; 32768 for --engine openai "
+        "if unknown). Without --recipe it is also the derived recipe's context",
     )
     parser.add_argument(
         "--device", default="cpu", help="device of the hf engine: cpu, cuda, cuda:1, ... (default: %(default)s)"
@@ -75,8 +78,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--recipe",
         help="the agent definition: a recipe .py file or a module path (`package.module[:attr]`) defining `recipe` "
-        f"or `make_recipe()`. Default: the demo recipe ({DEMO_RECIPE}), or a built-in calculator recipe when the "
-        "demo is not installed",
+        "or `make_recipe()`. Default without --model: the demo recipe (agent_demo.recipe), served only with the demo "
+        "model. Default with --model: a recipe derived from the model directory: the chat protocol its chat template "
+        f"is (one of {', '.join(list_protocols())}; another family is refused, name a recipe), its "
+        "max_position_embeddings as the context, generation_config.json's max_new_tokens and sampling (else 8192 "
+        "tokens a turn, at most half the context), no tools in agent mode (tools mode uses the tools the client "
+        "sends)",
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="interface to listen on; 0.0.0.0 for every interface (default: %(default)s)"
@@ -204,36 +211,41 @@ def configure_logging(log_format: str, level: str) -> None:
     logging.captureWarnings(True)
 
 
-def serving_recipe(source: str | None) -> Recipe:
-    """The recipe to serve: `--recipe`, else the demo recipe, else the built-in calculator recipe."""
-    if source is not None:
-        return load_recipe(source)
+def model_directory(model: str) -> Path:
+    """The local directory of `--model`: itself, or for a Hub model id the cached snapshot of its config files."""
+    if Path(model).is_dir():
+        return Path(model)
     try:
-        demo_installed = importlib.util.find_spec(DEMO_RECIPE) is not None
-    except ModuleNotFoundError:  # agent_train itself (or agent_train.demo) is missing
-        demo_installed = False
-    if demo_installed:
-        return load_recipe(DEMO_RECIPE)
-    logger.warning(
-        "demo_recipe_unavailable", module=DEMO_RECIPE, using="agent_runtime.serving.calculator_recipe",
-        hint="pass --recipe to serve your own agent",
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model, allow_patterns=MODEL_CONFIG_FILES))
+    except Exception as e:  # not installed, not a repo id, offline and not cached: say what to pass instead
+        raise RecipeError(
+            f"--model {model!r} is not a local directory and its config could not be fetched ({type(e).__name__}: "
+            f"{e}); pass a model directory, or --recipe to name the agent"
+        ) from e
+
+
+def serving_recipe(args: argparse.Namespace) -> Recipe:
+    """The recipe to serve: `--recipe`; else, for a named model, one derived from its directory; else the demo's."""
+    if args.recipe is not None:
+        return load_recipe(args.recipe)
+    if args.model is None:
+        return demo_recipe()
+    recipe = recipe_for_model(model_directory(args.model), context_length=args.context_length)
+    logger.info(
+        "recipe_derived", model=args.model, protocol=recipe.protocol, max_context_tokens=recipe.max_context_tokens,
+        max_new_tokens=recipe.max_new_tokens,
     )  # fmt: skip
-    return calculator_recipe()
+    return recipe
 
 
 def demo_model_dir() -> Path:
-    """The demo model's directory, built first when missing (agent_train.demo does both)."""
+    """The demo model's directory, built first when missing (training it needs agent-train; apps sit above it)."""
+    from agent_train.demo.build import ensure_demo_model
+
     try:
-        demo = importlib.import_module(DEMO_MODEL_MODULE)
-    except ImportError as e:
-        raise SystemExit(f"no --model given and the demo agent ({DEMO_MODEL_MODULE}) cannot be imported ({e}); "
-                         "pass --model PATH_OR_HF_ID") from e  # fmt: skip
-    ensure = getattr(demo, DEMO_MODEL_FUNCTION, None)
-    if ensure is None:
-        raise SystemExit(f"no --model given and {DEMO_MODEL_MODULE} has no {DEMO_MODEL_FUNCTION}() to build the demo "
-                         "model yet; pass --model PATH_OR_HF_ID")  # fmt: skip
-    try:
-        return Path(ensure())
+        return ensure_demo_model()
     except Exception as e:  # the build failed (its error names the build log); nothing is served
         raise SystemExit(f"apps/serve: the demo model could not be built: {e}") from e
 
@@ -304,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging(args.log_format, args.log_level)
     try:
-        recipe = serving_recipe(args.recipe)
+        recipe = serving_recipe(args)
         model = args.model or str(demo_model_dir())
         logger.info("engine_loading", engine=args.engine, model=model, recipe=recipe.name)
         engine = build_engine(args, model)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
+from agent_demo.expert import PLAN_ADD, PLAN_SUBTRACT, REFUSAL, ExpertPolicy, expert_turn
+from agent_demo.recipe import make_recipe
+from agent_demo.task import generate_problems
+from agent_demo.tokenizer import train_demo_tokenizer
 from agent_protocol import HFTokenizer
-from agent_train.demo.expert import PLAN_ADD, PLAN_SUBTRACT, REFUSAL, ExpertPolicy, expert_turn
-from agent_train.demo.recipe import make_recipe
-from agent_train.demo.task import generate_problems
-from agent_train.demo.tokenizer import train_demo_tokenizer
 from agent_train.local.sft import expert_trajectories, sft_examples
 
 RECIPE = make_recipe()

@@ -12,6 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from agent_demo.recipe import make_recipe  # noqa: E402
+from agent_demo.tokenizer import train_demo_tokenizer  # noqa: E402
 from agent_protocol import HFTokenizer  # noqa: E402
 from agent_runtime import SamplingParams  # noqa: E402
 from agent_runtime.engines.hf import HFEngine  # noqa: E402
@@ -22,8 +24,6 @@ from agent_train.demo.model import (  # noqa: E402
     load_demo_model,
     save_model_dir,
 )
-from agent_train.demo.recipe import make_recipe  # noqa: E402
-from agent_train.demo.tokenizer import train_demo_tokenizer  # noqa: E402
 from tests.support.tiny_demo import TINY_DEMO_SPEC  # noqa: E402
 
 RECIPE = make_recipe()

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
+from agent_demo.expert import ExpertPolicy
+from agent_demo.recipe import make_recipe
+from agent_demo.task import generate_problems
+from agent_demo.tokenizer import QWEN3_ADDED_TOKENS, episode_pieces, episode_text, train_demo_tokenizer
 from agent_protocol import HFTokenizer, Message, ToolCall
 from agent_runtime import AgentRuntime, ScriptedEngine
-from agent_train.demo.expert import ExpertPolicy
-from agent_train.demo.recipe import make_recipe
-from agent_train.demo.task import generate_problems
-from agent_train.demo.tokenizer import QWEN3_ADDED_TOKENS, episode_pieces, episode_text, train_demo_tokenizer
 
 RECIPE = make_recipe()
 PROTOCOL = RECIPE.chat_protocol()

@@ -12,9 +12,9 @@ torch = pytest.importorskip("torch")
 
 from tokenizers import Tokenizer  # noqa: E402
 
+from agent_demo.recipe import make_recipe  # noqa: E402
+from agent_demo.tokenizer import train_demo_tokenizer  # noqa: E402
 from agent_train.demo.model import build_demo_model  # noqa: E402
-from agent_train.demo.recipe import make_recipe  # noqa: E402
-from agent_train.demo.tokenizer import train_demo_tokenizer  # noqa: E402
 from agent_train.local.checkpoint import TrainerState, load_checkpoint, save_checkpoint  # noqa: E402
 from agent_train.local.config import LocalTrainConfig, preset  # noqa: E402
 from agent_train.local.metrics import MetricsWriter, read_metrics  # noqa: E402

@@ -152,9 +152,9 @@ def test_apps_serve_with_no_model_serves_the_installed_demo_model_as_training_ra
 
     from openai import OpenAI
 
+    from agent_demo.recipe import make_recipe
     from agent_runtime.engines.hf import HFEngine
     from agent_train.demo.build import install_demo_model
-    from agent_train.demo.recipe import make_recipe
     from agent_train.local.evaluate import evaluate
     from tests.support.serve_process import ServeProcess, free_port
 

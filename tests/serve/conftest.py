@@ -18,8 +18,9 @@ from openai import OpenAI
 from agent_protocol import HFTokenizer
 from agent_runtime import LLMEngine, ScriptedEngine
 from agent_runtime.recipe import Recipe
-from agent_runtime.serving import ServeConfig, calculator_recipe, create_app
+from agent_runtime.serving import ServeConfig, create_app
 from tests.support.calculator_policy import calculator_policy
+from tests.support.calculator_recipe import calculator_recipe
 
 MODEL = "calculator-agent"
 

@@ -14,8 +14,8 @@ from agent_env import CalculatorTool
 from agent_protocol import HFTokenizer, get_protocol
 from agent_runtime import read_trajectories
 from agent_runtime.recipe import Compaction
-from agent_runtime.serving import calculator_recipe
 from tests.serve.conftest import MODEL, LiveServer, ServerFactory
+from tests.support.calculator_recipe import calculator_recipe
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """`apps/serve` as a user runs it: a subprocess serving the tiny random-weight Qwen3 model on the hf engine, the
-openai client against it, JSON logs, and a clean stop on Ctrl-C. Also: `--help` explains every option, and the
-default recipe is found (or the fallback is logged)."""
+openai client against it, JSON logs, and a clean stop on Ctrl-C. Also: `--help` explains every option, the demo
+recipe is served only for the demo model, and a model named without a recipe gets one derived from its directory."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from agent_runtime.serving import ServeConfig, calculator_recipe
+from agent_runtime.serving import ServeConfig
+from tests.support.calculator_recipe import CALCULATOR_RECIPE_FILE, calculator_recipe
 from tests.support.serve_process import APP, ServeProcess, free_port
 
 OPTIONS = [
@@ -48,13 +49,13 @@ def test_the_app_serves_a_real_model_and_stops_cleanly(tiny_qwen3_dir: Path, tmp
     log = tmp_path / "trajectories.jsonl"
     args = [
         "--model", str(tiny_qwen3_dir), "--port", str(port), "--log-format", "json",
-        "--recipe", "agent_runtime.serving.fallback_recipe:calculator_recipe", "--trajectory-log", str(log),
+        "--recipe", str(CALCULATOR_RECIPE_FILE), "--trajectory-log", str(log),
         "--api-key", "k",
     ]  # fmt: skip
     with ServeProcess(args) as app:
         assert app.url == f"http://127.0.0.1:{port}"
         client = OpenAI(base_url=f"{app.url}/v1", api_key="k", max_retries=0, timeout=60)
-        assert [m.id for m in client.models.list().data] == ["tiny-qwen3", "calculator-agent"]
+        assert [m.id for m in client.models.list().data] == ["tiny-qwen3", "calculator"]
         completion = client.chat.completions.create(
             model="tiny-qwen3", messages=[{"role": "user", "content": "What is 2 + 2?"}], max_tokens=4, seed=0
         )
@@ -70,17 +71,36 @@ def test_the_app_serves_a_real_model_and_stops_cleanly(tiny_qwen3_dir: Path, tmp
     assert all("timestamp" in e and "level" in e for e in events)
 
 
-def test_the_default_recipe_is_found_or_the_fallback_is_logged() -> None:
-    code = (
-        "import runpy, sys; sys.argv = ['serve']; "
-        f"m = runpy.run_path({str(APP / '__main__.py')!r}, run_name='serve_app'); "
-        "m['configure_logging']('json', 'info'); r = m['serving_recipe'](None); print('RECIPE', r.name)"
+def test_the_demo_recipe_is_served_only_for_the_demo_model(tiny_qwen3_dir: Path) -> None:
+    app = runpy.run_path(str(APP / "__main__.py"), run_name="serve_app")
+    serving_recipe = app["serving_recipe"]
+    demo = serving_recipe(app["parse_args"]([]))
+    assert demo.name == "demo-calculator" and demo.max_context_tokens == 512
+    derived = serving_recipe(app["parse_args"](["--model", str(tiny_qwen3_dir)]))
+    assert derived.name == "tiny-qwen3" and derived.protocol == "qwen3"
+    assert derived.max_context_tokens == 4096 and derived.max_new_tokens == 2048  # the config's, not the demo's
+    assert derived.environment().tools == []  # no tools in agent mode unless a recipe names them
+    shorter = serving_recipe(app["parse_args"](["--model", str(tiny_qwen3_dir), "--context-length", "1000"]))
+    assert (shorter.max_context_tokens, shorter.max_new_tokens) == (1000, 500)
+    chosen = serving_recipe(
+        app["parse_args"](["--model", str(tiny_qwen3_dir), "--recipe", str(CALCULATOR_RECIPE_FILE)])
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "RECIPE " in result.stdout
-    if "demo_recipe_unavailable" in result.stderr:
-        assert "RECIPE calculator-agent" in result.stdout
+    assert chosen.name == "calculator"
+
+
+def test_a_model_of_an_unknown_family_is_refused_at_startup(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other-model"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 8192}))
+    (other / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ bos_token }}{{ messages }}"}))
+    result = subprocess.run(
+        [sys.executable, str(APP), "--model", str(other), "--log-format", "json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    (failure,) = [json.loads(line) for line in result.stderr.splitlines() if '"startup_failed"' in line]
+    assert str(other) in failure["error"] and "model_type 'llama'" in failure["error"]
+    assert "qwen3, qwen3-instruct-2507, qwen3-thinking-2507" in failure["error"] and "--recipe" in failure["error"]
 
 
 def test_the_limits_given_on_the_command_line_reach_the_server() -> None:

@@ -16,9 +16,9 @@ import pytest
 from agent_env import Environment, StepResult
 from agent_protocol import Action, HFTokenizer
 from agent_runtime import EngineError, ScriptedEngine, read_trajectories
-from agent_runtime.serving import calculator_recipe
 from tests.serve.conftest import MODEL, LiveServer, ServerFactory
 from tests.support.calculator_policy import CALCULATOR_TOOL, calculator_policy
+from tests.support.calculator_recipe import calculator_recipe
 
 USER = [{"role": "user", "content": "What is 2 * 21?"}]
 

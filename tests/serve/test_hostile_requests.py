@@ -20,9 +20,9 @@ import structlog
 
 from agent_protocol import Action, ChatProtocol, HFTokenizer, get_protocol
 from agent_runtime import ScriptedEngine, read_trajectories
-from agent_runtime.serving import calculator_recipe
 from tests.serve.conftest import MODEL, LiveServer, ServerFactory
 from tests.support.calculator_policy import CALCULATOR_TOOL, calculator_policy
+from tests.support.calculator_recipe import calculator_recipe
 
 USER = [{"role": "user", "content": "What is 2 * 21?"}]
 VALID = json.dumps({"model": MODEL, "messages": USER}).encode()

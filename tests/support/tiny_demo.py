@@ -21,9 +21,9 @@ TINY_DEMO_SPEC = DemoModelSpec(
 
 def save_tiny_demo_model(path: Path, *, tokenizer_episodes: int = 300, seed: int = 0) -> Path:
     """Train the demo tokenizer on `tokenizer_episodes` episodes, build the tiny model and save both at `path`."""
+    from agent_demo.recipe import make_recipe
+    from agent_demo.tokenizer import train_demo_tokenizer
     from agent_train.demo.model import build_demo_model, save_model_dir
-    from agent_train.demo.recipe import make_recipe
-    from agent_train.demo.tokenizer import train_demo_tokenizer
 
     recipe = make_recipe()
     raw = train_demo_tokenizer(recipe.chat_protocol(), recipe.environment().tools, episodes=tokenizer_episodes)

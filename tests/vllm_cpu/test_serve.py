@@ -32,7 +32,8 @@ class Server:
     def __init__(self, loop: LoopThread, engine: Any, log: Path) -> None:
         import uvicorn
 
-        from agent_runtime.serving import ServeConfig, calculator_recipe, create_app
+        from agent_runtime.serving import ServeConfig, create_app
+        from tests.support.calculator_recipe import calculator_recipe
 
         self.loop = loop
         self.log = log

@@ -7,7 +7,14 @@ transformers or an HTTP stack.
 from importlib.metadata import version as _version
 
 from agent_protocol.chat_protocol import ChatProtocol
-from agent_protocol.errors import MessageError, ProtocolError, TokenizerLoadError, UnknownProtocolError
+from agent_protocol.errors import (
+    MessageError,
+    ProtocolDetectionError,
+    ProtocolError,
+    TokenizerLoadError,
+    UnknownProtocolError,
+)
+from agent_protocol.protocol_detection import detect_protocol, protocol_for_template, read_chat_template
 from agent_protocol.protocols.qwen3 import Qwen3Protocol, ThinkingMode
 from agent_protocol.registry import get_protocol, list_protocols, register_protocol
 from agent_protocol.tokenizer import GIL_FREE_MIN_CHARS, HFTokenizer, Tokenizer, TransformersTokenizer, load_tokenizer
@@ -33,6 +40,7 @@ __all__ = [
     "MessageError",
     "MessageLike",
     "ParseIssue",
+    "ProtocolDetectionError",
     "ProtocolError",
     "Qwen3Protocol",
     "Span",
@@ -49,9 +57,12 @@ __all__ = [
     "__version__",
     "coerce_messages",
     "coerce_tools",
+    "detect_protocol",
     "get_protocol",
     "list_protocols",
     "load_tokenizer",
+    "protocol_for_template",
+    "read_chat_template",
     "register_protocol",
 ]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "JsonLimitError",
     "MessageError",
+    "ProtocolDetectionError",
     "ProtocolError",
     "TokenizerLoadError",
     "UnknownProtocolError",
@@ -45,6 +46,17 @@ class UnknownProtocolError(ProtocolError, ValueError):
         self.name = name
         self.known = known
         super().__init__(f"unknown chat protocol {name!r}; known protocols: {', '.join(known)}")
+
+
+class ProtocolDetectionError(ProtocolError, ValueError):
+    """`detect_protocol` cannot tell which registered protocol fits a model directory. The message names the
+    directory, what it holds (model_type, chat template) and the registered protocols (`known`)."""
+
+    def __init__(self, model_dir: str, reason: str, *, known: list[str] | None = None) -> None:
+        self.model_dir = model_dir
+        self.reason = reason
+        self.known = known or []
+        super().__init__(f"cannot choose a chat protocol for {model_dir}: {reason}")
 
 
 class TokenizerLoadError(ProtocolError):

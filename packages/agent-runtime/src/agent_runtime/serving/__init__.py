@@ -17,7 +17,6 @@ from agent_runtime.serving.api_error import ApiError
 from agent_runtime.serving.app import create_app
 from agent_runtime.serving.backend import ServingBackend
 from agent_runtime.serving.config import ServeConfig
-from agent_runtime.serving.fallback_recipe import calculator_recipe
 from agent_runtime.serving.metrics import ServerMetrics
 from agent_runtime.serving.openai_wire import (
     AGENT_EVENT_FIELD,
@@ -38,7 +37,6 @@ __all__ = [
     "ServingBackend",
     "StoredConversation",
     "TranscriptStore",
-    "calculator_recipe",
     "conversation_key",
     "create_app",
 ]

@@ -7,7 +7,7 @@ directory it is saved as.
 
 The directory is an ordinary one: ``config.json``, ``model.safetensors``, ``generation_config.json`` (eos ids
 ``<|im_end|>`` and ``<|endoftext|>``), ``tokenizer.json`` and ``tokenizer_config.json`` carrying the official
-Qwen3-Instruct-2507 chat template (a package data file, ``templates/qwen3_instruct_2507.jinja``), so
+Qwen3-Instruct-2507 chat template (`agent_demo.chat_template`, package data of agent-demo), so
 `AutoModelForCausalLM`, `AutoTokenizer` and vLLM load it like any Qwen3 checkpoint.
 
 The default size (4 layers of width 192, about 1.7M parameters) trains on two CPU cores in minutes. This module
@@ -18,13 +18,14 @@ nothing about the task or about training.
 from __future__ import annotations
 
 import json
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 import structlog
 from tokenizers import Tokenizer
+
+from agent_demo.chat_template import DEMO_CHAT_TEMPLATE, chat_template
 
 if TYPE_CHECKING:
     from transformers import Qwen3ForCausalLM
@@ -41,7 +42,6 @@ __all__ = [
 
 logger = structlog.get_logger(__name__)
 
-DEMO_CHAT_TEMPLATE: Final = "qwen3_instruct_2507.jinja"
 _MODEL_FILES: Final = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json")
 
 
@@ -58,11 +58,6 @@ class DemoModelSpec(msgspec.Struct, frozen=True, kw_only=True):
     rope_theta: float = 10_000.0
     initializer_range: float = 0.02
     tie_word_embeddings: bool = True
-
-
-def chat_template() -> str:
-    """The official Qwen3-Instruct-2507 chat template (Jinja text), shipped as package data."""
-    return resources.files("agent_train.demo").joinpath("templates", DEMO_CHAT_TEMPLATE).read_text(encoding="utf-8")
 
 
 def _token_id(tokenizer: Tokenizer, text: str) -> int:

@@ -72,8 +72,8 @@ def held_out_success(model_dir: str | Path, size: int, *, max_batch_size: int = 
     """Greedy episodes of a saved demo model on the first `size` held-out problems: success per problem."""
     import asyncio
 
+    from agent_demo.recipe import make_recipe
     from agent_runtime.engines.hf import HFEngine
-    from agent_train.demo.recipe import make_recipe
     from agent_train.local.evaluate import evaluate
 
     recipe = make_recipe()
@@ -95,9 +95,6 @@ def held_out_success(model_dir: str | Path, size: int, *, max_batch_size: int = 
 def main(argv: Sequence[str] | None = None) -> int:
     """Compare two saved demo models on the same held-out problems: fixed, broken, sign test."""
     import argparse
-    import logging
-
-    import structlog
 
     from agent_runtime.torch_warnings import ignore_pynvml_deprecation
     from agent_train.demo.model import is_model_dir
@@ -111,13 +108,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for model_dir in (args.before, args.after):
         if not is_model_dir(model_dir):
             parser.error(f"{model_dir} is not a model directory (no config.json, model.safetensors, ...)")
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     comparison = compare(held_out_success(args.before, args.size), held_out_success(args.after, args.size))
     print(f"{args.before} -> {args.after}, {comparison.summary()}")
     return 0
 
 
 if __name__ == "__main__":
+    import logging
     import sys
 
+    import structlog
+
+    # the entry point (the library configures no logging): quiet the episodes' info lines around the one printed
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     sys.exit(main())

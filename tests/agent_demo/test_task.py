@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
+from agent_demo.task import generate_problems, parse_question, problem_rows, split_of, template_count
 from agent_env.tools.calculator import evaluate, format_number
 from agent_runtime import Recipe, load_recipe
-from agent_train.demo.task import generate_problems, parse_question, problem_rows, split_of, template_count
 
 
 def test_generation_is_reproducible_and_distinct() -> None:
@@ -53,7 +53,7 @@ def test_rows_carry_prompt_and_reference() -> None:
 
 
 def test_the_recipe_loads_by_module_path_and_scores_answers() -> None:
-    recipe = load_recipe("agent_train.demo.recipe")
+    recipe = load_recipe("agent_demo.recipe")
     assert isinstance(recipe, Recipe)
     assert recipe.chat_protocol().name == "qwen3-instruct-2507"
     assert [t.name for t in recipe.environment().tools] == ["calculator"]

@@ -1,0 +1,100 @@
+"""Which registered chat protocol fits a model directory: `detect_protocol(model_dir)` reads the chat template
+(``chat_template.jinja``, ``tokenizer_config.json``'s ``chat_template`` or ``chat_template.json``) and
+``config.json``'s ``model_type``, and names the protocol whose rendering equals that template's.
+
+    detect_protocol("path/to/Qwen3-4B")                  # "qwen3"
+    detect_protocol("path/to/Qwen3-4B-Instruct-2507")    # "qwen3-instruct-2507"
+    protocol_for_template(template_text, "qwen3")        # the same from the texts; None when unknown
+
+The template decides, because the protocol is the template's format: the Qwen3 family is told by its marks
+(``<|im_start|>`` turns, ``<tool_call>`` calls, ``reasoning_content``), and its members by the generation header
+(one that opens ``<think>`` is a thinking-only model, one that reads ``enable_thinking`` the hybrid Qwen3, else
+an instruct model). A directory without a template falls back on ``model_type`` (a Qwen3 architecture is the
+hybrid ``qwen3``). Anything else raises `ProtocolDetectionError` naming what was found and the registered
+protocols. This module reads JSON and text files; it renders nothing and knows no tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Final
+
+from agent_protocol.errors import ProtocolDetectionError
+from agent_protocol.registry import list_protocols
+
+__all__ = ["detect_protocol", "protocol_for_template", "read_chat_template"]
+
+_QWEN3_MARKS: Final = ("<|im_start|>", "<tool_call>", "reasoning_content")
+_QWEN3_MODEL_TYPES: Final = frozenset({"qwen3", "qwen3_moe"})
+_THINKING_HEADER: Final = "'<|im_start|>assistant\\n<think>\\n'"  # as the template writes the string literal
+
+
+def protocol_for_template(chat_template: str | None, model_type: str | None = None) -> str | None:
+    """The registered protocol whose format `chat_template` is (`model_type` decides when there is no template),
+    or None when neither is one this module knows."""
+    if chat_template:
+        if not all(mark in chat_template for mark in _QWEN3_MARKS):
+            return None
+        if _THINKING_HEADER in chat_template:
+            return "qwen3-thinking-2507"
+        if "enable_thinking" in chat_template:
+            return "qwen3"
+        return "qwen3-instruct-2507"
+    if model_type in _QWEN3_MODEL_TYPES:
+        return "qwen3"
+    return None
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ProtocolDetectionError(str(path.parent), f"{path.name} cannot be read: {e}") from e
+    return data if isinstance(data, dict) else {}
+
+
+def _template_of(value: Any) -> str | None:
+    """A ``chat_template`` value: a string, or a list of named templates (the one named "default", else the first)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        named = [t for t in value if isinstance(t, dict) and isinstance(t.get("template"), str)]
+        default = [t for t in named if t.get("name") == "default"]
+        chosen = default or named
+        return str(chosen[0]["template"]) if chosen else None
+    return None
+
+
+def read_chat_template(model_dir: str | Path) -> str | None:
+    """The chat template a Hugging Face model directory carries (the files `transformers` reads, in its order),
+    or None when it has none."""
+    root = Path(model_dir)
+    jinja = root / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    found = _template_of(_json_object(root / "tokenizer_config.json").get("chat_template"))
+    if found is None:
+        found = _template_of(_json_object(root / "chat_template.json").get("chat_template"))
+    return found
+
+
+def detect_protocol(model_dir: str | Path) -> str:
+    """The name of the registered protocol for the model in `model_dir` (see the module docstring). Raises
+    `ProtocolDetectionError` when the directory is missing or its format is none of the known families."""
+    root = Path(model_dir)
+    if not root.is_dir():
+        raise ProtocolDetectionError(str(root), "no such directory")
+    template = read_chat_template(root)
+    model_type = _json_object(root / "config.json").get("model_type")
+    model_type = model_type if isinstance(model_type, str) else None
+    name = protocol_for_template(template, model_type)
+    if name is None or name not in list_protocols():
+        seen = f"model_type {model_type!r}" if model_type else "no model_type"
+        seen += ", a chat template of an unknown family" if template else ", no chat template"
+        raise ProtocolDetectionError(
+            str(root), f"{seen}; the registered protocols are {', '.join(list_protocols())}", known=list_protocols()
+        )
+    return name
