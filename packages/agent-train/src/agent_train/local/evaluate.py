@@ -10,7 +10,9 @@ From a shell, for any saved demo model (the SFT model and the final one of a run
 
 Evaluation runs the agent the way `apps/serve` does (an `AgentRuntime` over the recipe's session), so the number
 is what a user of the served model would see. All episodes are started at once; the engine batches them. This
-module knows runtimes and trajectories (and, in `main`, the demo recipe); it knows nothing about training.
+module knows runtimes and trajectories (and, in `main`, the demo recipe); it knows nothing about training. It
+configures no logging: only run as a module (the ``__main__`` block, an entry point) does it quiet the episodes'
+log lines and transformers' progress bars.
 """
 
 from __future__ import annotations
@@ -77,13 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Held-out success of a saved demo model, overall and by phrasing (plain / word problems)."""
     import argparse
     import asyncio
-    import logging
-
-    import structlog
 
     ignore_pynvml_deprecation()
+    from agent_demo.recipe import make_recipe
     from agent_runtime.engines.hf import HFEngine
-    from agent_train.demo.recipe import make_recipe
 
     parser = argparse.ArgumentParser(
         prog="python -m agent_train.local.evaluate", description=main.__doc__.splitlines()[0] if main.__doc__ else None
@@ -95,11 +94,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if not is_model_dir(args.model_dir):
         parser.error(f"{args.model_dir} is not a model directory (no config.json, model.safetensors, ...)")
-    # an entry point: every episode logs at info level, and 200 of them would bury the one line this prints
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     recipe = make_recipe()
     rows = list(recipe.rows("test"))[: args.size]
 
@@ -117,6 +111,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    import logging
     import sys
 
+    import structlog
+    from transformers.utils import logging as hf_logging
+
+    # the entry point: every episode logs at info level, and 200 of them would bury the one line this prints
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     sys.exit(main())
