@@ -111,7 +111,7 @@ def test_the_limits_given_on_the_command_line_reach_the_server() -> None:
     )  # fmt: skip
     config = app["serve_config"](args, calculator_recipe(), "some/model")
     assert config == ServeConfig(
-        model_name="some/model", aliases=("calculator-agent",), engine_timeout_s=7.5, max_request_bytes=1000,
+        model_name="some/model", aliases=("calculator",), engine_timeout_s=7.5, max_request_bytes=1000,
         request_read_timeout_s=2.0, max_chars_per_token=16.0, max_buffered_request_bytes=5000,
     )  # fmt: skip
     defaults = app["serve_config"](app["parse_args"]([]), calculator_recipe(), "unused")
