@@ -47,9 +47,10 @@ backends:
             with OpenRLHF's own parser, then run it on a local Ray or submit it with --ray-address;
             arguments after `--` are appended to the OpenRLHF command verbatim (any OpenRLHF flag)
 
-presets:
-  --algo reinforce_baseline  REINFORCE++-baseline (group-mean baseline, KL as a k2 loss)
-  --algo grpo                GRPO (group_norm advantages, KL as a k3 loss)
+presets ([group]: needs --samples-per-prompt > 1; defaults from OpenRLHF's examples/scripts):
+{algorithms}
+  --is-correction            importance-sampling correction for off-policy rollouts (async mode, or vLLM vs
+                             DeepSpeed logprob mismatch): token-level mask of pi_train/pi_rollout outside [0.5, 5]
   --mode hybrid              vLLM, actor and reference share all GPUs and sleep in turn (colocate_all)
   --mode async               rollouts on their own vLLM GPUs overlap training (train.async_enable)
 
@@ -60,8 +61,18 @@ examples:
   uv run apps/train --backend openrlhf --recipe recipes/calculator.py --pretrain Qwen/Qwen3-4B --dry-run
   uv run apps/train --backend openrlhf --recipe recipes/calculator.py --pretrain Qwen/Qwen3-4B \\
       --algo grpo --gpus-per-node 8 --ray-address http://127.0.0.1:8265 -- --logger.wandb.key "$WANDB_KEY"
+  uv run apps/train --backend openrlhf --recipe recipes/calculator.py --pretrain Qwen/Qwen3-4B \\
+      --algo dapo --mode async --vllm-engines 4 --is-correction --dry-run
   uv run apps/train data --input prompts.jsonl --label-key solution --output runs/data/train.jsonl
 """
+
+
+def algorithms_help() -> str:
+    """One line per `--algo` preset, `[group]` marking those that need more than one sample per prompt."""
+    return "\n".join(
+        f"  --algo {name:<19} {'[group] ' if preset.group else ''}{preset.summary}"
+        for name, preset in ALGORITHMS.items()
+    )
 
 
 def configure_logging(verbose: bool) -> None:
@@ -82,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="apps/train",
         description="Train a tool-using agent recipe: locally, or with OpenRLHF (Ray + vLLM + DeepSpeed).",
-        epilog=EPILOG,
+        epilog=EPILOG.replace("{algorithms}", algorithms_help()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--backend", choices=["local", "openrlhf"], default="local", help="default: local")
@@ -98,14 +109,24 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", help="where data, checkpoints and logs go (default: runs/<recipe name>)")
 
     algo = parser.add_argument_group("openrlhf: algorithm")
-    algo.add_argument("--algo", choices=sorted(ALGORITHMS), default="reinforce_baseline")
-    algo.add_argument("--samples-per-prompt", type=int, default=8, help="group size (default: 8)")
+    algo.add_argument(
+        "--algo",
+        choices=list(ALGORITHMS),
+        default="reinforce_baseline",
+        help="the preset (listed below; default: reinforce_baseline)",
+    )
+    algo.add_argument(
+        "--is-correction", action="store_true", help="importance-sampling correction of off-policy rollouts (below)"
+    )
+    algo.add_argument(
+        "--samples-per-prompt", type=int, default=8, help="group size; the [group] presets need > 1 (default: 8)"
+    )
     algo.add_argument("--rollout-batch-size", type=int, default=64, help="prompts per rollout (default: 64)")
     algo.add_argument("--train-batch-size", type=int, default=512, help="samples per optimizer step (default: 512)")
     algo.add_argument("--micro-train-batch-size", type=int, default=2)
     algo.add_argument("--micro-rollout-batch-size", type=int, default=4)
     algo.add_argument("--lr", type=float, default=1e-6, help="actor learning rate (default: 1e-6)")
-    algo.add_argument("--kl-coef", type=float, default=1e-3, help="KL to the reference; 0 drops it (default: 1e-3)")
+    algo.add_argument("--kl-coef", type=float, help="KL to the reference; 0 drops it (default: the preset's)")
     algo.add_argument("--temperature", type=float, default=1.0)
     algo.add_argument("--episodes", type=int, default=1, help="passes over the prompts (default: 1)")
     algo.add_argument("--max-len", type=int, help="tokens per trained sequence (default: recipe's context or 8192)")
@@ -118,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     place.add_argument("--gpus-per-node", type=int, default=8, help="training GPUs per node (default: 8)")
     place.add_argument("--vllm-engines", type=int, help="default: one per --vllm-tp training GPUs")
     place.add_argument("--vllm-tp", type=int, default=1, help="tensor parallel size of each vLLM engine")
+    place.add_argument("--critic-nodes", type=int, help="--algo ppo: the critic's nodes (default: --nodes)")
+    place.add_argument(
+        "--critic-gpus-per-node",
+        type=int,
+        help="--algo ppo: the critic's GPUs per node (default: --gpus-per-node; in async mode its own GPUs)",
+    )
     place.add_argument("--zero-stage", type=int, default=3)
     place.add_argument("--attn", help="attention implementation (default: flash_attention_2 if installed, else sdpa)")
     place.add_argument("--engine-timeout", type=float, help="seconds one generation may take (default: no limit)")
@@ -189,6 +216,9 @@ def run_openrlhf(args: argparse.Namespace, extra: list[str]) -> int:
         python=args.python,
         engine_timeout_s=args.engine_timeout,
         extra_args=tuple(extra),
+        is_correction=args.is_correction,
+        critic_nodes=args.critic_nodes,
+        critic_gpus_per_node=args.critic_gpus_per_node,
     )
     plan = plan_launch(config, recipe)
     check_plan(plan)  # OpenRLHF's own parser and checks: a bad flag fails here, not on the cluster

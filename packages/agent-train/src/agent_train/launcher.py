@@ -11,8 +11,11 @@ The command is `python -m openrlhf.cli.train_ppo_ray` with openrlhf 0.11's dotte
 - the agent: ``--train.agent_func_path`` is agent-train's `openrlhf_agent.py`, and ``AGENT_RECIPE`` (set in the
   local environment, or in the Ray job's runtime environment) names the recipe; the data is the prepared JSONL
   (``--data.input_key agent_task --data.label_key label``, no chat template: the executor renders prompts);
-- the algorithm preset: ``reinforce_baseline`` (REINFORCE++-baseline: group-mean baseline, KL as a k2 loss) or
-  ``grpo`` (``group_norm`` advantages, KL as a k3 loss); ``--kl-coef 0`` drops the KL and the reference model;
+- the algorithm preset (`openrlhf_presets.ALGORITHMS`): ``ppo`` (GAE with a critic placed like the actor: on the
+  shared GPUs in hybrid mode, on GPUs of its own in async mode), ``reinforce``, ``reinforce_baseline``, ``rloo``,
+  ``grpo``, ``dr_grpo`` or ``dapo``, with their KL form and coefficient from OpenRLHF's example scripts
+  (`kl_coef` overrides it; 0 drops the KL and the reference model); the group presets need
+  ``samples_per_prompt > 1``; `is_correction` adds the importance-sampling correction of off-policy rollouts;
 - the placement preset: ``hybrid`` (vLLM, actor and reference share every GPU and sleep in turn:
   ``--train.colocate_all --vllm.enable_sleep --ds.enable_sleep``; one vLLM engine per `vllm_tensor_parallel`
   GPUs) or ``async`` (``--train.async_enable``: rollouts on their own vLLM GPUs overlap training; actor and
@@ -46,6 +49,7 @@ from agent_runtime.recipe import Recipe
 from agent_train.dataset import INPUT_KEY, LABEL_KEY, prepare_jsonl_dataset, prepare_recipe_dataset
 from agent_train.errors import LaunchError
 from agent_train.openrlhf_args import CheckedArguments, check_arguments
+from agent_train.openrlhf_presets import ALGORITHMS, IS_CORRECTION_FLAGS, Algorithm
 
 __all__ = [
     "AGENT_FUNC_PATH",
@@ -64,13 +68,8 @@ __all__ = [
 
 logger = structlog.get_logger(__name__)
 
-Algorithm = Literal["reinforce_baseline", "grpo"]
 Mode = Literal["hybrid", "async"]
 
-ALGORITHMS: Final[dict[str, tuple[str, str]]] = {
-    "reinforce_baseline": ("reinforce_baseline", "k2"),  # (advantage estimator, KL-loss estimator)
-    "grpo": ("group_norm", "k3"),
-}
 MODES: Final[tuple[str, ...]] = ("hybrid", "async")
 TRAIN_MODULE: Final = "openrlhf.cli.train_ppo_ray"
 AGENT_FUNC_PATH: Final = str(Path(__file__).resolve().with_name("openrlhf_agent.py"))
@@ -79,7 +78,9 @@ AGENT_FUNC_PATH: Final = str(Path(__file__).resolve().with_name("openrlhf_agent.
 
 class LaunchConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Everything a launch needs; the defaults are a single 8-GPU node. `max_len` defaults to the recipe's
-    `max_context_tokens` (else 8192); `max_new_tokens`, when set, caps each turn below the recipe's budget."""
+    `max_context_tokens` (else 8192); `max_new_tokens`, when set, caps each turn below the recipe's budget.
+    `kl_coef` defaults to the algorithm preset's; `critic_nodes`/`critic_gpus_per_node` (``ppo`` only) to the
+    actor's."""
 
     recipe: str
     pretrain: str
@@ -98,7 +99,7 @@ class LaunchConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_len: int | None = None
     max_new_tokens: int | None = None
     learning_rate: float = 1e-6
-    kl_coef: float = 1e-3
+    kl_coef: float | None = None
     temperature: float = 1.0
     episodes: int = 1
     epochs: int = 1
@@ -115,6 +116,9 @@ class LaunchConfig(msgspec.Struct, frozen=True, kw_only=True):
     agent_func_path: str | None = None
     engine_timeout_s: float | None = None
     extra_args: tuple[str, ...] = ()
+    is_correction: bool = False
+    critic_nodes: int | None = None
+    critic_gpus_per_node: int | None = None
 
 
 class LaunchPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -158,6 +162,14 @@ def plan_launch(config: LaunchConfig, recipe: Recipe) -> LaunchPlan:
         _positive(name, getattr(config, name))
     if config.algorithm not in ALGORITHMS:
         raise LaunchError(f"unknown algorithm {config.algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+    preset = ALGORITHMS[config.algorithm]
+    if preset.group and config.samples_per_prompt < 2:
+        raise LaunchError(
+            f"--algo {config.algorithm} compares the samples of each prompt (its baseline is the prompt's group): "
+            f"it needs --samples-per-prompt > 1, got {config.samples_per_prompt}"
+        )
+    if config.kl_coef is not None and config.kl_coef < 0:
+        raise LaunchError(f"kl_coef must be at least 0, got {config.kl_coef}")
     if config.mode not in MODES:
         raise LaunchError(f"unknown mode {config.mode!r}; choose one of {', '.join(MODES)}")
     training_gpus = config.nodes * config.gpus_per_node
@@ -173,7 +185,6 @@ def plan_launch(config: LaunchConfig, recipe: Recipe) -> LaunchPlan:
         )
     run_dir = Path(config.run_dir or Path("runs") / recipe.name).resolve()
     max_len = config.max_len or recipe.max_context_tokens or 8192
-    estimator, kl_estimator = ALGORITHMS[config.algorithm]
     nodes, gpus = str(config.nodes), str(config.gpus_per_node)
     dataset = run_dir / "data" / f"{config.split}.jsonl"
     eval_dataset = run_dir / "data" / f"{config.eval_split}.jsonl" if config.eval_split else None
@@ -191,8 +202,7 @@ def plan_launch(config: LaunchConfig, recipe: Recipe) -> LaunchPlan:
         "--vllm.num_engines", str(engines),
         "--vllm.tensor_parallel_size", str(config.vllm_tensor_parallel),
         # algorithm
-        "--algo.advantage.estimator", estimator,
-        "--algo.kl.init_coef", str(config.kl_coef),
+        *preset.flags(kl_coef=config.kl_coef),
         "--rollout.n_samples_per_prompt", str(config.samples_per_prompt),
         "--rollout.batch_size", str(config.rollout_batch_size),
         "--rollout.micro_batch_size", str(config.micro_rollout_batch_size),
@@ -214,8 +224,19 @@ def plan_launch(config: LaunchConfig, recipe: Recipe) -> LaunchPlan:
         "--ckpt.save_hf",
         "--logger.tensorboard_dir", str(run_dir / "tensorboard"),
     ]  # fmt: skip
-    if config.kl_coef > 0:
-        args += ["--algo.kl.use_loss", "--algo.kl.estimator", kl_estimator]
+    if preset.critic:  # PPO's value model: the actor's weights with a value head
+        critic = (config.critic_nodes or config.nodes, config.critic_gpus_per_node or config.gpus_per_node)
+        if config.mode == "hybrid" and critic != (config.nodes, config.gpus_per_node):
+            raise LaunchError(
+                f"hybrid mode colocates the critic with the actor on every GPU: the critic's {critic[0]} nodes x "
+                f"{critic[1]} GPUs must equal {config.nodes} nodes x {config.gpus_per_node} GPUs"
+            )
+        args += ["--critic.model_name_or_path", config.pretrain]  # OpenRLHF's own default for an agent run
+        args += ["--critic.num_nodes", str(critic[0]), "--critic.num_gpus_per_node", str(critic[1])]
+    elif config.critic_nodes is not None or config.critic_gpus_per_node is not None:
+        raise LaunchError(f"--algo {config.algorithm} has no critic; the critic's placement is for --algo ppo")
+    if config.is_correction:
+        args += list(IS_CORRECTION_FLAGS)
     if config.max_new_tokens is not None:
         args += ["--rollout.max_new_tokens", str(config.max_new_tokens)]
     if eval_dataset is not None:
