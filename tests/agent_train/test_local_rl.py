@@ -31,7 +31,7 @@ def test_reinforce_baseline_subtracts_the_group_mean_and_scales_by_the_batch() -
     rewards = [1.0, 0.0, 0.5, 0.5]
     advantages = group_advantages(rewards, [0, 0, 1, 1], "reinforce_baseline")
     centered = [0.5, -0.5, 0.0, 0.0]
-    scale = math.sqrt(sum(c * c for c in centered) / 3)
+    scale = math.sqrt(sum(c * c for c in centered) / 4)  # OpenRLHF's whitening: the population std over tokens
     assert advantages == pytest.approx([c / scale for c in centered], rel=1e-4)
     with pytest.raises(ValueError, match="estimator"):
         group_advantages(rewards, [0, 0, 1, 1], "ppo")  # type: ignore[arg-type]

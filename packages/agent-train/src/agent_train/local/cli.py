@@ -3,6 +3,7 @@
     uv run apps/train                                 # train the demo agent into runs/demo, install it for serve
     uv run apps/train -- --seed 1 --run-dir runs/s1   # options after `--` come here
     uv run apps/train -- --resume                     # continue runs/demo from its last checkpoint
+    uv run apps/train -- --estimator rloo --dynamic-filtering   # another OpenRLHF estimator, DAPO's filter
     python -m agent_train.local.cli --preset ci       # the same, without the app
 
 `main(argv)` parses the options, runs `train_local`, prints the three held-out figures and where everything
@@ -21,9 +22,25 @@ import msgspec
 
 from agent_runtime.torch_warnings import ignore_pynvml_deprecation
 from agent_train.errors import TrainError
-from agent_train.local.config import PRESETS, preset
+from agent_train.local.config import ESTIMATORS, GROUP_ESTIMATORS, PRESETS, check_config, preset
 
 __all__ = ["build_parser", "main"]
+
+
+def _estimators_help() -> str:
+    width = max(map(len, ESTIMATORS))
+    lines = [
+        f"  {name:<{width}}  {text}{' (needs more than one sample per prompt)' if name in GROUP_ESTIMATORS else ''}"
+        for name, text in ESTIMATORS.items()
+    ]
+    return (
+        "estimators (--estimator, OpenRLHF's names; default grpo):\n"
+        + "\n".join(lines)
+        + (
+            "\n  --dynamic-filtering  DAPO's dynamic filtering: drop groups whose rewards are all equal and sample new "
+            "prompts to refill the step"
+        )
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="apps/train --backend local --",
         description="Train the embedded demo agent on this machine: tokenizer, tiny Qwen3 model, SFT on expert "
         "episodes, then RL through the OpenRLHF agent executor with the hf engine.",
+        epilog=_estimators_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--run-dir", default="runs/demo", help="metrics, plot, checkpoints (default: runs/demo)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default", help="default: the full demo run")
@@ -40,7 +59,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rl-steps", type=int, help="overrides the preset's RL steps")
     parser.add_argument("--eval-size", type=int, help="held-out problems per evaluation (at most 500)")
     parser.add_argument("--kl-coef", type=float, help="KL to the SFT model during RL (0: none)")
-    parser.add_argument("--estimator", choices=["grpo", "reinforce_baseline"], help="advantage estimator")
+    parser.add_argument(
+        "--estimator", choices=list(ESTIMATORS), help="RL advantage estimator (default: grpo; see below)"
+    )
+    parser.add_argument(
+        "--dynamic-filtering",
+        action="store_true",
+        default=None,
+        help="DAPO's dynamic filtering: train only on groups whose rewards differ, refilled with new prompts",
+    )
+    parser.add_argument(
+        "--filter-rounds",
+        type=int,
+        help="rollout rounds per RL step at most when dynamic filtering refills (default 3)",
+    )
     parser.add_argument(
         "--stop-after", type=int, metavar="STEPS", help="checkpoint and stop after STEPS steps (continue with --resume)"
     )
@@ -61,8 +93,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "eval_size": args.eval_size,
         "rl_kl_coef": args.kl_coef,
         "rl_estimator": args.estimator,
+        "rl_dynamic_filtering": args.dynamic_filtering,
+        "rl_filter_rounds": args.filter_rounds,
     }
     config = msgspec.structs.replace(config, **{k: v for k, v in overrides.items() if v is not None})
+    try:
+        check_config(config)
+    except ValueError as e:
+        print(f"apps/train: error: {e}", file=sys.stderr)
+        return 2
 
     ignore_pynvml_deprecation()
     from agent_train.demo.build import install_demo_model  # torch, transformers and vLLM load from here on

@@ -9,7 +9,9 @@ the test suite runs in about five.
 The phases: a tokenizer trained on the task's text, a freshly initialized tiny Qwen3 model, a short supervised
 warm start on expert episodes (enough to learn the format, not enough to copy every digit right), then RL on
 groups of sampled episodes, with held-out evaluations before training, after SFT and every `eval_every` RL steps.
-The config is stored with every checkpoint; resuming checks it is unchanged. This module holds numbers only.
+The RL advantage estimator is one of OpenRLHF's, by its name (`ESTIMATORS`; see `agent_train.local.rl`), and
+``rl_dynamic_filtering`` adds DAPO's dynamic filtering. The config is stored with every checkpoint; resuming checks
+it is unchanged. This module holds numbers and names only.
 """
 
 from __future__ import annotations
@@ -20,7 +22,19 @@ import msgspec
 
 from agent_train.demo.model import DemoModelSpec
 
-__all__ = ["PRESETS", "LocalTrainConfig", "preset"]
+__all__ = ["ESTIMATORS", "GROUP_ESTIMATORS", "PRESETS", "Estimator", "LocalTrainConfig", "check_config", "preset"]
+
+Estimator = Literal["reinforce", "reinforce_baseline", "rloo", "grpo", "dr_grpo"]
+ESTIMATORS: Final[dict[str, str]] = {
+    "reinforce": "REINFORCE++: the reward, whitened over the batch's action tokens (no group baseline)",
+    "reinforce_baseline": "REINFORCE++-baseline: reward minus its group's mean, whitened over the batch",
+    "rloo": "RLOO: reward minus the mean of the other samples of its group",
+    "grpo": "GRPO (OpenRLHF's group_norm): reward minus its group's mean, divided by the group's std",
+    "dr_grpo": "Dr. GRPO: reward minus its group's mean, no std division",
+}
+"""The local estimators, by OpenRLHF's names (``grpo`` is its ``group_norm``), each with a one-line description."""
+GROUP_ESTIMATORS: Final = frozenset({"reinforce_baseline", "rloo", "grpo", "dr_grpo"})
+"""The estimators whose baseline is the prompt's group: they need more than one sample per prompt."""
 
 
 class LocalTrainConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,10 +60,14 @@ class LocalTrainConfig(msgspec.Struct, frozen=True, kw_only=True):
     rl_lr: float = 2e-4
     rl_warmup_steps: int = 1  # linear warmup of rl_lr over this many steps (1: none)
     rl_temperature: float = 1.0
-    rl_estimator: Literal["grpo", "reinforce_baseline"] = "grpo"
+    rl_estimator: Estimator = "grpo"
     rl_kl_coef: float = 0.0
     rl_clip_eps: float = 0.2
     rl_minibatches: int = 1
+    # DAPO's dynamic filtering: drop the groups whose rewards are all equal and sample more prompts to refill the
+    # step's `rl_prompts` groups, in at most `rl_filter_rounds` rollout rounds per step (then train on what passed)
+    rl_dynamic_filtering: bool = False
+    rl_filter_rounds: int = 3
     # held-out evaluation (greedy): every `sft_eval_every` SFT steps and every `eval_every` RL steps
     eval_size: int = 200
     sft_eval_every: int = 50
@@ -68,6 +86,19 @@ PRESETS: Final[dict[str, LocalTrainConfig]] = {
         eval_every=5,
     ),
 }
+
+
+def check_config(config: LocalTrainConfig) -> LocalTrainConfig:
+    """`config`, or a `ValueError` naming the field that cannot work (an unknown estimator, a group baseline or
+    dynamic filtering with one sample per prompt)."""
+    if config.rl_estimator not in ESTIMATORS:
+        raise ValueError(f"rl_estimator: unknown {config.rl_estimator!r}; choose one of {', '.join(ESTIMATORS)}")
+    if config.rl_group_size < 2 and (config.rl_estimator in GROUP_ESTIMATORS or config.rl_dynamic_filtering):
+        what = "dynamic filtering" if config.rl_dynamic_filtering else f"the {config.rl_estimator} estimator"
+        raise ValueError(f"rl_group_size: {what} compares the samples of a prompt and needs at least 2, got 1")
+    if config.rl_filter_rounds < 1:
+        raise ValueError(f"rl_filter_rounds must be at least 1, got {config.rl_filter_rounds}")
+    return config
 
 
 def preset(name: str) -> LocalTrainConfig:

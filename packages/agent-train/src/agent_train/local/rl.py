@@ -1,19 +1,35 @@
-"""The RL update of the local trainer: group-normalized advantages and a token-level clipped policy-gradient loss
-on action tokens only, with an optional KL penalty to a frozen reference model.
+"""The RL update of the local trainer: per-episode advantages by OpenRLHF's estimators, a token-level clipped
+policy-gradient loss on action tokens only, and an optional KL penalty to a frozen reference model.
 
     advantages = group_advantages([r.reward for r in records], [r.group for r in records], "grpo")
     stats = rl_update(model, optimizer, records, advantages, pad_id=pad, ref_model=ref, kl_coef=0.01)
 
-Advantages (one per episode, given to each of its action tokens), the two estimators of OpenRLHF's presets:
+Advantages (one per episode, given to each of its action tokens), named and computed as OpenRLHF 0.11.2's
+`RemoteExperienceMaker.compute_advantages_and_returns` (openrlhf/trainer/ppo_utils/experience_maker.py) does for
+a reward at the episode's last action token, no KL in the reward and ``gamma = 1``:
 
+- ``reinforce`` (REINFORCE++): the reward itself, then whitened over the batch;
+- ``reinforce_baseline`` (REINFORCE++-baseline): ``r - mean of its group``, then whitened over the batch;
+- ``rloo``: ``r - mean of the other samples of its group`` (leave-one-out), not whitened;
 - ``grpo`` (OpenRLHF's ``group_norm``): ``(r - mean of its group) / (std of its group + 1e-6)``;
-- ``reinforce_baseline`` (REINFORCE++-baseline): ``r - mean of its group``, divided by the batch's std.
+- ``dr_grpo`` (Dr. GRPO): ``r - mean of its group``, not divided by any std.
 
-Episodes whose advantage is zero (a group where every sample scored the same) carry no signal and are dropped
-before the forward pass. The loss is PPO's clipped surrogate against the rollout's own logprobs (the engine's
-raw logprobs, as vLLM reports them), averaged over every action token of a minibatch, plus ``kl_coef`` times the
-k3 estimate of KL(policy || reference) on the same tokens. With one minibatch the ratio is 1 up to float
-rounding and this is plain REINFORCE with a group baseline. This module knows tensors; nothing about sessions.
+"Whitened" is OpenRLHF's token-level normalization: mean and (population) variance over every action token of
+the batch, so an episode weighs as many tokens as it trains (`token_counts`; one each when not given). The
+group std is the unbiased one, as torch's `std`; OpenRLHF adds 1e-9 to it where this adds 1e-6 (the local
+default's, kept so that the CI learning check is unchanged). OpenRLHF groups a batch by reshaping it into rows of
+`n_samples_per_prompt`; here a group is the episodes that share a `group` id, of any size (a lost episode leaves
+a smaller group; ``rloo`` gives a group of one a zero advantage).
+
+DAPO's dynamic filtering is `informative_groups`: the groups whose rewards are not all equal (OpenRLHF's
+`SamplesGenerator._generate_vllm` drops a prompt whose mean score is outside ``dynamic_filtering_range``,
+(0, 1) by default: with 0/1 rewards, exactly the all-wrong and all-right groups); the trainer refills the batch.
+
+Episodes whose advantage is zero carry no signal and are dropped before the forward pass. The loss is PPO's
+clipped surrogate against the rollout's own logprobs (the engine's raw logprobs, as vLLM reports them), averaged
+over every action token of a minibatch (OpenRLHF's ``token-mean``), plus ``kl_coef`` times the k3 estimate of
+KL(policy || reference) on the same tokens. With one minibatch the ratio is 1 up to float rounding and this is
+plain REINFORCE with the estimator's baseline. This module knows tensors; nothing about sessions.
 """
 
 from __future__ import annotations
@@ -21,35 +37,64 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from agent_train.local.batch import pad_batch, token_logprobs, values_on_targets
+from agent_train.local.config import ESTIMATORS, GROUP_ESTIMATORS, Estimator
 from agent_train.local.rollout import RolloutRecord
 
-__all__ = ["Estimator", "group_advantages", "policy_loss", "rl_update"]
+__all__ = ["ESTIMATORS", "GROUP_ESTIMATORS", "Estimator", "group_advantages", "informative_groups", "policy_loss",
+           "rl_update"]  # fmt: skip
 
-Estimator = Literal["grpo", "reinforce_baseline"]
 _EPS = 1e-6
 
 
-def group_advantages(rewards: Sequence[float], groups: Sequence[int], estimator: Estimator) -> list[float]:
-    """One advantage per episode (see the module docstring)."""
+def group_advantages(
+    rewards: Sequence[float],
+    groups: Sequence[int],
+    estimator: Estimator,
+    *,
+    token_counts: Sequence[int] | None = None,
+) -> list[float]:
+    """One advantage per episode (see the module docstring); `token_counts` weigh the batch whitening of
+    ``reinforce`` and ``reinforce_baseline`` (the number of action tokens of each episode)."""
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
     if len(rewards) != len(groups):
         raise ValueError(f"got {len(rewards)} rewards for {len(groups)} group ids")
+    weights = [1.0] * len(rewards) if token_counts is None else [float(n) for n in token_counts]
+    if len(weights) != len(rewards):
+        raise ValueError(f"got {len(weights)} token counts for {len(rewards)} rewards")
     members: dict[int, list[float]] = {}
     for reward, group in zip(rewards, groups, strict=True):
         members.setdefault(group, []).append(reward)
-    means = {g: sum(v) / len(v) for g, v in members.items()}
-    centered = [r - means[g] for r, g in zip(rewards, groups, strict=True)]
+    sums = {g: sum(v) for g, v in members.items()}
+    centered = [r - sums[g] / len(members[g]) for r, g in zip(rewards, groups, strict=True)]
     if estimator == "grpo":
         stds = {g: _std(v) for g, v in members.items()}
         return [c / (stds[g] + _EPS) for c, g in zip(centered, groups, strict=True)]
-    if estimator == "reinforce_baseline":
-        scale = _std(centered)
-        return [c / (scale + _EPS) for c in centered]
-    raise ValueError(f"unknown advantage estimator {estimator!r}; use 'grpo' or 'reinforce_baseline'")
+    if estimator == "dr_grpo":
+        return centered
+    if estimator == "rloo":
+        return [
+            r - (sums[g] - r) / (len(members[g]) - 1) if len(members[g]) > 1 else 0.0
+            for r, g in zip(rewards, groups, strict=True)
+        ]
+    return _whiten(list(rewards) if estimator == "reinforce" else centered, weights)
+
+
+def _whiten(values: Sequence[float], weights: Sequence[float]) -> list[float]:
+    """OpenRLHF's batch normalization of advantages: ``(v - mean) / sqrt(max(var, 1e-8))``, the mean and the
+    (population) variance taken over tokens, i.e. weighted by each episode's token count."""
+    total = sum(weights)
+    if total <= 0:
+        return [0.0] * len(values)
+    mean = sum(v * w for v, w in zip(values, weights, strict=True)) / total
+    var = sum((v - mean) ** 2 * w for v, w in zip(values, weights, strict=True)) / total
+    scale = 1.0 / math.sqrt(max(var, 1e-8))
+    return [(v - mean) * scale for v in values]
 
 
 def _std(values: Sequence[float]) -> float:
@@ -57,6 +102,14 @@ def _std(values: Sequence[float]) -> float:
         return 0.0
     mean = sum(values) / len(values)
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def informative_groups(records: Sequence[RolloutRecord]) -> list[RolloutRecord]:
+    """DAPO's dynamic filtering: the records of the groups whose rewards are not all equal, in their order."""
+    rewards: dict[int, set[float]] = {}
+    for record in records:
+        rewards.setdefault(record.group, set()).add(record.reward)
+    return [record for record in records if len(rewards[record.group]) > 1]
 
 
 def policy_loss(

@@ -12,8 +12,10 @@ of `train_local`.
    action tokens; held-out success every `sft_eval_every` steps and after SFT; the SFT model is saved (the KL
    reference);
 5. RL: each step samples `rl_prompts` training prompts `rl_group_size` times through `AgentExecutor.execute`
-   (OpenRLHF's executor contract), computes group-normalized advantages and takes a policy-gradient step on the
-   action tokens; held-out success every `eval_every` steps and at the end;
+   (OpenRLHF's executor contract), computes the `rl_estimator`'s advantages and takes a policy-gradient step on
+   the action tokens; with `rl_dynamic_filtering` (DAPO) the groups whose rewards are all equal are dropped and
+   new prompts are sampled to refill the step, for at most `rl_filter_rounds` rounds; held-out success every
+   `eval_every` steps and at the end;
 6. the final model (a Hugging Face directory), the metrics JSONL, the learning-curve PNG and ``summary.json``.
 
 Run directory: ``metrics.jsonl``, ``learning_curve.png``, ``summary.json``, ``checkpoint/`` (latest, with
@@ -47,12 +49,12 @@ from agent_train.demo.recipe import make_recipe
 from agent_train.demo.tokenizer import train_demo_tokenizer
 from agent_train.errors import TrainError
 from agent_train.local.checkpoint import TrainerState, load_checkpoint, save_checkpoint
-from agent_train.local.config import LocalTrainConfig
+from agent_train.local.config import LocalTrainConfig, check_config
 from agent_train.local.evaluate import EvalResult, evaluate
 from agent_train.local.metrics import MetricsWriter, read_metrics
 from agent_train.local.plot import plot_metrics
-from agent_train.local.rl import group_advantages, rl_update
-from agent_train.local.rollout import Rollouts
+from agent_train.local.rl import group_advantages, informative_groups, rl_update
+from agent_train.local.rollout import RolloutRecord, Rollouts
 from agent_train.local.sft import SFTExample, expert_trajectories, sample_batch, sft_examples, sft_step
 
 __all__ = ["TrainResult", "sft_learning_rate", "train_local", "train_local_async"]
@@ -286,10 +288,18 @@ class _Run:
                 temperature=config.rl_temperature,
                 seed=config.seed * 1_000_003 + self.state.rl_step,
             )
+            sampled, rounds = records, 1
+            if config.rl_dynamic_filtering:
+                records, sampled, rounds = await self.dynamic_filter(rollouts, records)
             generate_s = time.perf_counter() - started
             for group in self.optimizer.param_groups:
                 group["lr"] = config.rl_lr * min(1.0, (self.state.rl_step + 1) / max(1, config.rl_warmup_steps))
-            advantages = group_advantages([r.reward for r in records], [r.group for r in records], config.rl_estimator)
+            advantages = group_advantages(
+                [r.reward for r in records],
+                [r.group for r in records],
+                config.rl_estimator,
+                token_counts=[sum(r.loss_mask) for r in records],
+            )
             stats = rl_update(
                 self.model,
                 self.optimizer,
@@ -303,12 +313,22 @@ class _Run:
                 rng=self.rng,
             )
             self.state.rl_step += 1
-            reward = sum(r.reward for r in records) / len(records)
+            reward = sum(r.reward for r in sampled) / max(1, len(sampled))
+            filtering: dict[str, int] = {}
+            if config.rl_dynamic_filtering:
+                filtering = {
+                    "groups_sampled": len({r.group for r in sampled}),
+                    "groups_trained": len({r.group for r in records}),
+                    "rounds": rounds,
+                }
             self.metrics.write(
                 "rl",
                 step=self.state.step,
                 reward=round(reward, 4),
-                tool_calls=round(sum(r.extra_logs.get("agent_tool_calls", 0.0) for r in records) / len(records), 3),
+                tool_calls=round(
+                    sum(r.extra_logs.get("agent_tool_calls", 0.0) for r in sampled) / max(1, len(sampled)), 3
+                ),
+                **filtering,
                 generate_s=round(generate_s, 2),
                 update_s=round(time.perf_counter() - started - generate_s, 2),
                 **{k: round(v, 5) for k, v in stats.items()},
@@ -328,6 +348,30 @@ class _Run:
         save_model_dir(self.model, self.raw_tokenizer, self.run_dir / "final")
         self.state.phase = "done"
         self.save()
+
+    async def dynamic_filter(
+        self, rollouts: Rollouts, records: list[RolloutRecord]
+    ) -> tuple[list[RolloutRecord], list[RolloutRecord], int]:
+        """DAPO's dynamic filtering, refilled as OpenRLHF's `SamplesGenerator._generate_vllm` does (a new prompt for
+        each filtered one): keeps the groups whose rewards differ, samples that many new prompts again until
+        `rl_prompts` groups passed or `rl_filter_rounds` rounds ran, and trains on at most `rl_prompts` groups.
+        Returns the kept records, every sampled record, and the rounds it took."""
+        config = self.config
+        kept, sampled, rounds = informative_groups(records), list(records), 1
+        while rounds < config.rl_filter_rounds and (missing := config.rl_prompts - len({r.group for r in kept})) > 0:
+            offset = 1 + max((r.group for r in sampled), default=-1)  # group ids stay unique across rounds
+            more = await rollouts.collect(
+                self.rng.sample(self.train_rows, missing),
+                group_size=config.rl_group_size,
+                temperature=config.rl_temperature,
+                seed=config.seed * 1_000_003 + self.state.rl_step + 1_000_000 * rounds,
+            )
+            more = [msgspec.structs.replace(r, group=r.group + offset) for r in more]
+            sampled += more
+            kept += informative_groups(more)
+            rounds += 1
+        groups = sorted({r.group for r in kept})[: config.rl_prompts]
+        return [r for r in kept if r.group in set(groups)], sampled, rounds
 
     def finish(self) -> TrainResult:
         self.bar.close()
@@ -372,7 +416,11 @@ async def train_local_async(
 ) -> TrainResult:
     """`train_local` for callers already in an event loop (the engine's worker thread does the heavy work, but the
     optimizer steps run on the loop's thread)."""
-    run = _Run(config or LocalTrainConfig(), Path(run_dir), recipe or make_recipe(), progress, stop_after)
+    try:
+        config = check_config(config or LocalTrainConfig())
+    except ValueError as e:
+        raise TrainError(str(e)) from None
+    run = _Run(config, Path(run_dir), recipe or make_recipe(), progress, stop_after)
     run.run_dir.mkdir(parents=True, exist_ok=True)
     run.start(resume)  # raises before anything is started when the checkpoint does not fit the config
     try:
