@@ -105,6 +105,13 @@ class PromptView(Sequence[int]):
 
     __hash__ = None  # type: ignore[assignment]  # equal to lists, which are not hashable
 
+    def __add__(self, other: Sequence[int]) -> list[int]:
+        """A new list, as `list + list` gives (the view itself never changes)."""
+        return [*self, *other]
+
+    def __radd__(self, other: Sequence[int]) -> list[int]:
+        return [*other, *self]
+
     def __repr__(self) -> str:
         return f"PromptView(tokens={self._length})"
 
