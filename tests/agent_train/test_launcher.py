@@ -74,7 +74,9 @@ def test_extra_flags_are_appended_and_checked(tmp_path: Path, recipe: Recipe) ->
 
 
 def test_openrlhf_own_checks_run(tmp_path: Path, recipe: Recipe) -> None:
-    plan = plan_launch(config(tmp_path, algorithm="grpo", samples_per_prompt=1), recipe)
+    # a group estimator given through raw flags: the launcher's own preset check does not see it, OpenRLHF's does
+    raw = ("--algo.advantage.estimator", "group_norm")
+    plan = plan_launch(config(tmp_path, algorithm="reinforce", samples_per_prompt=1, extra_args=raw), recipe)
     with pytest.raises(LaunchError, match="requires n_samples_per_prompt > 1"):
         check_plan(plan)
     minimal = ["--actor.model_name_or_path", "m", "--train.agent_func_path", AGENT_FUNC_PATH]
