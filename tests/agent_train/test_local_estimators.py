@@ -8,6 +8,7 @@ import random
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -99,3 +100,40 @@ def test_the_config_and_cli_select_an_estimator_and_refuse_what_cannot_work() ->
     assert all(name in text for name in ESTIMATORS) and "--dynamic-filtering" in text
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--estimator", "gae"])
+
+
+class _ScriptedRollouts:
+    """`Rollouts.collect`'s contract (records grouped by row, `group` the row's index) with rewards taken in
+    turn from `rounds`, one list of group rewards per call."""
+
+    def __init__(self, rounds: list[list[list[float]]]) -> None:
+        self.rounds, self.calls = rounds, []
+
+    async def collect(self, rows: list[Any], *, group_size: int, temperature: float, seed: int) -> list[RolloutRecord]:
+        rewards = self.rounds[len(self.calls)]
+        self.calls.append((len(rows), seed))
+        assert len(rewards) == len(rows) and all(len(g) == group_size for g in rewards)
+        return [record(group, reward) for group, values in enumerate(rewards) for reward in values]
+
+
+def test_the_trainer_refills_a_dynamically_filtered_step() -> None:
+    import asyncio
+
+    from agent_train.local.checkpoint import TrainerState
+    from agent_train.local.trainer import _Run
+
+    config = LocalTrainConfig(rl_prompts=3, rl_group_size=2, rl_dynamic_filtering=True, rl_filter_rounds=3)
+    run = _Run.__new__(_Run)
+    run.config, run.rng, run.train_rows = config, random.Random(0), [{"prompt": str(i)} for i in range(10)]
+    run.state = TrainerState(config=config)
+    first = [record(g, r) for g, rs in enumerate([[1.0, 1.0], [0.0, 1.0], [0.0, 0.0]]) for r in rs]
+    rollouts = _ScriptedRollouts([[[1.0, 0.0], [1.0, 1.0]], [[0.0, 1.0]]])  # round 2: 1 of 2 passes; round 3: 1
+    kept, sampled, rounds = asyncio.run(run.dynamic_filter(rollouts, first))  # type: ignore[arg-type]
+    assert rounds == 3 and [n for n, _ in rollouts.calls] == [2, 1]  # one new prompt per filtered one
+    assert len({seed for _, seed in rollouts.calls}) == 2
+    assert len(sampled) == 6 + 4 + 2 and len({r.group for r in sampled}) == 6  # group ids stay unique
+    assert sorted({r.group for r in kept}) == [1, 3, 5] and len(kept) == 6
+
+    run.config = msgspec.structs.replace(config, rl_filter_rounds=1)  # no refill: train on what passed
+    kept, sampled, rounds = asyncio.run(run.dynamic_filter(_ScriptedRollouts([]), first))  # type: ignore[arg-type]
+    assert rounds == 1 and [r.group for r in kept] == [1, 1]
