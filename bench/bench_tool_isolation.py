@@ -14,11 +14,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import statistics
 import sys
 import threading
 import time
 from pathlib import Path
+
+import structlog
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -63,6 +66,7 @@ def main() -> None:
     parser.add_argument("--busy", type=int, nargs="+", default=[0, 1, 2], help="busy threads to try (default 0 1 2)")
     parser.add_argument("--repeats", type=int, default=3, help="bursts per setting; the median is shown (default 3)")
     args = parser.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     rows = []
     for busy in args.busy:
         isolated = measure("isolated", args.calls, busy, args.repeats)
