@@ -104,3 +104,41 @@ def sampled_success(
         return rates
 
     return asyncio.run(run())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Compare two saved demo models by the success of their sampling policy on the same held-out problems and
+    seeds: problems improved, worsened, sign test."""
+    import argparse
+
+    from agent_runtime.torch_warnings import ignore_pynvml_deprecation
+    from agent_train.demo.model import is_model_dir
+
+    ignore_pynvml_deprecation()
+    parser = argparse.ArgumentParser(prog="python -m agent_train.local.sampled", description=main.__doc__)
+    parser.add_argument("before", help="a demo model directory (runs/demo/sft, ...)")
+    parser.add_argument("after", help="another one (runs/demo/final, ...)")
+    parser.add_argument("--size", type=int, default=100, help="held-out problems, the first N (default: 100)")
+    parser.add_argument("--samples", type=int, default=4, help="answers per problem (default: 4)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0)")
+    args = parser.parse_args(argv)
+    for model_dir in (args.before, args.after):
+        if not is_model_dir(model_dir):
+            parser.error(f"{model_dir} is not a model directory (no config.json, model.safetensors, ...)")
+    before, after = (
+        sampled_success(model, args.size, samples=args.samples, temperature=args.temperature)
+        for model in (args.before, args.after)
+    )
+    print(f"{args.before} -> {args.after}, {compare_rates(before, after).summary()}")
+    return 0
+
+
+if __name__ == "__main__":
+    import logging
+    import sys
+
+    import structlog
+
+    # the entry point (the library configures no logging): quiet the episodes' info lines around the one printed
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    sys.exit(main())
