@@ -40,13 +40,13 @@ import structlog
 import torch
 from tqdm import tqdm  # type: ignore[import-untyped]
 
+from agent_demo.expert import ExpertPolicy
+from agent_demo.recipe import make_recipe
+from agent_demo.tokenizer import train_demo_tokenizer
 from agent_protocol import HFTokenizer
 from agent_runtime import Recipe
 from agent_runtime.engines.hf import HFEngine
-from agent_train.demo.expert import ExpertPolicy
 from agent_train.demo.model import build_demo_model, load_demo_model, save_model_dir
-from agent_train.demo.recipe import make_recipe
-from agent_train.demo.tokenizer import train_demo_tokenizer
 from agent_train.errors import TrainError
 from agent_train.local.checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from agent_train.local.config import LocalTrainConfig, check_config

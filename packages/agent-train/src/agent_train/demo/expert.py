@@ -1,5 +1,0 @@
-"""Moved to `agent_demo.expert` (the agent-demo package, below agent-train, so serving needs no training layer).
-This re-export keeps `agent_train.local.trainer`'s import working until it imports `agent_demo` directly."""
-
-from agent_demo.expert import *  # noqa: F403
-from agent_demo.expert import __all__ as __all__
