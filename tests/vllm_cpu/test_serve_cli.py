@@ -53,8 +53,31 @@ def test_apps_serve_with_the_vllm_engine_over_http(
             for start, end in segment.action_ranges:
                 prompt = segment.ids[:start]
                 again = loop.run(
-                    hf_engine.generate(prompt, SamplingParams(max_new_tokens=end - start, temperature=0.0))
+                    hf_engine.generate(
+                        prompt, SamplingParams(max_new_tokens=end - start, temperature=0.0, logprobs=True)
+                    )
                 )
-                assert segment.ids[start:end] == again.ids
+                assert_same_greedy_turn(segment.ids[start:end], segment.logprobs[start:end], again)
                 turns += 1
     assert turns >= 3
+
+
+NEAR_TIE = 0.05
+"""`apps/serve --engine vllm` loads the model with vLLM's dtype "auto", which on a CPU computes in bfloat16, while
+the `hf` reference runs in float32: their logprobs differ by up to about 0.02 (measured 0.015 at a tie on the tiny
+model), not the 6.2e-6 of float32 against float32 (tests/vllm_cpu/test_engine.py). A tie within this decides
+differently; a wrong prompt, stop or budget does not look like one."""
+
+
+def assert_same_greedy_turn(served: list[int], served_logprobs: list[float | None], again: Any) -> None:
+    """The served greedy turn is what `hf` generates from the same prompt, up to a near-tie: where the two first
+    differ, both picked a token the model scores within NEAR_TIE of the other (a random tiny model has such ties,
+    and float order decides them); after a tie the continuations may differ. Any other difference fails."""
+    for index, (token, mine) in enumerate(zip(served, again.ids, strict=False)):
+        if token == mine:
+            continue
+        theirs = served_logprobs[index]
+        assert theirs is not None and again.logprobs is not None, "a differing turn needs logprobs to judge a tie"
+        assert abs(theirs - again.logprobs[index]) <= NEAR_TIE, (index, token, mine, theirs, again.logprobs[index])
+        return
+    assert len(served) == len(again.ids), (served, again.ids)
