@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,6 +11,8 @@ from types import ModuleType
 
 import pytest
 import structlog
+
+from tests.support.train_app import load_train_app
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "calculator.py"
@@ -26,11 +27,7 @@ def _restore_logging() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def app() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("apps_train_main", ROOT / "apps" / "train" / "__main__.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_train_app("apps_train_main")
 
 
 def test_dry_run_prints_the_openrlhf_command(

@@ -4,7 +4,6 @@ accepts and reads back as the algorithm it names, in both placement modes, from 
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -15,6 +14,7 @@ import structlog
 from agent_runtime.recipe import Recipe, load_recipe
 from agent_train import LaunchConfig, LaunchError, check_plan, plan_launch
 from agent_train.openrlhf_presets import ALGORITHMS
+from tests.support.train_app import load_train_app
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "calculator.py"
@@ -114,11 +114,7 @@ def _restore_logging() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def app() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("apps_train_main_presets", ROOT / "apps" / "train" / "__main__.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_train_app("apps_train_main_presets")
 
 
 @pytest.mark.parametrize("algorithm", list(ESTIMATOR))

@@ -89,6 +89,7 @@ class Conversation:
         max_new_tokens: int,
         max_context_tokens: int | None = None,
         tools: Sequence[ToolSpec] = (),
+        errors: list[EpisodeError] | None = None,
     ) -> None:
         self.protocol = protocol
         self.tokenizer = tokenizer
@@ -97,7 +98,7 @@ class Conversation:
         self.tools = list(tools)
         self.segments: list[TokenTranscript] = []
         self.messages: list[Message] = []
-        self.errors: list[EpisodeError] = []
+        self.errors: list[EpisodeError] = [] if errors is None else errors  # the owner's record, when it has one
         self.turns = 0
         self.generations = 0
         self.turn_closed = True

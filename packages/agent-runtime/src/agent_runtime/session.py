@@ -243,8 +243,8 @@ class AgentSession:
             max_new_tokens=self.max_new_tokens,
             max_context_tokens=self.max_context_tokens,
             tools=self.environment.tools,
+            errors=self.errors,
         )
-        conversation.errors = self.errors
         self.started = True
         self.task = dict(task or {})
         self.prompt_messages = list(messages)

@@ -107,9 +107,9 @@ class _Turn:
                 max_new_tokens=backend.recipe.max_new_tokens,
                 max_context_tokens=backend.context_limit,
                 tools=self.tools,
+                errors=self.errors,
             )
             self.conversation = conversation
-            conversation.errors = self.errors
             with self._contained("the conversation"):
                 await conversation.open_segment(messages)
             conversation.turns = conversation.generations = sum(1 for m in messages if m.role == "assistant")

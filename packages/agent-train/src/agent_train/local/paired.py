@@ -21,10 +21,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-__all__ = ["PairedComparison", "compare", "held_out_success", "main", "sign_test_p"]
+if TYPE_CHECKING:
+    from agent_runtime.recipe import Recipe
+
+__all__ = ["PairedComparison", "compare", "held_out_rows", "held_out_success", "main", "sign_test_p"]
 
 
 class PairedComparison(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,23 +72,30 @@ def sign_test_p(fixed: int, broken: int) -> float:
     return float(sum(math.comb(changed, k) for k in range(fixed, changed + 1)) / 2**changed)
 
 
+def held_out_rows(size: int) -> tuple[Recipe, list[dict[str, Any]]]:
+    """The demo recipe and its first `size` held-out problems (a ValueError past the split's end)."""
+    from agent_demo.recipe import make_recipe
+
+    recipe = make_recipe()
+    rows = [dict(row) for row in recipe.rows("test")]
+    if not 0 < size <= len(rows):
+        raise ValueError(f"size must be between 1 and {len(rows)} (the held-out problems), got {size}")
+    return recipe, rows[:size]
+
+
 def held_out_success(model_dir: str | Path, size: int, *, max_batch_size: int = 256) -> list[bool]:
     """Greedy episodes of a saved demo model on the first `size` held-out problems: success per problem."""
     import asyncio
 
-    from agent_demo.recipe import make_recipe
     from agent_runtime.engines.hf import HFEngine
     from agent_train.local.evaluate import evaluate
 
-    recipe = make_recipe()
-    rows = list(recipe.rows("test"))
-    if not 0 < size <= len(rows):
-        raise ValueError(f"size must be between 1 and {len(rows)} (the held-out problems), got {size}")
+    recipe, rows = held_out_rows(size)
 
     async def run() -> list[bool]:
         engine = HFEngine.from_pretrained(model_dir, max_batch_size=max_batch_size, batch_wait_s=0.05)
         try:
-            _, trajectories = await evaluate(engine, recipe, rows[:size])
+            _, trajectories = await evaluate(engine, recipe, rows)
         finally:
             await engine.close()
         return [t.reward >= 1.0 for t in trajectories]

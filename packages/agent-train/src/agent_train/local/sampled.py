@@ -22,7 +22,7 @@ from pathlib import Path
 
 import msgspec
 
-from agent_train.local.paired import sign_test_p
+from agent_train.local.paired import held_out_rows, sign_test_p
 
 __all__ = ["RateComparison", "compare_rates", "sampled_success"]
 
@@ -70,16 +70,12 @@ def sampled_success(
 ) -> list[float]:
     """Each of the first `size` held-out problems answered `samples` times at `temperature` by a saved demo
     model (sample `j` of problem `i` with seed ``seed + 7919 * j + i``); the success rate per problem."""
-    from agent_demo.recipe import make_recipe
     from agent_runtime import AgentRuntime
     from agent_runtime.engines.hf import HFEngine
 
     if samples < 1:
         raise ValueError(f"samples must be at least 1, got {samples}")
-    recipe = make_recipe()
-    rows = list(recipe.rows("test"))
-    if not 0 < size <= len(rows):
-        raise ValueError(f"size must be between 1 and {len(rows)} (the held-out problems), got {size}")
+    recipe, rows = held_out_rows(size)
 
     async def run() -> list[float]:
         engine = HFEngine.from_pretrained(model_dir, max_batch_size=max_batch_size, batch_wait_s=0.05)
