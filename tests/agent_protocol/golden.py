@@ -1,21 +1,47 @@
-"""Loads the golden reference data copied into tests/data/golden (see its README provenance in
-tests/data/golden/templates/SOURCES.md)."""
+"""Loads the golden reference data copied into tests/data/golden (provenance of every template in
+tests/data/golden/templates/SOURCES.md; how the renders were made in rendered/_meta.json)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import date
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 GOLDEN = Path(__file__).resolve().parent.parent / "data" / "golden"
 
+#: the date the golden renders froze `strftime_now` to
+FROZEN_TODAY = date(2025, 9, 1)
+
 #: golden template name -> protocol name
 TEMPLATE_PROTOCOLS = {
     "qwen3": "qwen3",
     "qwen3_4b_instruct_2507": "qwen3-instruct-2507",
     "qwen3_4b_thinking_2507": "qwen3-thinking-2507",
+    "qwen3_initial_2504": "qwen3-2504",
+    "qwen2.5_instruct": "qwen2.5",
+    "qwen3_coder": "qwen3-coder",
+    "llama3.1_instruct": "llama3.1",
+    "llama3.2_instruct": "llama3.2",
+    "deepseek_v3.1": "deepseek-v3.1",
+    "glm4.5": "glm-4.5",
+    "gpt_oss": "gpt-oss",
+    "mistral_v0.3": "mistral-v0.3",
+    "mistral_small_3.2": "mistral-small-3.2",
+}
+
+#: the Qwen3 templates the first version implemented (the tests written for them select these)
+QWEN3_TEMPLATES = ("qwen3", "qwen3_4b_instruct_2507", "qwen3_4b_thinking_2507")
+
+#: templates that print today's date through `strftime_now`: their protocol takes `today`
+DATED_TEMPLATES = ("llama3.2_instruct", "gpt_oss", "mistral_small_3.2")
+
+#: golden variant suffix -> protocol options
+VARIANT_OPTIONS: dict[str, dict[str, Any]] = {
+    "enable_thinking_false": {"enable_thinking": False},
+    "thinking_true": {"thinking": True},
 }
 
 
@@ -26,6 +52,8 @@ class GoldenRender:
     case: str
     add_generation_prompt: bool
     options: dict[str, Any]
+    #: the template itself refuses this case (the file holds its error message)
+    refused: bool = False
 
     @property
     def protocol(self) -> str:
@@ -37,11 +65,12 @@ class GoldenRender:
 
     @property
     def ids(self) -> list[int]:
-        return list(json.loads(self.path.with_suffix(".ids.json").read_text()))
+        """Qwen3 token ids of the text (present for the Qwen-family templates only)."""
+        return list(json.loads(self.path.with_name(self.path.name.removesuffix(".txt") + ".ids.json").read_text()))
 
     @property
     def id(self) -> str:
-        return self.path.stem
+        return self.path.name.removesuffix(".txt")
 
 
 @cache
@@ -49,12 +78,26 @@ def cases() -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in json.loads((GOLDEN / "cases.json").read_text(encoding="utf-8"))}
 
 
-def renders() -> list[GoldenRender]:
+@cache
+def meta() -> dict[str, Any]:
+    return dict(json.loads((GOLDEN / "rendered" / "_meta.json").read_text(encoding="utf-8")))
+
+
+def renders(*templates: str) -> list[GoldenRender]:
+    """Every golden render of `templates` (default: every template), refused cases included."""
     out = []
     for path in sorted((GOLDEN / "rendered").glob("*.txt")):
-        template, case, gen, *variant = path.stem.split("__")
-        options = {"enable_thinking": False} if variant == ["enable_thinking_false"] else {}
-        out.append(GoldenRender(path, template, case, gen == "gen_true", options))
+        stem = path.name.removesuffix(".txt")
+        refused = stem.endswith(".ERROR")
+        template, case, gen, *variant = stem.removesuffix(".ERROR").split("__")
+        if templates and template not in templates:
+            continue
+        options: dict[str, Any] = {}
+        for name in variant:
+            options.update(VARIANT_OPTIONS[name])
+        if template in DATED_TEMPLATES:
+            options["today"] = FROZEN_TODAY
+        out.append(GoldenRender(path, template, case, gen == "gen_true", options, refused))
     return out
 
 

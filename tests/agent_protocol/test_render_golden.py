@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from agent_protocol import get_protocol
-from tests.agent_protocol.golden import GoldenRender, cases, renders
+from tests.agent_protocol.golden import QWEN3_TEMPLATES, GoldenRender, cases, renders
 
-RENDERS = renders()
+RENDERS = renders(*QWEN3_TEMPLATES)
 
 
 def test_every_qwen3_family_render_is_present() -> None:

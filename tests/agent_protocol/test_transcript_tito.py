@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from agent_protocol import ChatProtocol, HFTokenizer, TokenTranscript, get_protocol
-from tests.agent_protocol.golden import GoldenRender, cases, renders
+from tests.agent_protocol.golden import QWEN3_TEMPLATES, GoldenRender, cases, renders
 
 IM_START = "<|im_start|>"
 NEWLINE, DOUBLE_NEWLINE, THINK_END = 198, 271, 151668
@@ -31,7 +31,7 @@ NEWLINE, DOUBLE_NEWLINE, THINK_END = 198, 271, 151668
 def _golden_for_tito() -> list[GoldenRender]:
     """One golden render per (template, variant, case): the one a finished episode would produce."""
     chosen = []
-    for golden in renders():
+    for golden in renders(*QWEN3_TEMPLATES):
         ends_with_assistant = cases()[golden.case]["messages"][-1]["role"] == "assistant"
         if golden.add_generation_prompt != ends_with_assistant:
             chosen.append(golden)

@@ -18,6 +18,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "data" / "golden" / "templates"
+_META = TEMPLATES.parent / "rendered" / "_meta.json"
 
 #: golden template file stem -> (protocol name, protocol options, template kwargs)
 QWEN3_FAMILY: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
@@ -43,6 +44,13 @@ def official_template(stem: str) -> jinja2.Template:
     return env.from_string((TEMPLATES / f"{stem}.jinja").read_text(encoding="utf-8"))
 
 
+@cache
+def special_tokens(stem: str) -> dict[str, str]:
+    """The special-token variables (bos_token, eos_token, ...) the golden renders passed to template `stem`."""
+    meta = json.loads(_META.read_text(encoding="utf-8"))
+    return dict(meta["templates"][stem]["special_tokens_passed"])
+
+
 def render_official(
     stem: str,
     messages: list[dict[str, Any]],
@@ -51,11 +59,11 @@ def render_official(
     add_generation_prompt: bool = False,
     **kwargs: Any,
 ) -> str:
+    """Template `stem` (a file in tests/data/golden/templates) rendered with that template's special tokens;
+    `kwargs` are further template variables (`enable_thinking`, `thinking`, `date_string`, ...)."""
     return official_template(stem).render(
         messages=messages,
         tools=tools,
         add_generation_prompt=add_generation_prompt,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        **kwargs,
+        **{**special_tokens(stem), **kwargs},
     )

@@ -16,7 +16,7 @@ from agent_protocol.errors import (
 )
 from agent_protocol.protocol_detection import detect_protocol, protocol_for_template, read_chat_template
 from agent_protocol.protocols.qwen3 import Qwen3Protocol, ThinkingMode
-from agent_protocol.registry import get_protocol, list_protocols, register_protocol
+from agent_protocol.registry import get_protocol, list_protocols, protocol_options, register_protocol
 from agent_protocol.tokenizer import GIL_FREE_MIN_CHARS, HFTokenizer, Tokenizer, TransformersTokenizer, load_tokenizer
 from agent_protocol.transcript import Span, TokenTranscript, TranscriptRecord
 from agent_protocol.types import (
@@ -62,6 +62,7 @@ __all__ = [
     "list_protocols",
     "load_tokenizer",
     "protocol_for_template",
+    "protocol_options",
     "read_chat_template",
     "register_protocol",
 ]

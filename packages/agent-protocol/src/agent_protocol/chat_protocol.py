@@ -21,10 +21,18 @@ class ChatProtocol(ABC):
 
     #: registry name, e.g. "qwen3"
     name: str
-    #: the token text that ends an assistant turn; a turn that stopped without it was cut off
+    #: the token text that closes an assistant turn in history; `render_feedback` writes it after a turn that
+    #: was cut off (families whose turns end on the next role's token have none: "")
     end_of_turn: str
-    #: token texts an engine should stop on
+    #: token texts an engine must stop on; every engine and the turn core take them from here
     stop_texts: tuple[str, ...]
+
+    @property
+    def turn_end_texts(self) -> tuple[str, ...]:
+        """The token texts that, generated last, end a turn *closed* (anything else was cut off). Families with
+        several (gpt-oss `<|call|>` / `<|return|>`, Llama `<|eot_id|>` / `<|eom_id|>`, GLM's next role token)
+        override this, and tell by `render_feedback(ended_by=...)` which one the model wrote."""
+        return (self.end_of_turn,) if self.end_of_turn else self.stop_texts
 
     @abstractmethod
     def render_messages(
@@ -67,10 +75,15 @@ class ChatProtocol(ABC):
         and including `end_of_turn`. Used to make expert (SFT) trajectories and to test the transcript."""
 
     @abstractmethod
-    def render_feedback(self, messages: Sequence[MessageLike], *, turn_closed: bool = True) -> str:
+    def render_feedback(
+        self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
+    ) -> str:
         """The text that follows a generated assistant turn: it closes the turn (adding `end_of_turn` when
         `turn_closed` is false, i.e. the turn was cut off by the length limit), carries `messages` (tool
-        results and/or a user message) and opens the next assistant turn."""
+        results and/or a user message) and opens the next assistant turn. `ended_by` is the token text of
+        `turn_end_texts` the model generated last, when the turn was closed and the caller knows it (None:
+        the family's usual closing); a family whose next scaffold depends on it (GLM's role token, which the
+        model already wrote) reads it, the others ignore it."""
 
     def render_prompt(self, messages: Iterable[MessageLike], *, tools: Iterable[ToolSpecLike] | None = None) -> str:
         """The first prompt of an episode: the conversation plus the generation prompt."""

@@ -139,14 +139,27 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     description: str = ""
     parameters: dict[str, Any] = msgspec.field(default_factory=lambda: {"type": "object", "properties": {}})
+    #: the dict exactly as the client sent it, when the spec came from one: chat templates render the dict they
+    #: are given (a missing description, `strict`, the key order), so rendering uses it
+    source: dict[str, Any] | None = None
 
     @classmethod
     def from_openai(cls, data: Mapping[str, Any], *, index: int = 0) -> ToolSpec:
         return _tool_spec_from_dict(data, f"tools[{index}]")
 
+    @property
+    def function(self) -> dict[str, Any]:
+        """The `function` object as given (or as built here): what field-by-field templates read."""
+        if self.source is not None:
+            function = self.source.get("function", self.source)
+            return dict(function)
+        return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
     def to_openai(self) -> dict[str, Any]:
-        """`{"type": "function", "function": {...}}` with keys in OpenAI's order (chat templates dump it
-        with `tojson`, so key order is part of the rendered prompt)."""
+        """The spec as the client sent it, or `{"type": "function", "function": {...}}` with keys in OpenAI's
+        order for one built here (chat templates dump it with `tojson`, so key order is part of the prompt)."""
+        if self.source is not None:
+            return self.source
         return {
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
@@ -299,4 +312,8 @@ def _tool_spec_from_dict(data: Mapping[str, Any], where: str) -> ToolSpec:
         check_json_value(parameters)
     except JsonLimitError as e:
         raise MessageError(f"{fn_where}.parameters", f"cannot be read: {e}") from e
-    return ToolSpec(name=name, description=description, parameters=parameters)
+    try:
+        check_json_value(data)
+    except (JsonLimitError, TypeError, ValueError) as e:
+        raise MessageError(where, f"cannot be read: {e}") from e
+    return ToolSpec(name=name, description=description, parameters=parameters, source=dict(data))

@@ -31,7 +31,7 @@ from agent_protocol.types import (
     coerce_tools,
 )
 
-__all__ = ["Qwen3Protocol", "ThinkingMode"]
+__all__ = ["PROTOCOLS", "Qwen3Protocol", "ThinkingMode"]
 
 IM_START: Final = "<|im_start|>"
 IM_END: Final = "<|im_end|>"
@@ -99,7 +99,9 @@ class Qwen3Protocol(ChatProtocol):
             out.append(self.generation_prompt)
         return "".join(out)
 
-    def render_feedback(self, messages: Sequence[MessageLike], *, turn_closed: bool = True) -> str:
+    def render_feedback(
+        self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
+    ) -> str:
         msgs = coerce_messages(messages)
         if not msgs:
             raise MessageError("messages", "feedback needs at least one tool result or user message")
@@ -197,3 +199,23 @@ def _render_body(msgs: list[Message], *, first_is_start: bool) -> list[str]:
             if index == last or msgs[index + 1].role != "tool":
                 out.append(f"{IM_END}\n")
     return out
+
+
+def _qwen3(*, enable_thinking: bool = True) -> ChatProtocol:
+    return Qwen3Protocol("qwen3", ThinkingMode.HYBRID if enable_thinking else ThinkingMode.HYBRID_OFF)
+
+
+def _qwen3_instruct_2507() -> ChatProtocol:
+    return Qwen3Protocol("qwen3-instruct-2507", ThinkingMode.NONE)
+
+
+def _qwen3_thinking_2507() -> ChatProtocol:
+    return Qwen3Protocol("qwen3-thinking-2507", ThinkingMode.FORCED)
+
+
+#: registered name -> factory (see agent_protocol.registry)
+PROTOCOLS: Final = {
+    "qwen3": _qwen3,
+    "qwen3-instruct-2507": _qwen3_instruct_2507,
+    "qwen3-thinking-2507": _qwen3_thinking_2507,
+}
