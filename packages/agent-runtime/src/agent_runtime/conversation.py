@@ -62,11 +62,16 @@ class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
     prompt_ids: Sequence[int]
     max_new_tokens: int
     purpose: Literal["turn", "summary"] = "turn"
+    #: the protocol's stop tokens (`ChatProtocol.stop_texts`), which every engine must stop on
+    stop_token_ids: tuple[int, ...] = ()
 
     def sampling(self, base: SamplingParams | None = None) -> SamplingParams:
-        """`base` with `max_new_tokens` clamped to this turn's budget."""
+        """`base` with `max_new_tokens` clamped to this turn's budget and the protocol's stop tokens added."""
         base = base or SamplingParams()
-        return msgspec.structs.replace(base, max_new_tokens=min(base.max_new_tokens, self.max_new_tokens))
+        stops = base.stop_token_ids + tuple(i for i in self.stop_token_ids if i not in base.stop_token_ids)
+        return msgspec.structs.replace(
+            base, max_new_tokens=min(base.max_new_tokens, self.max_new_tokens), stop_token_ids=stops
+        )
 
 
 class Reply(msgspec.Struct, frozen=True, kw_only=True):
@@ -76,6 +81,8 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True):
     action: Action
     closed: bool
     truncated: bool
+    #: the token text of `ChatProtocol.turn_end_texts` the turn ended with (None when it was not closed)
+    ended_by: str | None = None
 
 
 class Conversation:
@@ -102,9 +109,11 @@ class Conversation:
         self.turns = 0
         self.generations = 0
         self.turn_closed = True
+        self.ended_by: str | None = None  # which of the protocol's turn-end tokens closed the last turn
         self.stage: Stage = "idle"
         self.render_s = 0.0
-        self._end_id = tokenizer.token_to_id(protocol.end_of_turn)
+        self._turn_ends = _token_ids(tokenizer, protocol.turn_end_texts)
+        self.stop_token_ids = tuple(_token_ids(tokenizer, protocol.stop_texts))
 
     @property
     def transcript(self) -> TokenTranscript:
@@ -131,6 +140,7 @@ class Conversation:
         self.segments.append(transcript)
         self.messages.extend(prompt if add is None else add)
         self.turn_closed = True
+        self.ended_by = None
         self.stage = "idle"
         return ids
 
@@ -138,7 +148,7 @@ class Conversation:
         """`messages` (tool results, a user message) rendered as what follows the last turn, tokenized alone."""
         self.stage = "render"
         t0 = time.perf_counter()
-        text = self.protocol.render_feedback(list(messages), turn_closed=self.turn_closed)
+        text = self.protocol.render_feedback(list(messages), turn_closed=self.turn_closed, ended_by=self.ended_by)
         ids = await encode_off_loop(self.tokenizer, text)
         self.render_s += time.perf_counter() - t0
         self.stage = "idle"
@@ -166,7 +176,9 @@ class Conversation:
         if room < MIN_TURN_TOKENS:
             return None
         ids = self.transcript.ids
-        return TurnRequest(prompt_ids=PromptView(ids), max_new_tokens=room, purpose=purpose)
+        return TurnRequest(
+            prompt_ids=PromptView(ids), max_new_tokens=room, purpose=purpose, stop_token_ids=self.stop_token_ids
+        )
 
     def accept(self, generation: Generation, *, call_id_prefix: str, summary: bool = False) -> Reply:
         """Append the generated ids exactly as sampled, then read them: decode, parse, record the parse issues
@@ -176,8 +188,9 @@ class Conversation:
         if not summary:
             self.turns += 1
         self.transcript.append_action(generation.ids, generation.logprobs)
-        closed = bool(generation.ids) and self._end_id is not None and generation.ids[-1] == self._end_id
-        self.turn_closed = closed
+        ended_by = self._turn_ends.get(generation.ids[-1]) if generation.ids else None
+        closed = ended_by is not None
+        self.turn_closed, self.ended_by = closed, ended_by
         self.stage = "decode"
         text = self.tokenizer.decode(generation.ids)
         self.stage = "parse"
@@ -192,7 +205,7 @@ class Conversation:
                 Message(role="assistant", content=action.content, reasoning_content=action.reasoning_content)
             )
         truncated = not closed and generation.finish_reason == "length"
-        return Reply(action=action, closed=closed, truncated=truncated)
+        return Reply(action=action, closed=closed, truncated=truncated, ended_by=ended_by)
 
     # -- records -----------------------------------------------------------------------------------------
 
@@ -208,3 +221,8 @@ class Conversation:
 
     def records(self) -> list[TranscriptRecord]:
         return [t.record() for t in self.segments]
+
+
+def _token_ids(tokenizer: Tokenizer, texts: Sequence[str]) -> dict[int, str]:
+    """The ids of the single-token `texts` the tokenizer has (id -> text); texts it lacks are left out."""
+    return {i: text for text in texts if (i := tokenizer.token_to_id(text)) is not None}

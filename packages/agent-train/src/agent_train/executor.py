@@ -73,13 +73,13 @@ class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is unt
         if images:
             raise ValueError(f"recipe {self.recipe.name!r} is text-only; this dataset row carries images")
         tokenizer = as_tokenizer(hf_tokenizer)
-        end_of_turn = tokenizer.token_to_id(self._definition.protocol.end_of_turn)
+        stops = (tokenizer.token_to_id(text) for text in self._definition.protocol.stop_texts)
         engine = OpenRLHFEngine(
             llm_engine,
             tokenizer,
             sampling_params,
             context_length=int(max_length),
-            stop_token_ids=() if end_of_turn is None else (end_of_turn,),
+            stop_token_ids=tuple(i for i in stops if i is not None),
         )
         rollout = await self.rollout(
             prompt, label, engine, max_length=int(max_length), with_logprobs=engine.with_logprobs

@@ -7,7 +7,7 @@ Inside OpenRLHF the executor gets `llm_engine`, the vLLM rollout actor, whose co
 
 - the sampling settings are OpenRLHF's own vLLM `SamplingParams` (temperature, top-p, ... from the launch
   flags); per turn only `max_tokens` (the session's budget for the turn, capped by OpenRLHF's `max_tokens`
-  when that is set) and `stop_token_ids` (the protocol's end-of-turn token added) change, on a copy;
+  when that is set) and `stop_token_ids` (the protocol's stop tokens added) change, on a copy;
 - logprobs are read only when OpenRLHF asked vLLM for them (`sampling_params.logprobs` set), one per
   generated token, the sampled token's own;
 - the token ids are kept exactly as vLLM returned them; the text is never re-tokenized;
