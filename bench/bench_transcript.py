@@ -1,7 +1,10 @@
-"""Cost of preparing the next prompt in a long tool-use episode, three ways, side by side in one run.
+"""Cost of preparing the next prompt in a long tool-use episode, three ways, side by side in one run, per family.
 
-A 64-turn Qwen3 episode (hybrid thinking, two tools) that grows to about 32k tokens, with the real Qwen3
-tokenizer (rebuilt offline, see tests/support/qwen3_tokenizer.py). Before each generation:
+A 64-turn episode (two tools, reasoning on most turns) that grows to about 32k tokens, rendered by each model
+family's protocol and tokenized by that family's real tokenizer (Qwen3: rebuilt offline, tests/support/
+qwen3_tokenizer.py; gpt-oss, Llama 3, DeepSeek-V3: the official files in tests/data/tokenizers). GLM-4.5 and
+Mistral have no tokenizer here: their rows use the Qwen3 tokenizer as a stand-in (timings comparable, ids not
+theirs; marked). Before each generation:
 
   (a) TokenTranscript: append the generated ids as they are, tokenize only the feedback delta;
   (b) what many frameworks do: re-render the whole conversation with the official Jinja template (Hugging Face
@@ -11,7 +14,8 @@ tokenizer (rebuilt offline, see tests/support/qwen3_tokenizer.py). Before each g
 Reports per-turn and total times, the ratios a/c and b/a, and on how many turns (b)'s ids differ from (a)'s
 (where the template is not append-only, re-rendering changes tokens the policy already sampled).
 
-    uv run python bench/bench_transcript.py [--turns 64] [--repeats 5] [--json out.json]
+    uv run python bench/bench_transcript.py [--protocol qwen3 --protocol gpt-oss ...] [--turns 64] [--repeats 5]
+        [--json out.json]          # default: every family
 """
 
 from __future__ import annotations
@@ -22,15 +26,87 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent_protocol import HFTokenizer, TokenTranscript, get_protocol  # noqa: E402
+from agent_protocol import ChatProtocol, HFTokenizer, TokenTranscript, get_protocol  # noqa: E402
+from tests.support.family_tokenizers import load_family_tokenizer  # noqa: E402
 from tests.support.hf_jinja import render_official  # noqa: E402
 from tests.support.qwen3_tokenizer import qwen3_tokenizer_path  # noqa: E402
+
+FROZEN_TODAY = date(2025, 9, 1)  # what tests/support/hf_jinja.py freezes strftime_now to
+
+
+@dataclass(frozen=True)
+class Family:
+    """One row of the bench: the protocol, its official template, its tokenizer and the template's quirks."""
+
+    protocol: str
+    template: str
+    tokenizer: str  # "qwen3" or a key of tests/support/family_tokenizers.SHA256
+    options: dict[str, Any] = field(default_factory=dict)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    stand_in: bool = False  # the tokenizer is not the family's own (none is available here)
+
+
+FAMILIES = {
+    f.protocol: f
+    for f in (
+        Family("qwen3", "qwen3", "qwen3"),
+        Family("qwen3-2504", "qwen3_initial_2504", "qwen3"),
+        Family("qwen3-instruct-2507", "qwen3_4b_instruct_2507", "qwen3"),
+        Family("qwen3-thinking-2507", "qwen3_4b_thinking_2507", "qwen3"),
+        Family("qwen2.5", "qwen2.5_instruct", "qwen3"),
+        Family("qwen3-coder", "qwen3_coder", "qwen3"),
+        Family("gpt-oss", "gpt_oss", "gpt_oss", {"today": FROZEN_TODAY}),
+        Family("llama3.1", "llama3.1_instruct", "llama3.1"),
+        Family("llama3.2", "llama3.2_instruct", "llama3.1", {"today": FROZEN_TODAY}),
+        Family("deepseek-v3.1", "deepseek_v3.1", "deepseek_v3"),
+        Family("glm-4.5", "glm4.5", "qwen3", stand_in=True),
+        Family("mistral-v0.3", "mistral_v0.3", "qwen3", stand_in=True),
+        Family("mistral-small-3.2", "mistral_small_3.2", "qwen3", {"today": FROZEN_TODAY}, stand_in=True),
+    )
+}
+
+
+def for_template(family: Family, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages as the official template wants them (the protocols take OpenAI messages as they are):
+    gpt-oss reads reasoning from `thinking`; DeepSeek-V3.1 concatenates arguments, so they must be a string."""
+    out = []
+    for message in messages:
+        message = dict(message)
+        if family.protocol == "gpt-oss" and "reasoning_content" in message:
+            message["thinking"] = message.pop("reasoning_content")
+        if family.protocol == "deepseek-v3.1" and message.get("tool_calls"):
+            message["tool_calls"] = [
+                {
+                    **c,
+                    "function": {
+                        **c["function"],
+                        "arguments": json.dumps(c["function"]["arguments"], ensure_ascii=False),
+                    },
+                }
+                for c in message["tool_calls"]
+            ]
+        out.append(message)
+    return out
+
+
+def family_tokenizer(family: Family) -> HFTokenizer:
+    if family.tokenizer == "qwen3":
+        return HFTokenizer.from_file(qwen3_tokenizer_path())
+    return load_family_tokenizer(family.tokenizer)
+
+
+def ended_by(protocol: ChatProtocol, generated: str) -> str | None:
+    """Which of the protocol's turn-end tokens a generated turn ends with (what the turn core hands on)."""
+    return next((t for t in protocol.turn_end_texts if t and generated.endswith(t)), None)
+
 
 TOOLS = [
     {
@@ -75,22 +151,27 @@ def make_episode(turns: int, seed: int = 0) -> list[dict[str, Any]]:
                 "role": "assistant",
                 "content": "",
                 "reasoning_content": reasoning,
-                "tool_calls": [{"id": f"c{turn}", "function": {"name": name, "arguments": arguments}}],
+                "tool_calls": [{"id": f"call{turn:05d}", "function": {"name": name, "arguments": arguments}}],
             }
-        )
+        )  # 9-character ids: Mistral's templates refuse others
         result = " ".join(rng.choices(WORDS, k=375))
-        messages.append({"role": "tool", "tool_call_id": f"c{turn}", "name": name, "content": result})
+        messages.append({"role": "tool", "tool_call_id": f"call{turn:05d}", "name": name, "content": result})
     return messages
 
 
-def run(turns: int, repeats: int) -> dict[str, Any]:
-    protocol = get_protocol("qwen3")
-    tokenizer = HFTokenizer.from_file(qwen3_tokenizer_path())
+def run(family: Family, turns: int, repeats: int) -> dict[str, Any]:
+    protocol = get_protocol(family.protocol, **family.options)
+    tokenizer = family_tokenizer(family)
     backend = tokenizer.backend
     messages = make_episode(turns)
+    official = for_template(family, messages)
     prefix = messages[:2]
-    generated = [tokenizer.encode(protocol.render_generation(m)) for m in messages[2::2]]
-    feedback_texts = [protocol.render_feedback([m]) for m in messages[3::2]]
+    generated_texts = [protocol.render_generation(m) for m in messages[2::2]]
+    generated = [tokenizer.encode(text) for text in generated_texts]
+    feedback_texts = [
+        protocol.render_feedback([m], ended_by=ended_by(protocol, text))
+        for m, text in zip(messages[3::2], generated_texts, strict=True)
+    ]
 
     a_times: list[list[float]] = [[] for _ in range(turns)]
     b_times: list[list[float]] = [[] for _ in range(turns)]
@@ -115,9 +196,11 @@ def run(turns: int, repeats: int) -> dict[str, Any]:
             backend.encode(feedback_texts[turn], add_special_tokens=False)
             c_times[turn].append(time.perf_counter() - t0)
         for turn in range(turns):  # (b) re-render everything with the official Jinja and re-tokenize it
-            history = messages[: 2 + 2 * (turn + 1)]
+            history = official[: 2 + 2 * (turn + 1)]
             t0 = time.perf_counter()
-            text = render_official("qwen3", history, tools=TOOLS, add_generation_prompt=True)
+            text = render_official(
+                family.template, history, tools=TOOLS, add_generation_prompt=True, **family.template_kwargs
+            )
             ids = backend.encode(text, add_special_tokens=False).ids
             b_times[turn].append(time.perf_counter() - t0)
             if repeat == 0:
@@ -128,6 +211,8 @@ def run(turns: int, repeats: int) -> dict[str, Any]:
     b = [min(t) for t in b_times]
     c = [min(t) for t in c_times]
     return {
+        "protocol": family.protocol,
+        "tokenizer": family.tokenizer + (" (stand-in)" if family.stand_in else ""),
         "turns": turns,
         "repeats": repeats,
         "final_tokens": final_tokens,
@@ -137,15 +222,23 @@ def run(turns: int, repeats: int) -> dict[str, Any]:
         "ratio_b_over_a": sum(b) / sum(a),
         "median_turn_ratio_b_over_a": statistics.median(x / y for x, y in zip(b, a, strict=True)),
         "turns_where_b_ids_differ": differing_turns,
-        "render_python_vs_jinja_ms": render_speed(messages),
+        "render_python_vs_jinja_ms": render_speed(family, protocol, messages, official),
     }
 
 
-def render_speed(messages: list[dict[str, Any]], repeats: int = 5) -> dict[str, float]:
-    """Rendering the full 64-turn conversation once: this project's Python renderer vs the official Jinja."""
-    protocol = get_protocol("qwen3")
+def render_speed(
+    family: Family,
+    protocol: ChatProtocol,
+    messages: list[dict[str, Any]],
+    official: list[dict[str, Any]],
+    repeats: int = 5,
+) -> dict[str, float]:
+    """Rendering the full conversation once: this project's Python renderer vs the official Jinja."""
     python_ms = min(_timed(lambda: protocol.render_messages(messages, tools=TOOLS)) for _ in range(repeats))
-    jinja_ms = min(_timed(lambda: render_official("qwen3", messages, tools=TOOLS)) for _ in range(repeats))
+    jinja_ms = min(
+        _timed(lambda: render_official(family.template, official, tools=TOOLS, **family.template_kwargs))
+        for _ in range(repeats)
+    )
     return {"python": python_ms, "jinja": jinja_ms, "jinja_over_python": jinja_ms / python_ms}
 
 
@@ -155,11 +248,29 @@ def _timed(fn: Any) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def summary(results: list[dict[str, Any]]) -> str:
+    """One row per family: totals, ratios, drifted turns."""
+    lines = [
+        "| protocol | tokenizer | tokens | (a) total | (b) total | (c) total | a/c | b/a | turns (b) drifts "
+        "| Jinja/Python render |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        t = r["total_ms"]
+        lines.append(
+            f"| {r['protocol']} | {r['tokenizer']} | {r['final_tokens']} | {t['a']:.1f} ms | {t['b']:.0f} ms | "
+            f"{t['c']:.1f} ms | {r['ratio_a_over_c']:.2f} | {r['ratio_b_over_a']:.0f} | "
+            f"{r['turns_where_b_ids_differ']} of {r['turns']} "
+            f"| {r['render_python_vs_jinja_ms']['jinja_over_python']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
 def markdown(result: dict[str, Any]) -> str:
     per_turn = result["per_turn_ms"]
     shown = sorted({1, 8, 16, 32, 48, result["turns"]} & set(range(1, result["turns"] + 1)))
     lines = [
-        f"Episode: {result['turns']} tool turns, {result['final_tokens']} tokens at the end; "
+        f"{result['protocol']}: {result['turns']} tool turns, {result['final_tokens']} tokens at the end; "
         f"best of {result['repeats']} runs per turn.",
         "",
         "| turn | (a) TokenTranscript, delta only | (b) Jinja re-render + re-tokenize | (c) delta encode floor |",
@@ -185,14 +296,25 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--protocol",
+        action="append",
+        choices=sorted(FAMILIES),
+        help="a family to measure (repeatable; default: every family)",
+    )
     parser.add_argument("--turns", type=int, default=64, help="tool turns in the episode (default 64)")
     parser.add_argument("--repeats", type=int, default=5, help="runs per turn; the best is reported (default 5)")
+    parser.add_argument("--detail", action="store_true", help="also print the per-turn table of each family")
     parser.add_argument("--json", type=Path, help="also write the raw numbers to this file")
     args = parser.parse_args()
-    result = run(args.turns, args.repeats)
-    print(markdown(result))
+    results = []
+    for name in args.protocol or list(FAMILIES):
+        results.append(run(FAMILIES[name], args.turns, args.repeats))
+        if args.detail:
+            print(markdown(results[-1]) + "\n")
+    print(summary(results))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        args.json.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":
