@@ -1,7 +1,6 @@
-"""A model directory names its chat protocol: the official Qwen3 templates (hybrid, Instruct-2507,
-Thinking-2507) map to the registered protocol that renders them, wherever the directory keeps its template; a
-template-less Qwen3 config falls back on model_type; any other family is refused with the directory, what was
-found and the registered protocols in the message."""
+"""A model directory names its chat protocol: each of the 13 official templates maps to the registered protocol
+that renders it, wherever the directory keeps its template; a template-less config falls back on an unambiguous
+model_type; any other family is refused with the directory, what was found and the registered protocols."""
 
 from __future__ import annotations
 
@@ -11,14 +10,16 @@ from pathlib import Path
 import pytest
 
 from agent_protocol import ProtocolDetectionError, detect_protocol, list_protocols, protocol_for_template
+from tests.agent_protocol.golden import TEMPLATE_PROTOCOLS
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "golden" / "templates"
-OFFICIAL = {
-    "qwen3.jinja": "qwen3",
-    "qwen3_4b_instruct_2507.jinja": "qwen3-instruct-2507",
-    "qwen3_4b_thinking_2507.jinja": "qwen3-thinking-2507",
-}
+OFFICIAL = {f"{stem}.jinja": name for stem, name in TEMPLATE_PROTOCOLS.items()}
 LLAMA_LIKE = "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>{% endfor %}"
+
+
+def test_every_official_template_is_covered() -> None:
+    assert sorted(OFFICIAL) == sorted(p.name for p in TEMPLATES.glob("*.jinja"))
+    assert sorted(OFFICIAL.values()) == list_protocols()
 
 
 def model_dir(root: Path, *, config: dict[str, object] | None = None, **files: object) -> Path:
@@ -49,6 +50,10 @@ def test_the_template_decides_over_model_type(tmp_path: Path) -> None:
     )
     assert detect_protocol(finetuned) == "qwen3-instruct-2507"
     assert detect_protocol(model_dir(tmp_path / "bare")) == "qwen3"  # no template: a Qwen3 config is the hybrid
+    for model_type, name in (("gpt_oss", "gpt-oss"), ("glm4_moe", "glm-4.5")):
+        assert detect_protocol(model_dir(tmp_path / model_type, config={"model_type": model_type})) == name
+    with pytest.raises(ProtocolDetectionError, match="model_type 'llama', no chat template"):
+        detect_protocol(model_dir(tmp_path / "llama", config={"model_type": "llama"}))  # 3.1 or 3.2: ambiguous
 
 
 def test_an_unknown_family_is_refused_naming_the_registered_protocols(tmp_path: Path) -> None:

@@ -6,12 +6,17 @@
     detect_protocol("path/to/Qwen3-4B-Instruct-2507")    # "qwen3-instruct-2507"
     protocol_for_template(template_text, "qwen3")        # the same from the texts; None when unknown
 
-The template decides, because the protocol is the template's format: the Qwen3 family is told by its marks
-(``<|im_start|>`` turns, ``<tool_call>`` calls, ``reasoning_content``), and its members by the generation header
-(one that opens ``<think>`` is a thinking-only model, one that reads ``enable_thinking`` the hybrid Qwen3, else
-an instruct model). A directory without a template falls back on ``model_type`` (a Qwen3 architecture is the
-hybrid ``qwen3``). Anything else raises `ProtocolDetectionError` naming what was found and the registered
-protocols. This module reads JSON and text files; it renders nothing and knows no tokenizer.
+The template decides, because the protocol is the template's format. Each family is told by the marks of its format
+(`_FAMILY_MARKS`: harmony's ``<|channel|>`` and ``<|call|>``, Llama's ``ipython`` role, DeepSeek's ``<｜tool▁sep｜>``,
+GLM's ``[gMASK]`` and ``<arg_key>``, Mistral's ``[AVAILABLE_TOOLS]``, Qwen3-Coder's ``<function=``, Qwen2.5's
+default system prompt), and members of a family by what sets them apart (Llama 3.2 reads today's date, 3.1 prints a
+fixed one; Mistral-Small-3.2 writes ``[ARGS]``). The Qwen3 family is told by its marks (``<|im_start|>`` turns,
+``<tool_call>`` calls, ``reasoning_content``) and its members by the generation header (one that opens ``<think>``
+is a thinking-only model, one that reads ``enable_thinking`` the hybrid Qwen3, in its current revision if it guards
+``reasoning_content is string``, else the first 2504 one; else an instruct model). A directory without a template
+falls back on an unambiguous ``model_type`` (Qwen3 -> the hybrid ``qwen3``, ``gpt_oss``, ``glm4_moe``). Anything
+else raises `ProtocolDetectionError` naming what was found and the registered protocols.
+This module reads JSON and text files; it renders nothing and knows no tokenizer.
 """
 
 from __future__ import annotations
@@ -26,24 +31,38 @@ from agent_protocol.registry import list_protocols
 __all__ = ["detect_protocol", "protocol_for_template", "read_chat_template"]
 
 _QWEN3_MARKS: Final = ("<|im_start|>", "<tool_call>", "reasoning_content")
-_QWEN3_MODEL_TYPES: Final = frozenset({"qwen3", "qwen3_moe"})
 _THINKING_HEADER: Final = "'<|im_start|>assistant\\n<think>\\n'"  # as the template writes the string literal
+_MODEL_TYPES: Final = {"qwen3": "qwen3", "qwen3_moe": "qwen3", "gpt_oss": "gpt-oss", "glm4_moe": "glm-4.5"}
+
+#: (protocol, marks that must all be in the template, marks that must not be), checked in order
+_FAMILY_MARKS: Final[tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]] = (
+    ("gpt-oss", ("<|channel|>", "<|call|>"), ()),
+    ("llama3.2", ("<|start_header_id|>", "ipython", "strftime_now"), ()),
+    ("llama3.1", ("<|start_header_id|>", "ipython"), ()),
+    ("deepseek-v3.1", ("<｜Assistant｜>", "<｜tool▁sep｜>", "</think>"), ()),
+    ("glm-4.5", ("[gMASK]<sop>", "<arg_key>"), ()),
+    ("mistral-small-3.2", ("[TOOL_CALLS]", "[ARGS]"), ()),
+    ("mistral-v0.3", ("[TOOL_CALLS]", "[AVAILABLE_TOOLS]"), ("[ARGS]",)),
+    ("qwen3-coder", ("<|im_start|>", "<function=", "<parameter="), ()),
+    ("qwen2.5", ("<|im_start|>", "<tool_call>", "created by Alibaba Cloud"), ("reasoning_content",)),
+)
 
 
 def protocol_for_template(chat_template: str | None, model_type: str | None = None) -> str | None:
     """The registered protocol whose format `chat_template` is (`model_type` decides when there is no template),
     or None when neither is one this module knows."""
-    if chat_template:
-        if not all(mark in chat_template for mark in _QWEN3_MARKS):
-            return None
-        if _THINKING_HEADER in chat_template:
-            return "qwen3-thinking-2507"
-        if "enable_thinking" in chat_template:
-            return "qwen3"
-        return "qwen3-instruct-2507"
-    if model_type in _QWEN3_MODEL_TYPES:
-        return "qwen3"
-    return None
+    if not chat_template:
+        return _MODEL_TYPES.get(model_type or "")
+    for name, marks, absent in _FAMILY_MARKS:
+        if all(m in chat_template for m in marks) and not any(m in chat_template for m in absent):
+            return name
+    if not all(mark in chat_template for mark in _QWEN3_MARKS):
+        return None
+    if _THINKING_HEADER in chat_template:
+        return "qwen3-thinking-2507"
+    if "enable_thinking" in chat_template:
+        return "qwen3" if "reasoning_content is string" in chat_template else "qwen3-2504"
+    return "qwen3-instruct-2507"
 
 
 def _json_object(path: Path) -> dict[str, Any]:
