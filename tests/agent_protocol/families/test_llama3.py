@@ -1,0 +1,221 @@
+"""Llama 3.1 / 3.2 instruct (`agent_protocol.protocols.llama3`): renders against the golden files and the official
+Jinja, the `llama3_json` parser, the feedback after a generated turn, and token-in-token-out through a session
+with the real Llama 3 tokenizer.
+
+Jinja-side adaptations (`_for_jinja`), the two places where the protocol follows vLLM's chat preprocessing and
+not the bare template: null content is passed as "" (the bare template prints "None"), and arguments given as a
+JSON string are passed as the object they hold (vLLM parses them before rendering; the bare template would dump
+the string with its escapes).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from datetime import date
+from typing import Any
+
+import jinja2
+import pytest
+
+from agent_protocol import ChatProtocol, MessageError, get_protocol
+from tests.agent_protocol.golden import FROZEN_TODAY, GoldenRender, cases, renders
+from tests.support.hf_jinja import render_official
+from tests.support.tool_shapes import TOOL_SHAPES
+
+TEMPLATES = ("llama3.1_instruct", "llama3.2_instruct")
+RENDERS = renders(*TEMPLATES)
+
+#: variant id -> (template stem, protocol name, protocol options, template kwargs)
+VARIANTS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
+    "llama3.1": ("llama3.1_instruct", "llama3.1", {}, {}),
+    "llama3.1__today": ("llama3.1_instruct", "llama3.1", {"today": date(2025, 2, 3)}, {"date_string": "03 Feb 2025"}),
+    "llama3.1__tools_in_system": (
+        "llama3.1_instruct",
+        "llama3.1",
+        {"tools_in_user_message": False},
+        {"tools_in_user_message": False},
+    ),
+    "llama3.2": ("llama3.2_instruct", "llama3.2", {"today": FROZEN_TODAY}, {}),  # strftime_now is frozen there
+    "llama3.2__tools_in_system": (
+        "llama3.2_instruct",
+        "llama3.2",
+        {"today": FROZEN_TODAY, "tools_in_user_message": False},
+        {"tools_in_user_message": False},
+    ),
+}
+
+
+def _for_jinja(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation as vLLM hands it to the template (see the module docstring)."""
+    out = copy.deepcopy(messages)
+    for message in out:
+        if message.get("content", "") is None:
+            message["content"] = ""
+        for call in message.get("tool_calls", []):
+            if isinstance(call["function"]["arguments"], str):
+                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+    return out
+
+
+def official(variant: str, messages: list[dict[str, Any]], tools: Any = None, generation: bool = False) -> str:
+    stem, _, _, kwargs = VARIANTS[variant]
+    return render_official(stem, _for_jinja(messages), tools=tools, add_generation_prompt=generation, **kwargs)
+
+
+def protocol_of(variant: str) -> ChatProtocol:
+    _, name, options, _ = VARIANTS[variant]
+    return get_protocol(name, **options)
+
+
+# -- golden renders -------------------------------------------------------------------------------------------
+
+
+def test_every_llama_render_is_present() -> None:
+    # 6 cases x 2 (generation prompt or not) for each template; parallel_tool_calls is refused by both
+    assert len(RENDERS) == 24
+    assert sorted(r.id for r in RENDERS if r.refused) == [
+        f"{t}__parallel_tool_calls__gen_{g}.ERROR" for t in TEMPLATES for g in ("false", "true")
+    ]
+
+
+@pytest.mark.parametrize("golden", RENDERS, ids=lambda g: g.id)
+def test_render_matches_official_template_byte_for_byte(golden: GoldenRender) -> None:
+    case = cases()[golden.case]
+    protocol = get_protocol(golden.protocol, **golden.options)
+    render = lambda: protocol.render_messages(  # noqa: E731
+        case["messages"], tools=case["tools"], add_generation_prompt=golden.add_generation_prompt
+    )
+    if golden.refused:
+        assert "single tool-calls at once" in golden.text
+        with pytest.raises(MessageError, match=r"official Llama 3.x template refuses .*single tool-calls at once"):
+            render()
+    else:
+        assert render() == golden.text
+        assert golden.text.startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n")
+
+
+def test_dates() -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    assert "Today Date: 26 Jul 2024\n" in get_protocol("llama3.1").render_messages(messages)
+    assert "Today Date: 01 Sep 2025\n" in get_protocol("llama3.1", today=FROZEN_TODAY).render_messages(messages)
+    today = date.today().strftime("%d %b %Y")  # 3.2 without `today`: the current date, as strftime_now gives it
+    assert f"Today Date: {today}\n" in get_protocol("llama3.2").render_messages(messages)
+
+
+# -- generated conversations against the official Jinja -------------------------------------------------------
+
+TEXTS = [
+    "",
+    "Hi",
+    "\n",
+    "  padded  ",
+    "\nleading newline",
+    "trailing newline\n",
+    "two\n\nlines",
+    "émoji 🦙 and 中文",
+    '{"name": "lookup", "parameters": {"q": "x"}}',
+    'quotes " and \\ backslash',
+    "tab\tand\r\nCRLF",
+]
+ARGUMENTS: list[Any] = [
+    {},
+    {"q": "x"},
+    {"q": "é 中文", "n": 3, "nested": {"a": [1, 2.5, None, True]}},
+    '{"q": "given as a string"}',
+    "{}",
+]
+
+
+def _conversation(rng: random.Random) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    messages: list[dict[str, Any]] = []
+    if rng.random() < 0.5:
+        messages.append({"role": "system", "content": rng.choice(TEXTS)})
+    for _ in range(rng.randint(0, 6)):
+        roll = rng.random()
+        if roll < 0.35:
+            messages.append({"role": "user", "content": rng.choice(TEXTS)})
+        elif roll < 0.8:
+            message: dict[str, Any] = {"role": "assistant", "content": rng.choice([*TEXTS, None])}
+            calls = rng.choice([0, 0, 1, 1, 1, 2])
+            if calls:
+                message["tool_calls"] = [
+                    {
+                        "id": f"c{k}",
+                        "type": "function",
+                        "function": {"name": rng.choice(["lookup", "now"]), "arguments": rng.choice(ARGUMENTS)},
+                    }
+                    for k in range(calls)
+                ]
+            messages.append(message)
+            for k in range(calls):
+                messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": rng.choice(TEXTS)})
+        elif roll < 0.9:
+            messages.append({"role": "tool", "tool_call_id": "x", "content": rng.choice(TEXTS)})
+        else:
+            messages.append({"role": "system", "content": rng.choice(TEXTS)})
+    if not messages:  # an empty conversation is refused by both (see test_refusals)
+        messages.append({"role": "user", "content": rng.choice(TEXTS)})
+    tools = rng.choice([None, None, [], TOOL_SHAPES, rng.sample(TOOL_SHAPES, 2)])
+    return messages, tools
+
+
+CONVERSATIONS = [_conversation(random.Random(seed)) for seed in range(200)]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_python_renderer_equals_official_jinja(variant: str) -> None:
+    protocol = protocol_of(variant)
+    compared = refused = 0
+    for index, (messages, tools) in enumerate(CONVERSATIONS):
+        for generation in (False, True):
+            try:
+                expected = official(variant, messages, tools, generation)
+            except jinja2.TemplateError as e:
+                with pytest.raises(MessageError, match=r"official Llama 3\.x template refuses"):
+                    protocol.render_messages(messages, tools=tools, add_generation_prompt=generation)
+                assert "single tool-calls" in str(e) or "no first user message" in str(e)
+                refused += 1
+                continue
+            actual = protocol.render_messages(messages, tools=tools, add_generation_prompt=generation)
+            assert actual == expected, f"conversation {index}, tools={tools is not None}, gen={generation}"
+            compared += 1
+    assert compared >= 150 * 2 and refused > 0, (compared, refused)
+
+
+def test_generated_conversations_cover_the_corners() -> None:
+    """The generated set holds what the template treats specially, so the comparison above exercises it."""
+    tools_seen = {json.dumps(t) for _, tools in CONVERSATIONS for t in tools or []}
+    assert tools_seen == {json.dumps(t) for t in TOOL_SHAPES}
+    assert any(tools == [] for _, tools in CONVERSATIONS)  # "no tools" and "an empty list" render differently
+    flat = [m for messages, _ in CONVERSATIONS for m in messages]
+    assert any(isinstance(c["function"]["arguments"], str) for m in flat for c in m.get("tool_calls", []))
+    assert any(m["role"] == "assistant" and m["content"] is None for m in flat)
+    assert any(m["role"] == "system" for messages, _ in CONVERSATIONS for m in messages[1:])
+
+
+def test_refusals() -> None:
+    llama = get_protocol("llama3.1")
+    with pytest.raises(MessageError, match="empty conversation"):
+        llama.render_messages([])
+    with pytest.raises(MessageError, match="no first user message"):
+        llama.render_messages([{"role": "system", "content": "s"}], tools=TOOL_SHAPES[:1])
+    with pytest.raises(jinja2.TemplateError, match="no first user message"):
+        official("llama3.1", [{"role": "system", "content": "s"}], TOOL_SHAPES[:1])
+    # with the tools in the system block, no user message is needed
+    in_system = get_protocol("llama3.1", tools_in_user_message=False)
+    rendered = in_system.render_messages([{"role": "system", "content": "s"}], tools=TOOL_SHAPES[:1])
+    assert rendered == official("llama3.1__tools_in_system", [{"role": "system", "content": "s"}], TOOL_SHAPES[:1])
+    two_calls = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"function": {"name": "a", "arguments": {}}}, {"function": {"name": "b", "arguments": {}}}],
+    }
+    with pytest.raises(MessageError, match=r"message.tool_calls: .*refuses an assistant turn with 2 tool calls"):
+        llama.render_generation(two_calls)
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(TypeError, match="takes: today, tools_in_user_message"):
+        get_protocol("llama3.2", enable_thinking=True)
