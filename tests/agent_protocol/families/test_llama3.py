@@ -219,3 +219,133 @@ def test_refusals() -> None:
 def test_options_are_checked() -> None:
     with pytest.raises(TypeError, match="takes: today, tools_in_user_message"):
         get_protocol("llama3.2", enable_thinking=True)
+
+
+# -- the llama3_json parser -----------------------------------------------------------------------------------
+
+CALL = '{"name": "lookup", "parameters": {"q": "Paris"}}'
+
+
+@pytest.mark.parametrize("name", ["llama3.1", "llama3.2"])
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "assistant", "content": "It is 18 °C.", "tool_calls": []},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "call_0", "function": {"name": "f", "arguments": {}}}],
+        },
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "call_0", "function": {"name": "lookup", "arguments": {"q": "é", "n": [1, {"a": None}]}}}
+            ],
+        },
+    ],
+    ids=["answer", "call_without_arguments", "call"],
+)
+def test_parse_inverts_render_generation(name: str, message: dict[str, Any]) -> None:
+    protocol = get_protocol(name)
+    text = protocol.render_generation(message)
+    assert text.endswith("<|eot_id|>")
+    parsed = protocol.assistant_message(text)
+    expected = {**message, "tool_calls": [{**c, "type": "function"} for c in message["tool_calls"]]}
+    for call in expected["tool_calls"]:
+        call["function"] = {
+            **call["function"],
+            "arguments": json.dumps(call["function"]["arguments"], ensure_ascii=False),
+        }
+    assert parsed.to_openai() == {k: v for k, v in expected.items() if v != []}
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        ("Plain answer.<|eot_id|>", "Plain answer.", []),
+        ("Plain answer, cut off", "Plain answer, cut off", []),
+        (CALL + "<|eot_id|>", "", [("lookup", {"q": "Paris"})]),
+        # Llama 3.1 with `Environment: ipython` may open a call with <|python_tag|> and end it with <|eom_id|>
+        ("<|python_tag|>" + CALL + "<|eom_id|>", "", [("lookup", {"q": "Paris"})]),
+        # vLLM reads "arguments" too, and prefers it when both are there
+        ('{"name": "f", "arguments": {"a": 1}, "parameters": {"b": 2}}', "", [("f", {"a": 1})]),
+        # several calls, "; "-separated as vLLM's parser expects (the template refuses to render them again)
+        (CALL + '; {"name": "now", "parameters": {}}<|eot_id|>', "", [("lookup", {"q": "Paris"}), ("now", {})]),
+        # text around a call is kept as content (vLLM drops it; the template drops it on re-render)
+        ("Let me look.\n" + CALL + "<|eot_id|>", "Let me look.", [("lookup", {"q": "Paris"})]),
+        # a string holding the object is decoded once
+        ('{"name": "f", "parameters": "{\\"a\\": 1}"}', "", [("f", {"a": 1})]),
+        # JSON and braces in prose are content, as in vLLM: no "name", or not JSON at all
+        ('Here is JSON: {"a": 1}<|eot_id|>', 'Here is JSON: {"a": 1}', []),
+        ("A set {1, 2} and " + CALL, "A set {1, 2} and " + CALL, []),  # vLLM gives up at the first bad brace
+        ('{"a": 1}', '{"a": 1}', []),
+    ],
+    ids=[
+        "answer",
+        "answer_cut_off",
+        "call",
+        "python_tag_eom",
+        "arguments_key",
+        "two_calls",
+        "text_then_call",
+        "string_parameters",
+        "json_in_prose",
+        "brace_in_prose",
+        "object_without_name",
+    ],
+)
+def test_parse(text: str, content: str, calls: list[tuple[str, dict[str, Any]]]) -> None:
+    action = get_protocol("llama3.1").parse_assistant_text(text)
+    assert action.issues == ()
+    assert action.content == content
+    assert action.reasoning_content is None
+    assert [(c.name, c.arguments) for c in action.tool_calls] == calls
+    assert [c.id for c in action.tool_calls] == [f"call_{k}" for k in range(len(calls))]
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "message"),
+    [
+        ('{"name": "lookup", "parameters": {"q": "Paris"}<|eot_id|>', "invalid_json", "not valid JSON"),
+        ('{"name": "lookup", "parameters": {"q": "Par', "unclosed_tag", "cut off"),
+        ('<|python_tag|>{"nam": "lookup"}<|eom_id|>', "missing_name", 'no "name"'),
+        ('{"name": "", "parameters": {}}', "missing_name", 'no "name"'),
+        ('{"name": 7, "parameters": {}}', "missing_name", 'no "name"'),
+        ('{"name": "now"}<|eot_id|>', "invalid_arguments", 'no "parameters"'),
+        ('{"name": "f", "parameters": [1]}', "invalid_arguments", "must be a JSON object, not list"),
+        ('{"name": "f", "parameters": "not json"}', "invalid_arguments", "must be a JSON object, not str"),
+        ('{"name": "f", "parameters": {"x": ' + "9" * 5000 + "}}", "invalid_json", "cannot be read"),
+        ('{"name": "f", "parameters": ' + "[" * 1500 + "]" * 1500 + "}", "invalid_json", "cannot be read"),
+        ('{"name": "f", "parameters": ' + '{"a":' * 150 + "1" + "}" * 151, "invalid_json", "cannot be read"),
+        ('{"name": "f", "parameters": {"x": "\\ud800"}}', "invalid_json", "cannot be read"),
+        ('{"name": "f", "parameters": "' + "[" * 2000 + '"}', "invalid_arguments", "cannot be read"),
+    ],
+    ids=[
+        "bad_json",
+        "cut_off",
+        "python_tag_no_name",
+        "empty_name",
+        "name_not_string",
+        "no_parameters",
+        "parameters_array",
+        "parameters_string",
+        "huge_int",
+        "deep_brackets",
+        "deep_but_decodable",
+        "lone_surrogate",
+        "deep_parameters_string",
+    ],
+)
+def test_malformed_calls_are_coded_issues(text: str, code: str, message: str) -> None:
+    action = get_protocol("llama3.2").parse_assistant_text(text)
+    (call,) = action.tool_calls
+    assert call.error is not None and call.error.code == code and message in call.error.message, call
+    assert call.raw is not None and call.raw.startswith("{")
+
+
+def test_a_good_call_before_a_broken_one_is_kept() -> None:
+    action = get_protocol("llama3.1").parse_assistant_text(CALL + '; {"name": "now", "parameters": {<|eot_id|>')
+    good, broken = action.tool_calls
+    assert good.ok and good.name == "lookup"
+    assert broken.error is not None and broken.error.code == "invalid_json"

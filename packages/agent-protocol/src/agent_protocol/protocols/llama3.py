@@ -226,7 +226,8 @@ def parse_llama3_turn(text: str, *, call_id_prefix: str = "call") -> Action:
         except json.JSONDecodeError as e:
             if meant:
                 pieces.append(text[pos:start])
-                cut_off = not closed and e.pos >= len(text)
+                ran_out = e.pos >= len(text) or e.msg.startswith("Unterminated string")
+                cut_off = not closed and ran_out
                 calls.append(_broken(call_id, text[start:], _decode_issue(e, cut_off=cut_off)))
                 pos = len(text)
             break
