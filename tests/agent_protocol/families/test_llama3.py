@@ -349,3 +349,126 @@ def test_a_good_call_before_a_broken_one_is_kept() -> None:
     good, broken = action.tool_calls
     assert good.ok and good.name == "lookup"
     assert broken.error is not None and broken.error.code == "invalid_json"
+
+
+# -- feedback: prompt + generations + feedback == the official render -----------------------------------------
+
+
+def transcript_text(protocol: ChatProtocol, messages: list[dict[str, Any]], tools: Any) -> str | None:
+    """The text an episode lays down: the first prompt, each assistant turn as generated, each feedback. None for a
+    conversation no episode produces (two assistant turns in a row, no prompt before the first turn)."""
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    first = turns[0] if turns else len(messages)
+    if first == 0:
+        return None
+    text = protocol.render_prompt(messages[:first], tools=tools)
+    for position, index in enumerate(turns):
+        text += protocol.render_generation(messages[index])
+        end = turns[position + 1] if position + 1 < len(turns) else len(messages)
+        if end > index + 1:
+            text += protocol.render_feedback(messages[index + 1 : end])
+        elif end < len(messages):
+            return None
+    return text
+
+
+def _golden_episode(golden: GoldenRender) -> bool:
+    """The golden render an episode of the case ends on: with the generation prompt iff the case ends on a user or
+    tool message."""
+    return golden.add_generation_prompt == (cases()[golden.case]["messages"][-1]["role"] != "assistant")
+
+
+EPISODES = [g for g in RENDERS if not g.refused and _golden_episode(g)]
+
+
+def test_every_golden_episode_is_checked() -> None:
+    assert len(EPISODES) == 10  # 5 renderable cases x 2 templates
+
+
+@pytest.mark.parametrize("golden", EPISODES, ids=lambda g: g.id)
+def test_feedback_continues_the_golden_render(golden: GoldenRender) -> None:
+    case = cases()[golden.case]
+    protocol = get_protocol(golden.protocol, **golden.options)
+    assert transcript_text(protocol, case["messages"], case["tools"]) == golden.text
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_feedback_continues_the_official_render(variant: str) -> None:
+    protocol = protocol_of(variant)
+    compared = 0
+    for seed in range(600):
+        messages, tools = _conversation(random.Random(seed))
+        try:
+            text = transcript_text(protocol, messages, tools)
+        except MessageError:  # refused by the template (checked in test_python_renderer_equals_official_jinja)
+            continue
+        if text is None:
+            continue
+        assert text == official(variant, messages, tools, messages[-1]["role"] != "assistant"), seed
+        compared += 1
+    assert compared >= 150, compared
+
+
+def test_cut_off_turn_is_closed() -> None:
+    feedback = get_protocol("llama3.1").render_feedback([{"role": "tool", "content": "5"}], turn_closed=False)
+    assert feedback == (
+        '<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n"5"<|eot_id|><|start_header_id|>assistant'
+        "<|end_header_id|>\n\n"
+    )
+    # both closing tokens close the turn already: the feedback is the same after either
+    llama = get_protocol("llama3.1")
+    observation = [{"role": "user", "content": "more"}]
+    assert llama.render_feedback(observation, ended_by="<|eom_id|>") == llama.render_feedback(observation)
+    assert llama.turn_end_texts == ("<|eot_id|>", "<|eom_id|>")
+    assert llama.stop_texts == ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")
+
+
+@pytest.mark.parametrize(
+    ("messages", "match"),
+    [([], "at least one"), ([{"role": "assistant", "content": "x"}], r"messages\[0\].role")],
+)
+def test_bad_feedback(messages: list[dict[str, Any]], match: str) -> None:
+    with pytest.raises(MessageError, match=match):
+        get_protocol("llama3.2").render_feedback(messages)
+
+
+PROMPT = [{"role": "user", "content": "Weather in Paris?"}]
+RESULT = [{"role": "tool", "content": "18 C"}]
+#: seam id -> (what the model generated, whether it closed the turn, what the transcript holds there, what the
+#: official render of the parsed conversation holds there)
+SEAMS: dict[str, tuple[str, bool, str, str]] = {
+    # Llama 3.1 may close a call with <|eom_id|> under "Environment: ipython"; history always says <|eot_id|>
+    "eom_id": (CALL + "<|eom_id|>", True, CALL + "<|eom_id|>", CALL + "<|eot_id|>"),
+    # ...and open it with <|python_tag|>, which the template never writes for a custom tool
+    "python_tag": ("<|python_tag|>" + CALL + "<|eom_id|>", True, "<|python_tag|>" + CALL + "<|eom", CALL + "<|eot"),
+    # text next to a call: the template renders a call turn as the JSON alone
+    "text_and_call": ("Let me look.\n" + CALL + "<|eot_id|>", True, "Let me look.\n" + CALL, CALL),
+    # whitespace around an answer: the template trims content
+    "untrimmed": ("  It is sunny. \n<|eot_id|>", True, "\n\n  It is sunny. \n<|eot", "\n\nIt is sunny.<|eot"),
+    # <|end_of_text|> stops the engine but does not close the turn: the feedback closes it with <|eot_id|>
+    "end_of_text": ("It is sunny.<|end_of_text|>", False, "sunny.<|end_of_text|><|eot_id|>", "sunny.<|eot_id|>"),
+}
+
+
+@pytest.mark.parametrize("seam", sorted(SEAMS))
+def test_seams_are_where_we_document_them(seam: str) -> None:
+    """Where the transcript keeps what the model sampled and the official render of the same (parsed) conversation
+    differs: exactly one place per seam, and nowhere else."""
+    generated, closed, held, rendered = SEAMS[seam]
+    llama = get_protocol("llama3.1")
+    message = llama.assistant_message(generated).to_openai()
+    observation = RESULT if message.get("tool_calls") else [{"role": "user", "content": "thanks"}]
+    sampled = llama.render_prompt(PROMPT, tools=TOOL_SHAPES) + generated
+    sampled += llama.render_feedback(observation, turn_closed=closed)
+    expected = official("llama3.1", [*PROMPT, message, *observation], TOOL_SHAPES, True)
+    assert sampled != expected
+    assert sampled.count(held) == 1 and expected.count(rendered) == 1
+    assert sampled.replace(held, rendered) == expected
+
+
+def test_two_calls_in_one_turn_cannot_be_rendered_again() -> None:
+    """vLLM's parser reads both calls, and the turn runs both; the official template refuses that history."""
+    llama = get_protocol("llama3.1")
+    message = llama.assistant_message(CALL + '; {"name": "now", "parameters": {}}<|eot_id|>').to_openai()
+    with pytest.raises(MessageError, match="refuses an assistant turn with 2 tool calls"):
+        llama.render_messages([*PROMPT, message, *RESULT, *RESULT], tools=TOOL_SHAPES)
