@@ -1,0 +1,299 @@
+"""The DeepSeek-V3.1 chat format, in Python: `get_protocol("deepseek-v3.1", thinking=False)`.
+
+Mirrors the official template (tests/data/golden/templates/deepseek_v3.1.jinja, the original
+deepseek-ai/DeepSeek-V3.1 revision) statement by statement:
+
+    <｜begin▁of▁sentence｜>{every system message, joined by a blank line}<｜User｜>{query}<｜Assistant｜></think>
+    {content}<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{json}<｜tool▁call▁end｜>...
+    <｜tool▁calls▁end｜><｜end▁of▁sentence｜><｜tool▁output▁begin｜>{result}<｜tool▁output▁end｜>{answer}
+    <｜end▁of▁sentence｜>
+
+- The generation prompt is `<｜Assistant｜></think>` (`thinking=False`) or `<｜Assistant｜><think>` (`thinking=True`),
+  and only after a user message: after tool outputs the template opens nothing and the model continues
+  directly, so `render_feedback` of tool results ends at `<｜tool▁output▁end｜>`.
+- History never holds reasoning: every turn after a user message is `<｜Assistant｜></think>` + content (the text
+  before a `</think>` inside the content is dropped; `reasoning_content` is never rendered).
+- Tool-call arguments are concatenated as a string. Messages carry them as a dict (`coerce_messages` parses a
+  string), and they are dumped with `json.dumps(ensure_ascii=False)`, as the golden renders were made: a string
+  spelled another way (compact separators, ASCII escapes) is rendered in that canonical spelling.
+- The template does **not** render the `tools` list: the model is never shown the tool specs. This is a known gap
+  of the official template (vLLM and SGLang ship reworked copies that add a tools section); the tools are
+  validated and, like the template, not rendered. Callers that need the specs in the prompt put them in a system
+  message themselves.
+- Conversations the template cannot render raise `MessageError`: null content where it concatenates text.
+  `tool_calls: []` reads as no calls (the template would print a lone `<｜tool▁calls▁end｜>`), and DeepSeek's
+  `prefix` (prefix-completion) key is not supported.
+
+Parsing follows vLLM's `deepseek_v31` tool parser and its `deepseek_v31` reasoning parser (DeepSeek-R1's when
+`thinking` is on, none when off): content is the text before `<｜tool▁calls▁begin｜>`, each call is
+`<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`, text after the calls is dropped. Where vLLM drops a
+malformed call silently, this parser returns it with a coded issue, and it reads calls whose JSON spans lines
+(vLLM's regex does not). vLLM tells whether reasoning is open from the prompt (its last think tag); a protocol
+parses the text alone, so with `thinking` on, a turn with neither `<think>` nor `</think>` is content when it is
+closed by `<｜end▁of▁sentence｜>` or holds a tool call (the direct continuation after tool outputs), and reasoning
+cut off (`missing_think_end`) otherwise.
+
+Seams where the token stream of an episode is not the official render of its conversation: with `thinking` on,
+each turn after a user message was generated after `<think>` as `{reasoning}</think>...`, and history renders it
+as `</think>...`; a turn cut off by the length limit is closed with `<｜end▁of▁sentence｜>` alone. Token-level seams
+of a tokenizer without `<think>`/`</think>` as added tokens (DeepSeek-V3's file) are pinned in the tests.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+from agent_protocol.chat_protocol import ChatProtocol
+from agent_protocol.errors import JsonLimitError, MessageError
+from agent_protocol.json_limits import loads_bounded
+from agent_protocol.template_json import tojson
+from agent_protocol.types import (
+    Action,
+    Message,
+    MessageLike,
+    ParseIssue,
+    ToolCall,
+    ToolSpecLike,
+    coerce_messages,
+    coerce_tools,
+)
+
+__all__ = ["PROTOCOLS", "DeepSeekV31Protocol"]
+
+BOS: Final = "<｜begin▁of▁sentence｜>"
+EOS: Final = "<｜end▁of▁sentence｜>"
+USER: Final = "<｜User｜>"
+ASSISTANT: Final = "<｜Assistant｜>"
+THINK_OPEN: Final = "<think>"
+THINK_CLOSE: Final = "</think>"
+CALLS_BEGIN: Final = "<｜tool▁calls▁begin｜>"
+CALLS_END: Final = "<｜tool▁calls▁end｜>"
+CALL_BEGIN: Final = "<｜tool▁call▁begin｜>"
+CALL_END: Final = "<｜tool▁call▁end｜>"
+TOOL_SEP: Final = "<｜tool▁sep｜>"
+OUTPUT_BEGIN: Final = "<｜tool▁output▁begin｜>"
+OUTPUT_END: Final = "<｜tool▁output▁end｜>"
+
+_RAW_PREVIEW: Final = 200
+_CALL_FORMAT: Final = (
+    f"Write each call as {CALL_BEGIN}NAME{TOOL_SEP}{{JSON arguments}}{CALL_END}, all of them between "
+    f"{CALLS_BEGIN} and {CALLS_END}."
+)
+
+
+class DeepSeekV31Protocol(ChatProtocol):
+    name = "deepseek-v3.1"
+    end_of_turn = EOS
+    stop_texts = (EOS,)
+
+    def __init__(self, *, thinking: bool = False) -> None:
+        self.thinking = thinking
+
+    def __repr__(self) -> str:
+        return f"DeepSeekV31Protocol(thinking={self.thinking})"
+
+    @property
+    def generation_prompt(self) -> str:
+        return ASSISTANT + (THINK_OPEN if self.thinking else THINK_CLOSE)
+
+    # -- rendering ---------------------------------------------------------------------------------------
+
+    def render_messages(
+        self,
+        messages: Iterable[MessageLike],
+        *,
+        tools: Iterable[ToolSpecLike] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> str:
+        msgs = coerce_messages(messages)
+        coerce_tools(tools)  # validated like every family's; the official template does not render them
+        _check_renderable(msgs)
+        system = "\n\n".join(m.content or "" for m in msgs if m.role == "system")
+        body, last_is_user = _render_body(msgs)
+        prompt = self.generation_prompt if add_generation_prompt and last_is_user else ""
+        return BOS + system + body + prompt
+
+    def render_feedback(
+        self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
+    ) -> str:
+        msgs = coerce_messages(messages)
+        if not msgs:
+            raise MessageError("messages", "feedback needs at least one tool result or user message")
+        for index, message in enumerate(msgs):
+            if message.role == "assistant":
+                raise MessageError(f"messages[{index}].role", "feedback carries tool or user messages")
+            if message.role == "system":
+                raise MessageError(
+                    f"messages[{index}].role",
+                    "the official DeepSeek-V3.1 template renders every system message at the top of the prompt, "
+                    "so one cannot be appended to a running conversation",
+                )
+        _check_renderable(msgs)
+        body, last_is_user = _render_body(msgs)
+        return ("" if turn_closed else EOS) + body + (self.generation_prompt if last_is_user else "")
+
+    def render_generation(self, message: MessageLike, *, after_tool_output: bool = False) -> str:
+        """What the model writes for `message`: after the generation prompt, or, with `after_tool_output`,
+        directly after tool outputs (no prompt opens that turn, so in thinking mode it has no `</think>`)."""
+        (msg,) = coerce_messages([message])
+        if msg.role != "assistant":
+            raise MessageError("message.role", f"only assistant turns are generated, not {msg.role}")
+        content = msg.content or ""
+        inline_reasoning = ""
+        if not msg.tool_calls and not after_tool_output and THINK_CLOSE in content:
+            inline_reasoning, content = content.split(THINK_CLOSE, 1)  # the template keeps only what follows
+        head = ""
+        if self.thinking and not after_tool_output:
+            reasoning = msg.reasoning_content
+            if reasoning is None:
+                reasoning = inline_reasoning.split(THINK_OPEN, 1)[-1]
+            head = reasoning + THINK_CLOSE
+        return head + content + _render_calls(msg.tool_calls) + EOS
+
+    # -- parsing -----------------------------------------------------------------------------------------
+
+    def parse_turn(self, text: str, *, call_id_prefix: str = "call") -> Action:
+        closed = text.endswith(EOS)
+        body = text.removesuffix(EOS)
+        reasoning: str | None = None
+        if self.thinking:
+            reasoning, body, issue = _split_reasoning(body, closed=closed)
+            if issue is not None:
+                return Action(content="", reasoning_content=reasoning, error=issue)
+        content, calls = _split_tool_calls(body, call_id_prefix=call_id_prefix)
+        return Action(content=content, reasoning_content=reasoning, tool_calls=tuple(calls))
+
+
+def _check_renderable(msgs: list[Message]) -> None:
+    """The template concatenates every content as text; null content (but an assistant's with tool calls)
+    makes it fail, so it is refused here with the reason."""
+    for index, message in enumerate(msgs):
+        if message.content is None and not (message.role == "assistant" and message.tool_calls):
+            raise MessageError(
+                f"messages[{index}].content",
+                f"is null; the official DeepSeek-V3.1 template concatenates a {message.role} message's content "
+                "as text and fails on null",
+            )
+
+
+def _render_calls(calls: tuple[ToolCall, ...]) -> str:
+    if not calls:
+        return ""
+    body = "".join(f"{CALL_BEGIN}{call.name}{TOOL_SEP}{tojson(call.arguments)}{CALL_END}" for call in calls)
+    return CALLS_BEGIN + body + CALLS_END
+
+
+def _render_body(msgs: list[Message]) -> tuple[str, bool]:
+    """Every non-system message as the template's loop renders it, starting after an assistant turn (or at the
+    top); returns the text and whether the last rendered message was a user's (then a generation prompt may
+    follow)."""
+    out: list[str] = []
+    last_is_user = False
+    after_tool = False
+    for msg in msgs:
+        content = msg.content or ""
+        if msg.role == "user":
+            out.append(USER + content)
+            last_is_user, after_tool = True, False
+        elif msg.role == "tool":
+            out.append(OUTPUT_BEGIN + content + OUTPUT_END)
+            last_is_user, after_tool = False, True
+        elif msg.role == "assistant":
+            opener = ASSISTANT + THINK_CLOSE if last_is_user else ""
+            if not msg.tool_calls and not after_tool and THINK_CLOSE in content:
+                content = content.split(THINK_CLOSE, 1)[1]
+            out.append(opener + content + _render_calls(msg.tool_calls) + EOS)
+            last_is_user, after_tool = False, False
+    return "".join(out), last_is_user
+
+
+def _split_reasoning(body: str, *, closed: bool) -> tuple[str | None, str, ParseIssue | None]:
+    """(reasoning, content, issue) of a thinking-mode turn; see the module docstring for a turn with no tags."""
+    close_at = body.find(THINK_CLOSE)
+    if close_at >= 0:
+        return body[:close_at].split(THINK_OPEN, 1)[-1], body[close_at + len(THINK_CLOSE) :], None
+    if THINK_OPEN not in body and (closed or CALLS_BEGIN in body):
+        return None, body, None
+    issue = ParseIssue(
+        code="missing_think_end",
+        message=f"Your reasoning was never closed with {THINK_CLOSE}, so no answer or tool call was read. "
+        f"Close the reasoning with {THINK_CLOSE} before answering or calling a tool.",
+    )
+    return body.split(THINK_OPEN, 1)[-1], "", issue
+
+
+def _split_tool_calls(body: str, *, call_id_prefix: str) -> tuple[str, list[ToolCall]]:
+    begin = body.find(CALLS_BEGIN)
+    if begin < 0:
+        return body, []
+    section = body[begin + len(CALLS_BEGIN) :]
+    section = section.split(CALLS_END, 1)[0]  # what follows the calls is dropped, as vLLM drops it
+    blocks = section.split(CALL_BEGIN)[1:]
+    if not blocks:
+        cut_off = CALLS_END not in body[begin:]
+        issue = ParseIssue(
+            code="unclosed_tag" if cut_off and not section.strip() else "invalid_json",
+            message=f"{CALLS_BEGIN} holds no call. {_CALL_FORMAT}",
+        )
+        return body[:begin], [ToolCall(id=f"{call_id_prefix}_0", name="", error=issue, raw=_preview(section))]
+    calls = [_parse_call(block, call_id=f"{call_id_prefix}_{k}") for k, block in enumerate(blocks)]
+    return body[:begin], calls
+
+
+def _parse_call(block: str, *, call_id: str) -> ToolCall:
+    end = block.find(CALL_END)
+    raw = _preview(block)
+    if end < 0:
+        issue = ParseIssue(code="unclosed_tag", message=f"The tool call was cut off before {CALL_END}.")
+        name = block.split(TOOL_SEP, 1)[0] if TOOL_SEP in block else ""
+        return ToolCall(id=call_id, name=name, error=issue, raw=raw)
+    name, sep, arguments = block[:end].partition(TOOL_SEP)
+    if not sep:
+        issue = ParseIssue(code="invalid_json", message=f"The tool call has no {TOOL_SEP}. {_CALL_FORMAT}")
+        return ToolCall(id=call_id, name="", error=issue, raw=raw)
+    if not name.strip():
+        issue = ParseIssue(code="missing_name", message=f"The tool call has no function name before {TOOL_SEP}.")
+        return ToolCall(id=call_id, name="", error=issue, raw=raw)
+    try:
+        value = loads_bounded(arguments) if arguments.strip() else {}
+    except JsonLimitError as e:
+        issue = ParseIssue(code="invalid_json", message=f"The arguments of {name} cannot be read: {e}.")
+        return ToolCall(id=call_id, name=name, error=issue, raw=raw)
+    except json.JSONDecodeError as e:
+        issue = ParseIssue(
+            code="invalid_json",
+            message=f"The arguments of {name} are not valid JSON ({e.msg} at character {e.pos}). {_CALL_FORMAT}",
+        )
+        return ToolCall(id=call_id, name=name, error=issue, raw=raw)
+    if not isinstance(value, dict):
+        issue = ParseIssue(
+            code="invalid_arguments", message=f"The arguments of {name} must be a JSON object, not {_kind(value)}."
+        )
+        return ToolCall(id=call_id, name=name, error=issue, raw=raw)
+    return ToolCall(id=call_id, name=name, arguments=value)
+
+
+def _preview(text: str) -> str:
+    return text if len(text) <= _RAW_PREVIEW else text[:_RAW_PREVIEW] + "..."
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "null" if value is None else type(value).__name__
+
+
+def _deepseek_v31(*, thinking: bool = False) -> ChatProtocol:
+    return DeepSeekV31Protocol(thinking=thinking)
+
+
+#: registered name -> factory (see agent_protocol.registry)
+PROTOCOLS: Final = {"deepseek-v3.1": _deepseek_v31}
