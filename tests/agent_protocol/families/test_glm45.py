@@ -16,9 +16,13 @@ from functools import cache
 from typing import Any
 
 import jinja2
+import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent_protocol import MessageError, get_protocol
+from agent_protocol.json_limits import check_json_value
 from agent_protocol.protocols.glm45 import Glm45Protocol
 from tests.agent_protocol.golden import GoldenRender, cases, renders
 from tests.support.hf_jinja import TEMPLATES, official_template, special_tokens
@@ -213,3 +217,159 @@ def test_options_and_registry() -> None:
         get_protocol("glm-4.5", thinking=True)
     assert get_protocol("glm-4.5").generation_prompt == "<|assistant|>"
     assert get_protocol("glm-4.5", enable_thinking=False).generation_prompt == "<|assistant|>\n<think></think>"
+
+
+# -- parse ---------------------------------------------------------------------------------------------------
+# vLLM's `glm45` tool parser (Glm4MoeModelToolParser) with no tool schemas, and its `glm45` reasoning parser.
+
+
+def _call_block(name: str, *pairs: tuple[str, str]) -> str:
+    return (
+        f"<tool_call>{name}\n"
+        + "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n" for k, v in pairs)
+        + "</tool_call>"
+    )
+
+
+def test_parse_reasoning_content_and_calls() -> None:
+    text = (
+        "\n<think>I should look it up.</think>\nLet me check.\n"
+        + _call_block("get_weather", ("city", "Paris"), ("days", "3"))
+        + "\n"
+        + _call_block("now")
+        + OBSERVATION
+    )
+    action = get_protocol("glm-4.5").parse_assistant_text(text, call_id_prefix="t1")
+    assert action.reasoning_content == "I should look it up."
+    assert action.content == "Let me check."
+    assert [(c.id, c.name, c.arguments, c.ok) for c in action.tool_calls] == [
+        ("t1_0", "get_weather", {"city": "Paris", "days": 3}, True),
+        ("t1_1", "now", {}, True),
+    ]
+    assert action.issues == ()
+
+
+@pytest.mark.parametrize(
+    ("written", "value"),
+    [
+        ('{"a": [1, null]}', {"a": [1, None]}),  # JSON first
+        ("true", True),
+        ("-2.5", -2.5),
+        ('"quoted"', "quoted"),
+        ("'single'", "single"),  # then a Python literal, as vLLM's _deserialize
+        ("True", True),
+        ("(1, 'a')", [1, "a"]),  # normalized to what JSON holds, as vLLM's json.dumps of the arguments does
+        ("{1, 2}", "{1, 2}"),  # a set has no JSON form: the text (vLLM would fail the whole turn)
+        ("hello world", "hello world"),  # else the text itself
+        ("  padded\n", "padded"),  # stripped first (vLLM strips values it deserializes)
+        ("multi\nline", "multi\nline"),
+        ("", ""),
+    ],
+)
+def test_parse_values_like_vllm(written: str, value: Any) -> None:
+    text = "\n<think></think>\n" + _call_block("f", ("x", written)) + OBSERVATION
+    (call,) = get_protocol("glm-4.5").parse_assistant_text(text).tool_calls
+    assert call.ok and call.arguments == {"x": value}
+
+
+def test_parse_follows_vllm_on_layout() -> None:
+    protocol = get_protocol("glm-4.5")
+    # whitespace between key and value, padded keys and names, a repeated key (the last wins)
+    pairs = "<arg_key> a </arg_key>  \n <arg_value>1</arg_value><arg_key>a</arg_key><arg_value>2</arg_value>"
+    body = f"<tool_call>  f  \n{pairs}</tool_call>"
+    (call,) = protocol.parse_assistant_text(body).tool_calls
+    assert (call.name, call.arguments) == ("f", {"a": 2})
+    # content is the text before the first call; text between and after calls is dropped, as vLLM does
+    action = protocol.parse_assistant_text("lead\n" + _call_block("f") + " between " + _call_block("g") + " after")
+    assert action.content == "lead" and [c.name for c in action.tool_calls] == ["f", "g"]
+    # a <tool_call> inside the reasoning is reasoning
+    action = protocol.parse_assistant_text("\n<think>maybe " + _call_block("f") + "</think>\nno call" + USER)
+    assert action.tool_calls == () and action.content == "no call" and action.reasoning_content.startswith("maybe")
+    # with enable_thinking=False the turn starts after the prompt's empty reasoning block
+    action = get_protocol("glm-4.5", enable_thinking=False).parse_assistant_text("\nThe answer is 4." + USER)
+    assert (action.content, action.reasoning_content, action.tool_calls) == ("The answer is 4.", None, ())
+    for stop in (OBSERVATION, USER, ENDOFTEXT):  # one stop token at the end is not content
+        assert protocol.parse_assistant_text("\n<think></think>\nok" + stop).content == "ok"
+
+
+KEY, VALUE = "<arg_key>x</arg_key>", "<arg_value>{}</arg_value>"
+DEEP, SURROGATE = "[" * 150 + "]" * 150, '"\\ud800"'
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "name", "words"),
+    [
+        (f"<tool_call>f\n{KEY}\n<arg_value>1", "unclosed_tag", "f", "cut off"),
+        ("<tool_call>now</tool_call>", "invalid_arguments", "", "own line"),
+        (f"<tool_call>\n{KEY}{VALUE.format(1)}</tool_call>", "missing_name", "", "no function name"),
+        ('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>', "invalid_arguments", "", "outside the"),
+        ("<tool_call>f\nx=1\n</tool_call>", "invalid_arguments", "f", "outside the"),
+        (f"<tool_call>f\n{KEY}\n</tool_call>", "invalid_arguments", "f", "no <arg_value>"),
+        (f"<tool_call>f\n{KEY}<arg_value>1</tool_call>", "invalid_arguments", "f", "never closed"),
+        (f"<tool_call>f\n<arg_key>x{VALUE.format(1)}</tool_call>", "invalid_arguments", "f", "never closed"),
+        (f"<tool_call>f\n{KEY}{VALUE.format(DEEP)}</tool_call>", "invalid_arguments", "f", "too deeply"),
+        (f"<tool_call>f\n{KEY}{VALUE.format(SURROGATE)}</tool_call>", "invalid_arguments", "f", "surrogate"),
+    ],
+    ids=["cut_off", "no_name_line", "empty_name", "hermes_json", "stray_text", "key_without_value",
+         "unclosed_value", "unclosed_key", "too_deep", "lone_surrogate"],
+)  # fmt: skip
+def test_malformed_calls_become_coded_issues(text: str, code: str, name: str, words: str) -> None:
+    action = get_protocol("glm-4.5").parse_assistant_text("\n<think></think>\n" + text + OBSERVATION)
+    (call,) = action.tool_calls
+    assert call.error is not None and call.error.code == code, call
+    assert call.name == name and words in call.error.message
+    assert call.raw is not None and not action.valid_tool_calls
+
+
+def test_unclosed_reasoning_is_an_issue() -> None:
+    action = get_protocol("glm-4.5").parse_assistant_text("\n<think>still thinking " + _call_block("f"))
+    assert action.error is not None and action.error.code == "missing_think_end"
+    assert action.tool_calls == () and action.reasoning_content is not None
+
+
+def _episode_message(rng: random.Random, *, reasoning: bool) -> dict[str, Any]:
+    """An assistant message as a parse gives it back: stripped text, values whose text reads back as itself."""
+    canonical = [v for v in VALUES if not ((isinstance(v, str) and v != v.strip()) or v in ("true", "42"))]
+    message: dict[str, Any] = {"role": "assistant", "content": rng.choice(["", "Sure.", "é 中文\ntwo lines"])}
+    if reasoning:
+        message["reasoning_content"] = rng.choice(["", "think", "step 1\nstep 2"])
+    calls = rng.choice([0, 0, 1, 2])
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": f"c{k}",
+                "function": {
+                    "name": rng.choice(["lookup", "weather"]),
+                    "arguments": {key: rng.choice(canonical) for key in rng.sample(["q", "n", "é"], rng.randint(0, 3))},
+                },
+            }
+            for k in range(calls)
+        ]
+    return message
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_parse_of_a_generation_renders_back_the_same(variant: str) -> None:
+    protocol = get_protocol("glm-4.5", **VARIANTS[variant])
+    history = [{"role": "user", "content": "q"}]
+    for seed in range(150):
+        message = _episode_message(random.Random(seed), reasoning=variant == "thinking")
+        parsed = protocol.assistant_message(protocol.render_generation(message))
+        assert all(call.ok for call in parsed.tool_calls), seed
+        assert protocol.render_messages([*history, parsed]) == protocol.render_messages([*history, message]), seed
+
+
+GLM_PIECES = ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "<think>",
+              "</think>", OBSERVATION, USER, ENDOFTEXT, "\n", " ", "f", "[" * 200, "9" * 5000, '"\\ud800"', "{1, 2}",
+              "(" * 300, "'x'", "1e999", "NaN", "\x00"]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.sampled_from(GLM_PIECES) | st.text(max_size=8), max_size=30).map("".join))
+def test_parser_never_raises_on_glm_shaped_garbage(text: str) -> None:
+    # the shared fuzz test (test_parse_fuzz.py) mixes Qwen tags; this one mixes GLM's
+    action = get_protocol("glm-4.5").parse_turn(text)  # parse_turn, not the catching boundary
+    for call in action.tool_calls:
+        check_json_value(call.arguments)
+        if call.ok:
+            msgspec.json.encode(call.arguments)

@@ -139,8 +139,10 @@ class Glm45Protocol(ChatProtocol):
         (msg,) = coerce_messages([message])
         if msg.role != "assistant":
             raise MessageError("message.role", f"only assistant turns are generated, not {msg.role}")
-        body = _render_assistant(msg, show_reasoning=True)
-        if not self.enable_thinking:  # the generation prompt already holds the empty reasoning block
+        # With thinking off the generation prompt already holds the empty reasoning block, and the model writes
+        # no reasoning: a message's reasoning is left out (a seam where the template would show it).
+        body = _render_assistant(msg, show_reasoning=self.enable_thinking)
+        if not self.enable_thinking:
             body = body.removeprefix(EMPTY_THINK)
         # the model closes its turn with the next role's token: the observation after calls, else the user's
         return body + (OBSERVATION if msg.tool_calls else USER)
