@@ -10,6 +10,7 @@ the string with its escapes).
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import random
@@ -18,9 +19,13 @@ from typing import Any
 
 import jinja2
 import pytest
+import tokenizers
 
-from agent_protocol import ChatProtocol, MessageError, get_protocol
+from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline, ToolCallReward
+from agent_protocol import ChatProtocol, HFTokenizer, MessageError, TokenTranscript, get_protocol
+from agent_runtime import AgentRuntime, AgentSession, ScriptedEngine
 from tests.agent_protocol.golden import FROZEN_TODAY, GoldenRender, cases, renders
+from tests.support.family_tokenizers import tokenizer_path
 from tests.support.hf_jinja import render_official
 from tests.support.tool_shapes import TOOL_SHAPES
 
@@ -472,3 +477,140 @@ def test_two_calls_in_one_turn_cannot_be_rendered_again() -> None:
     message = llama.assistant_message(CALL + '; {"name": "now", "parameters": {}}<|eot_id|>').to_openai()
     with pytest.raises(MessageError, match="refuses an assistant turn with 2 tool calls"):
         llama.render_messages([*PROMPT, message, *RESULT, *RESULT], tools=TOOL_SHAPES)
+
+
+# -- token-in-token-out with the real Llama 3 tokenizer -------------------------------------------------------
+
+#: the added tokens whose names differ between the Llama 3.0 tokenizer.json we have (tests/data/tokenizers/README.md)
+#: and Llama 3.1's: the BPE vocabulary and every other added token are the same, so renaming these three gives
+#: Llama 3.1's tokenizer
+LLAMA31_NAMES = {128004: "<|finetune_right_pad_id|>", 128008: "<|eom_id|>", 128010: "<|python_tag|>"}
+BOS_ID, EOT_ID, EOM_ID, END_OF_TEXT_ID, PYTHON_TAG_ID = 128000, 128009, 128008, 128001, 128010
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> HFTokenizer:
+    spec = json.loads(tokenizer_path("llama3.1").read_text(encoding="utf-8"))
+    renamed = 0
+    for token in spec["added_tokens"]:
+        if token["id"] in LLAMA31_NAMES:
+            assert token["content"].startswith("<|reserved_special_token_"), token  # the 3.0 name we replace
+            token["content"] = LLAMA31_NAMES[token["id"]]
+            renamed += 1
+    assert renamed == len(LLAMA31_NAMES)
+    return HFTokenizer(tokenizers.Tokenizer.from_str(json.dumps(spec)), source="llama3.1 with Llama 3.1 token names")
+
+
+def test_the_renamed_tokenizer_has_llama31_special_tokens(tokenizer: HFTokenizer) -> None:
+    for text, token in [("<|begin_of_text|>", BOS_ID), ("<|eot_id|>", EOT_ID), ("<|eom_id|>", EOM_ID)]:
+        assert tokenizer.encode(text) == [token] and tokenizer.token_to_id(text) == token
+    assert tokenizer.encode("<|python_tag|>{") == [PYTHON_TAG_ID, tokenizer.encode("{")[0]]
+    stops = {t: tokenizer.token_to_id(t) for t in get_protocol("llama3.1").stop_texts}
+    assert stops == {"<|eot_id|>": EOT_ID, "<|eom_id|>": EOM_ID, "<|end_of_text|>": END_OF_TEXT_ID}
+
+
+@pytest.mark.parametrize("golden", EPISODES, ids=lambda g: g.id)
+def test_golden_episodes_are_token_in_token_out(golden: GoldenRender, tokenizer: HFTokenizer) -> None:
+    """Each piece tokenized alone (prompt, generated turns, feedback) and appended gives, id for id, the
+    tokenization of the official render: every piece starts and ends at a special token, or after the
+    header's "\\n\\n", where the pre-tokenizer splits anyway."""
+    case = cases()[golden.case]
+    protocol = get_protocol(golden.protocol, **golden.options)
+    transcript = TokenTranscript()
+    messages = case["messages"]
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    prompt = protocol.render_prompt(messages[: turns[0] if turns else None], tools=case["tools"])
+    transcript.append_prompt(tokenizer.encode(prompt))
+    for position, index in enumerate(turns):
+        transcript.append_action(tokenizer.encode(protocol.render_generation(messages[index])))
+        end = turns[position + 1] if position + 1 < len(turns) else len(messages)
+        if end > index + 1:
+            transcript.append_observation(tokenizer.encode(protocol.render_feedback(messages[index + 1 : end])))
+    assert transcript.ids == tokenizer.encode(golden.text)
+    assert transcript.ids[0] == BOS_ID
+
+
+def llama_call(expression: str, *, opener: str = "", closer: str = "<|eot_id|>") -> str:
+    return opener + json.dumps({"name": "calculator", "parameters": {"expression": expression}}) + closer
+
+
+def run_episode(tokenizer: HFTokenizer, protocol: ChatProtocol, script: list[str]) -> Any:
+    session = AgentSession(
+        protocol=protocol,
+        environment=lambda: FunctionCallEnvironment(tools=[CalculatorTool()], max_steps=6),
+        rewards=RewardPipeline(result=[MatchingReward()], process=[ToolCallReward()]),
+        tokenizer=tokenizer,
+    )
+    stops = [tokenizer.token_to_id(t) for t in protocol.stop_texts]
+    engine = ScriptedEngine(tokenizer, script, stop_token_ids=[i for i in stops if i is not None], logprob=-0.5)
+    result = asyncio.run(AgentRuntime(engine, session).run("What is 17 * 23?", task={"answer": "391"}))
+    return result, engine
+
+
+def official_ids(tokenizer: HFTokenizer, protocol: ChatProtocol, variant: str, trajectory: Any) -> list[int]:
+    messages = [m.to_openai() for m in trajectory.messages]
+    generation = messages[-1]["role"] != "assistant"
+    text = official(variant, messages, [CalculatorTool().spec.to_openai()], generation)
+    assert protocol.render_messages(trajectory.messages, tools=[CalculatorTool().spec]) == text
+    return tokenizer.encode(text)
+
+
+@pytest.mark.parametrize("variant", ["llama3.1", "llama3.2"])
+def test_session_is_token_in_token_out(variant: str, tokenizer: HFTokenizer) -> None:
+    protocol = protocol_of(variant)
+    script = [llama_call("17 * 23"), "The answer is 391.<|eot_id|>"]
+    result, engine = run_episode(tokenizer, protocol, script)
+    assert result.final_answer == "The answer is 391." and result.stop_reason == "final_answer"
+    trajectory = result.trajectory
+    assert [m.content for m in trajectory.messages if m.role == "tool"] == ["391"]
+    (segment,) = trajectory.segments
+    # The token stream is exactly the official render of the conversation the episode had, id for id.
+    assert segment.ids == official_ids(tokenizer, protocol, variant, trajectory)
+    # The prompt for turn 2 is the transcript so far; the generated turns are the sampled ids, and only they
+    # are trained on.
+    assert engine.calls[1] == segment.ids[: segment.action_ranges[1][0]]
+    assert [segment.ids[a:b] for a, b in segment.action_ranges] == [tokenizer.encode(s) for s in script]
+    assert sum(segment.loss_mask) == sum(b - a for a, b in segment.action_ranges)
+    feedback = segment.ids[segment.action_ranges[0][1] : segment.action_ranges[1][0]]
+    assert tokenizer.decode(feedback) == (
+        '<|start_header_id|>ipython<|end_header_id|>\n\n"391"<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n'
+    )
+
+
+#: seam id -> (the first generated turn, the ids the transcript holds around the call, the ids the official render
+#: holds there, as functions of the call's own ids)
+TOKEN_SEAMS = {
+    # <|python_tag|> ... <|eom_id|>: the turn is closed by <|eom_id|> (a turn end, so no extra token), and the
+    # history renders the call bare, closed by <|eot_id|>
+    "python_tag_eom": (
+        llama_call("17 * 23", opener="<|python_tag|>", closer="<|eom_id|>"),
+        lambda call: [PYTHON_TAG_ID, *call, EOM_ID],
+        lambda call: [*call, EOT_ID],
+    ),
+    # <|end_of_text|> stops the engine but is no turn end: the feedback closes the turn with <|eot_id|>
+    "end_of_text": (
+        llama_call("17 * 23", closer="<|end_of_text|>"),
+        lambda call: [*call, END_OF_TEXT_ID, EOT_ID],
+        lambda call: [*call, EOT_ID],
+    ),
+}
+
+
+@pytest.mark.parametrize("seam", sorted(TOKEN_SEAMS))
+def test_session_seams_are_pinned_id_for_id(seam: str, tokenizer: HFTokenizer) -> None:
+    first, held, rendered = TOKEN_SEAMS[seam]
+    protocol = get_protocol("llama3.1")
+    result, _ = run_episode(tokenizer, protocol, [first, "The answer is 391.<|eot_id|>"])
+    assert result.final_answer == "The answer is 391." and result.trajectory.errors == []
+    (segment,) = result.trajectory.segments
+    call = tokenizer.encode(llama_call("17 * 23", closer=""))
+    assert segment.ids[segment.action_ranges[0][0] : segment.action_ranges[0][1]] == tokenizer.encode(first)
+    expected = official_ids(tokenizer, protocol, "llama3.1", result.trajectory)
+    # exactly one place differs, and it is the seam: substituting it gives the official ids, id for id
+    assert _replace_once(segment.ids, held(call), rendered(call)) == expected
+
+
+def _replace_once(ids: list[int], old: list[int], new: list[int]) -> list[int]:
+    starts = [i for i in range(len(ids) - len(old) + 1) if ids[i : i + len(old)] == old]
+    assert len(starts) == 1, starts
+    return ids[: starts[0]] + new + ids[starts[0] + len(old) :]
