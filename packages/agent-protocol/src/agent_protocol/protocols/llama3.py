@@ -56,7 +56,7 @@ from agent_protocol.types import (
     coerce_tools,
 )
 
-__all__ = ["PROTOCOLS", "Llama3Protocol"]
+__all__ = ["PROTOCOLS", "Llama3Protocol", "parse_llama3_turn"]
 
 BOS: Final = "<|begin_of_text|>"
 EOT: Final = "<|eot_id|>"
@@ -255,7 +255,7 @@ def _decode_object(text: str, start: int) -> tuple[dict[str, Any], int]:
     `json.JSONDecodeError` (not JSON) or `JsonLimitError` (too deep, a number too long, a lone surrogate)."""
     try:
         value, end = _DECODER.raw_decode(text, start)
-    except json.JSONDecodeError:
+    except json.JSONDecodeError:  # a ValueError too: let it through before the limits below
         raise
     except RecursionError as e:
         raise JsonLimitError(f"it is nested too deeply (more than {MAX_JSON_DEPTH} levels are refused)") from e
