@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 from functools import cache
+from itertools import pairwise
 from typing import Any
 
 import jinja2
@@ -373,3 +374,197 @@ def test_parser_never_raises_on_glm_shaped_garbage(text: str) -> None:
         check_json_value(call.arguments)
         if call.ok:
             msgspec.json.encode(call.arguments)
+
+
+# -- generation and feedback ---------------------------------------------------------------------------------
+# GLM has no end-of-turn token: a turn ends on the role token the model writes for what comes next, which is
+# also where the template's next message starts. The feedback leaves that token out when it is the one it opens
+# with; otherwise (the seams) the sampled token stays and the feedback writes the one it needs after it.
+
+ROLE_TOKENS = {"user": USER, "tool": OBSERVATION, "system": SYSTEM}
+
+
+def transcript_text(protocol: Any, messages: list[dict[str, Any]], tools: Any) -> str:
+    """What an episode's transcript holds: the first prompt, each assistant turn as generated (up to and
+    including the role token it ended on) and each feedback, told which token the turn ended on."""
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    first = turns[0] if turns else len(messages)
+    text = protocol.render_prompt(messages[:first], tools=tools)
+    for position, index in enumerate(turns):
+        generated = protocol.render_generation(messages[index])
+        ended_by = next(t for t in (OBSERVATION, USER) if generated.endswith(t))
+        text += generated
+        end = turns[position + 1] if position + 1 < len(turns) else len(messages)
+        if end > index + 1:
+            text += protocol.render_feedback(messages[index + 1 : end], ended_by=ended_by)
+    return text
+
+
+def expected_transcript(messages: list[dict[str, Any]], tools: Any, options: dict[str, Any]) -> str:
+    """The official render of `messages`, plus the role token each assistant turn sampled where it is not the
+    token the next message opens with (kept before it), and the last turn's token when the conversation ends
+    on an assistant turn (the render of a finished conversation stops before it)."""
+    full = official(messages, tools=tools, add_generation_prompt=messages[-1]["role"] != "assistant", **options)
+    out, cursor = "", 0
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        sampled = OBSERVATION if message.get("tool_calls") else USER
+        before = official(messages[: index + 1], tools=tools, **options)
+        assert full.startswith(before), "the template is append-only for these conversations"
+        if index + 1 == len(messages):
+            out, cursor = out + full[cursor:] + sampled, len(full)
+        elif ROLE_TOKENS[messages[index + 1]["role"]] != sampled:
+            out, cursor = out + full[cursor : len(before)] + sampled, len(before)
+    return out + full[cursor:]
+
+
+def without_reasoning(messages: list[dict[str, Any]], *, before: int) -> list[dict[str, Any]]:
+    """`messages` with the reasoning of assistant turns before index `before` removed."""
+    return [
+        {k: v for k, v in m.items() if k != "reasoning_content"} if m["role"] == "assistant" and i < before else m
+        for i, m in enumerate(messages)
+    ]
+
+
+def _episode(rng: random.Random, *, thinking: bool) -> list[dict[str, Any]]:
+    """A conversation an episode can have: every assistant turn is generated. Some turns are followed by what
+    the model did not announce (tool results after `<|user|>`, a user after `<|observation|>`, a system message)."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": rng.choice(TEXTS)}] if rng.random() < 0.4 else []
+    messages.append({"role": "user", "content": rng.choice(TEXTS)})
+    for _ in range(rng.randint(1, 4)):
+        message = _episode_message(rng, reasoning=False)
+        messages.append(message)
+        calls = len(message.get("tool_calls", []))
+        roll = rng.random()
+        if calls and roll < 0.85:
+            messages.extend(
+                {"role": "tool", "tool_call_id": f"c{k}", "content": rng.choice(TEXTS)} for k in range(calls)
+            )
+            if rng.random() < 0.2:
+                messages.append({"role": "user", "content": rng.choice(TEXTS)})
+        elif roll < 0.8:
+            messages.append({"role": "user", "content": rng.choice(TEXTS)})
+        elif roll < 0.9:
+            messages.append({"role": "tool", "tool_call_id": "x", "content": rng.choice(TEXTS)})
+        else:
+            messages.extend([{"role": "system", "content": "be brief"}, {"role": "user", "content": "go on"}])
+    if rng.random() < 0.5:  # the episode ends on a generated turn
+        messages.append(_episode_message(rng, reasoning=False))
+    if thinking:  # reasoning where the template keeps it: the turns after the last user message
+        last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+        for message in messages[last_user + 1 :]:
+            if message["role"] == "assistant" and rng.random() < 0.7:
+                message["reasoning_content"] = rng.choice(["think", "step 1\nstep 2", "  padded  "])
+    return messages
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_prompt_generations_and_feedback_concatenate_to_the_official_render(variant: str) -> None:
+    options = VARIANTS[variant]
+    protocol = get_protocol("glm-4.5", **options)
+    seams = 0
+    for seed in range(200):
+        rng = random.Random(seed)
+        messages = _episode(rng, thinking=not options)
+        tools = _tools(rng)
+        expected = expected_transcript(messages, tools, options)
+        assert transcript_text(protocol, messages, tools) == expected, seed
+        seams += sum(
+            m["role"] == "assistant" and ROLE_TOKENS[n["role"]] != (OBSERVATION if m.get("tool_calls") else USER)
+            for m, n in pairwise(messages)
+        )
+    assert seams >= 20  # the generator does reach the seams
+
+
+def _episode_golden() -> list[GoldenRender]:
+    """The golden multi-turn cases, one render each: with a generation prompt unless they end on a turn."""
+    chosen = []
+    for golden in RENDERS:
+        messages = _case(golden)["messages"]
+        has_turns = any(m["role"] == "assistant" for m in messages)
+        if has_turns and golden.add_generation_prompt != (messages[-1]["role"] == "assistant"):
+            chosen.append(golden)
+    return chosen
+
+
+@pytest.mark.parametrize("golden", _episode_golden(), ids=lambda g: g.id)
+def test_golden_cases_through_feedback(golden: GoldenRender) -> None:
+    case = _case(golden)
+    protocol = get_protocol(golden.protocol, **golden.options)
+    messages = case["messages"]
+    # reasoning the model could not have written (thinking off) or the template drops (before the last user
+    # message) is left out here; test_reasoning_seams pins those two seams
+    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    plain = without_reasoning(messages, before=len(messages) if golden.options else last_user)
+    expected = expected_transcript(plain, case["tools"], golden.options)
+    assert transcript_text(protocol, plain, case["tools"]) == expected
+    ends_on_turn = messages[-1]["role"] == "assistant"
+    if plain == messages:  # the golden bytes themselves, where nothing was left out
+        assert expected == golden.text + (USER if ends_on_turn else "")
+
+
+def test_reasoning_seams() -> None:
+    case = cases()["multi_turn_reasoning"]
+    messages, tools = case["messages"], case["tools"]
+    first_reasoning = messages[1]["reasoning_content"]
+    assert messages[1]["role"] == "assistant" and first_reasoning
+    # Thinking on: a new user message makes the template render earlier turns with an empty <think></think>;
+    # the transcript keeps the reasoning the model generated. That is the only difference.
+    official_text = official(messages, tools=tools) + USER
+    kept = transcript_text(get_protocol("glm-4.5"), messages, tools)
+    assert official_text.count("<think></think>") == 1
+    assert kept == official_text.replace("<think></think>", f"<think>{first_reasoning}</think>")
+    # Thinking off: the model writes no reasoning after the prompt's empty block, so a message's reasoning is
+    # not generated; the template shows it for the turns after the last user message.
+    off = get_protocol("glm-4.5", enable_thinking=False)
+    assert (
+        off.render_generation({"role": "assistant", "content": "ok", "reasoning_content": "hidden"}) == "\nok<|user|>"
+    )
+    shown = official(messages, tools=tools, enable_thinking=False)
+    assert "<think>The tool says 18 degrees and sunny.</think>" in shown
+    no_reasoning = without_reasoning(messages, before=len(messages))
+    assert transcript_text(off, messages, tools) == official(no_reasoning, tools=tools, enable_thinking=False) + USER
+
+
+def test_role_token_seams() -> None:
+    protocol = get_protocol("glm-4.5")
+    tool = [{"role": "tool", "content": "5"}]
+    user = [{"role": "user", "content": "and?"}]
+    tail = "\n<tool_response>\n5\n</tool_response><|assistant|>"
+    # the usual closings: the token the model wrote is not written again
+    assert protocol.render_feedback(tool, ended_by=OBSERVATION) == tail
+    assert protocol.render_feedback(user, ended_by=USER) == "\nand?<|assistant|>"
+    assert protocol.render_feedback(tool) == tail  # ended_by unknown: the usual closing
+    # seams: the model wrote another token than the one the feedback opens with; it stays, the right one follows
+    assert protocol.render_feedback(tool, ended_by=USER) == OBSERVATION + tail
+    assert protocol.render_feedback(tool, ended_by=ENDOFTEXT) == OBSERVATION + tail
+    assert protocol.render_feedback(user, ended_by=OBSERVATION) == "<|user|>\nand?<|assistant|>"
+    system = [{"role": "system", "content": "s"}, *user]
+    assert protocol.render_feedback(system) == "<|system|>\ns<|user|>\nand?<|assistant|>"  # never a stop token
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize(
+    "observations",
+    [[{"role": "tool", "content": "5"}], [{"role": "user", "content": "go on"}], [{"role": "system", "content": "s"}]],
+    ids=["tool", "user", "system"],
+)
+def test_cut_off_turn_gets_the_whole_opening(variant: str, observations: list[dict[str, Any]]) -> None:
+    # The turn was cut by the length limit, so no role token was sampled: the feedback is exactly what the
+    # template renders after that (cut) turn.
+    options = VARIANTS[variant]
+    history = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a long answer that was cu"}]
+    feedback = get_protocol("glm-4.5", **options).render_feedback(observations, turn_closed=False)
+    before = official(history, **options)
+    after = official(history + observations, add_generation_prompt=True, **options)
+    assert after == before + feedback
+
+
+@pytest.mark.parametrize(
+    ("messages", "match"),
+    [([], "at least one"), ([{"role": "assistant", "content": "x"}], r"messages\[0\].role")],
+)
+def test_bad_feedback(messages: list[dict[str, Any]], match: str) -> None:
+    with pytest.raises(MessageError, match=match):
+        get_protocol("glm-4.5").render_feedback(messages)
