@@ -8,6 +8,7 @@ them as an object or as that same string.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import random
@@ -15,13 +16,15 @@ import re
 from typing import Any
 
 import pytest
+import tokenizers
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent_protocol import MessageError, get_protocol
+from agent_protocol import HFTokenizer, MessageError, get_protocol
 from agent_protocol.protocols.deepseek_v31 import DeepSeekV31Protocol
 from tests.agent_protocol.golden import GoldenRender, cases, renders
 from tests.agent_protocol.test_parse_fuzz import FUZZ, hostile_piece
+from tests.support.family_tokenizers import load_family_tokenizer, tokenizer_path
 from tests.support.hf_jinja import render_official
 from tests.support.tool_shapes import TOOL_SHAPES
 
@@ -479,3 +482,145 @@ def test_generation_after_tool_output_has_no_think_close() -> None:
     assert get_protocol("deepseek-v3.1").render_generation(message) == "It is 5." + EOS
     with pytest.raises(MessageError, match="only assistant"):
         thinking.render_generation({"role": "user", "content": "x"})
+
+
+# -- 5. token-in-token-out through the session, with DeepSeek's real tokenizer -----------------------------
+#
+# tests/data/tokenizers holds DeepSeek-V3's official tokenizer.json. V3.1 uses the same vocabulary and turns two
+# placeholder tokens into added tokens: 128798 `<think>` and 128799 `</think>` (V3.1's tokenizer_config). In
+# the V3 file they are not tokens: `</think>` is `</`, `think`, `>`, and a word right after it merges with the
+# `>` (`>The` is one token) when the text is tokenized in one piece. So:
+# - with `V31` (the V3 file plus those two added tokens, as V3.1 declares them) the transcript is token for
+#   token the tokenization of the official render, except the thinking text seam of section 4;
+# - with the V3 file as published, where a generation starts with a word right after the prompt's think tag,
+#   the transcript holds `>` + the word's token(s) (the prompt is tokenized on its own, as an episode does) where
+#   the one-piece tokenization holds the merged token: that is the only difference, pinned below.
+
+V31_THINK_TOKENS = {128798: "<think>", 128799: "</think>"}
+QUESTION = "What is 17 * 23?"
+
+
+@pytest.fixture(scope="module")
+def v3() -> HFTokenizer:
+    return load_family_tokenizer("deepseek_v3")
+
+
+@pytest.fixture(scope="module")
+def v31() -> HFTokenizer:
+    data = json.loads(tokenizer_path("deepseek_v3").read_text(encoding="utf-8"))
+    for token in data["added_tokens"]:
+        if token["id"] in V31_THINK_TOKENS:
+            token.update(content=V31_THINK_TOKENS[token["id"]], special=False, normalized=False)
+    return HFTokenizer(tokenizers.Tokenizer.from_str(json.dumps(data)), source="deepseek_v3 + V3.1 think tokens")
+
+
+def test_the_two_tokenizers_differ_only_in_the_think_tags(v3: HFTokenizer, v31: HFTokenizer) -> None:
+    assert [v3.token_to_id(t) for t in ("<think>", "</think>")] == [None, None]
+    assert v3.encode("</think>The") == [v3.token_to_id("</"), v3.token_to_id("think"), v3.token_to_id(">The")]
+    assert v31.encode("<think>r</think>The") == [128798, v31.token_to_id("r"), 128799, v31.token_to_id("The")]
+    text = official(cases()["multi_turn_reasoning"]["messages"], thinking=False).replace("</think>", "")
+    assert v3.encode(text) == v31.encode(text)  # everything else is the same tokenizer
+
+
+def tool_call(expression: str) -> str:
+    arguments = json.dumps({"expression": expression})
+    return f"{CALLS_BEGIN}{CALL_BEGIN}calculator{SEP}{arguments}{CALL_END}{CALLS_END}{EOS}"
+
+
+def run_episode(tokenizer: HFTokenizer, thinking: bool, script: list[str], **kwargs: Any) -> tuple[Any, Any]:
+    """One episode through AgentSession with the real calculator tool and a scripted engine replaying `script`
+    (the upper layers are imported here, so the protocol tests above run with agent-protocol alone)."""
+    runtime = pytest.importorskip("agent_runtime")
+    env = pytest.importorskip("agent_env")
+    protocol: Any = "deepseek-v3.1" if not thinking else get_protocol("deepseek-v3.1", thinking=True)
+    session = runtime.AgentSession(
+        protocol=protocol,
+        environment=lambda: env.FunctionCallEnvironment(tools=[env.CalculatorTool()], max_steps=6),
+        rewards=env.RewardPipeline(result=[env.MatchingReward()]),
+        tokenizer=tokenizer,
+        **kwargs,
+    )
+    stop_ids = [tokenizer.token_to_id(t) for t in session.protocol.stop_texts]
+    assert stop_ids == [1]  # `<｜end▁of▁sentence｜>`
+    engine = runtime.ScriptedEngine(tokenizer, script, stop_token_ids=stop_ids)
+    result = asyncio.run(runtime.AgentRuntime(engine, session).run(QUESTION, task={"answer": "391"}))
+    return result, engine
+
+
+def official_of(trajectory: Any, *, thinking: bool) -> str:
+    return official([m.to_openai() for m in trajectory.messages], thinking=thinking)
+
+
+def boundary_merged(tokenizer: HFTokenizer, ids: list[int], starts: list[int]) -> list[int]:
+    """`ids` with the last prompt token and the first generated token before each turn start tokenized
+    together, as a one-piece tokenization of the text does across the seam."""
+    out = list(ids)
+    for start in sorted(starts, reverse=True):
+        out[start - 1 : start + 1] = tokenizer.encode(tokenizer.decode(out[start - 1 : start + 1]))
+    return out
+
+
+SCRIPTS = {
+    "tool_then_answer": [tool_call("17 * 23"), f"The answer is 391.{EOS}"],
+    "direct_answer": [f"The answer is 391.{EOS}"],
+}
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_session_transcript_is_the_official_render_thinking_off(script: str, v3: HFTokenizer, v31: HFTokenizer) -> None:
+    for tokenizer in (v31, v3):
+        result, engine = run_episode(tokenizer, False, SCRIPTS[script])
+        assert result.final_answer == "The answer is 391." and result.stop_reason == "final_answer"
+        (segment,) = result.trajectory.segments
+        rendered = official_of(result.trajectory, thinking=False)
+        assert tokenizer.decode(segment.ids) == rendered  # text: append-only, byte for byte
+        assert [segment.ids[a:b] for a, b in segment.action_ranges] == [tokenizer.encode(s) for s in SCRIPTS[script]]
+        assert engine.calls[-1] == segment.ids[: segment.action_ranges[-1][0]]  # the prompt is the transcript
+        starts = [a for a, _ in segment.action_ranges]
+        if tokenizer is v31 or script == "tool_then_answer":
+            # `<｜tool▁calls▁begin｜>` and `<｜tool▁output▁end｜>` are added tokens: nothing merges across a seam
+            assert segment.ids == tokenizer.encode(rendered)
+        else:
+            # V3's file: the answer starts right after the prompt's `</think>`; one-piece tokenization has `>The`
+            assert segment.ids != tokenizer.encode(rendered)
+            assert segment.ids[starts[0] - 1 : starts[0] + 1] == tokenizer.encode(">") + tokenizer.encode("The")
+            assert boundary_merged(tokenizer, segment.ids, starts) == tokenizer.encode(rendered)
+
+
+def test_session_transcript_thinking_on(v3: HFTokenizer, v31: HFTokenizer) -> None:
+    """Turn 1 is generated after `<think>`; after the tool output the model answers directly (no prompt opens
+    that turn), and the parser reads that closed turn as content. The text differs from the official render only
+    at the thinking seam (history renders turn 1 as `</think>...`)."""
+    reasoning = "The calculator will do it."
+    script = [reasoning + "</think>" + tool_call("17 * 23"), f"The answer is 391.{EOS}"]
+    for tokenizer in (v31, v3):
+        result, _ = run_episode(tokenizer, True, script)
+        assert result.final_answer == "The answer is 391." and result.trajectory.errors == []
+        (segment,) = result.trajectory.segments
+        assert result.trajectory.messages[1].reasoning_content == reasoning
+        rendered = official_of(result.trajectory, thinking=True)
+        text = tokenizer.decode(segment.ids)
+        assert THINKING_SEAM.sub(f"{ASSISTANT}</think>", text) == rendered
+        sampled = rendered.replace(f"{ASSISTANT}</think>", f"{ASSISTANT}<think>{reasoning}</think>", 1)
+        assert text == sampled
+        starts = [a for a, _ in segment.action_ranges]
+        if tokenizer is v31:
+            assert segment.ids == tokenizer.encode(sampled)
+        else:  # V3's file: the reasoning starts right after the prompt's `<think>`; one piece has `>The`
+            assert segment.ids[starts[0] - 1 : starts[0] + 1] == tokenizer.encode(">") + tokenizer.encode("The")
+            assert segment.ids != tokenizer.encode(sampled)
+            assert boundary_merged(tokenizer, segment.ids, starts) == tokenizer.encode(sampled)
+        # the second turn follows `<｜tool▁output▁end｜>`, an added token: no seam there with either file
+        assert boundary_merged(tokenizer, segment.ids, starts[1:]) == segment.ids
+
+
+def test_cut_off_turn_is_closed_by_the_feedback(v31: HFTokenizer) -> None:
+    """A turn cut by the length limit is closed with `<｜end▁of▁sentence｜>`; the environment answers the unread
+    turn, and the model continues after that output."""
+    long_call = "let me think " * 40 + "</think>" + tool_call("17 * 23")
+    result, _ = run_episode(v31, True, [long_call, tool_call("17 * 23"), f"391{EOS}"], max_new_tokens=20)
+    (segment,) = result.trajectory.segments
+    first_end = segment.action_ranges[0][1]
+    assert first_end - segment.action_ranges[0][0] == 20
+    assert segment.ids[first_end] == 1  # `<｜end▁of▁sentence｜>` closes the cut turn, then the feedback follows
+    assert result.trajectory.errors[0].code == "missing_think_end"
