@@ -28,15 +28,17 @@ Parsing follows vLLM's `deepseek_v31` tool parser and its `deepseek_v31` reasoni
 `thinking` is on, none when off): content is the text before `<｜tool▁calls▁begin｜>`, each call is
 `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>`, text after the calls is dropped. Where vLLM drops a
 malformed call silently, this parser returns it with a coded issue, and it reads calls whose JSON spans lines
-(vLLM's regex does not). vLLM tells whether reasoning is open from the prompt (its last think tag); a protocol
-parses the text alone, so with `thinking` on, a turn with neither `<think>` nor `</think>` is content when it is
-closed by `<｜end▁of▁sentence｜>` or holds a tool call (the direct continuation after tool outputs), and reasoning
-cut off (`missing_think_end`) otherwise.
+(vLLM's regex does not). vLLM's R1 reader takes a turn without `</think>` as all reasoning; with `thinking` on a
+turn may also be the direct continuation after tool outputs, which no `<think>` opened, so a turn with neither
+tag is content when it is closed by `<｜end▁of▁sentence｜>` or holds a tool call, and reasoning cut off
+(`missing_think_end`) otherwise. `render_generation(..., after_tool_output=True)` writes that continuation.
 
 Seams where the token stream of an episode is not the official render of its conversation: with `thinking` on,
 each turn after a user message was generated after `<think>` as `{reasoning}</think>...`, and history renders it
-as `</think>...`; a turn cut off by the length limit is closed with `<｜end▁of▁sentence｜>` alone. Token-level seams
-of a tokenizer without `<think>`/`</think>` as added tokens (DeepSeek-V3's file) are pinned in the tests.
+as `</think>...`; a turn cut off by the length limit is closed with `<｜end▁of▁sentence｜>` alone (a cut call gets
+no `<｜tool▁calls▁end｜>`). At the token level, DeepSeek-V3's tokenizer file has no `<think>`/`</think>` tokens, so a
+generation that starts with a word right after the prompt's think tag keeps `>` and the word apart where one-piece
+tokenization merges them (`>The`); V3.1's tokenizer adds both tags as tokens and has no such seam.
 """
 
 from __future__ import annotations
