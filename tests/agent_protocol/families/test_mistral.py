@@ -25,11 +25,15 @@ from functools import cache
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from agent_protocol import Action, ChatProtocol, HFTokenizer, MessageError, get_protocol, protocol_options
+from agent_protocol.json_limits import check_json_value
 from agent_protocol.protocols.mistral import mistral_call_id
 from tests.agent_protocol.golden import FROZEN_TODAY, GoldenRender, cases, renders
+from tests.agent_protocol.test_parse_fuzz import FUZZ, hostile_piece
 from tests.support.hf_jinja import render_official
 from tests.support.tool_shapes import TOOL_SHAPES
 
@@ -270,6 +274,28 @@ def test_known_killers_become_coded_issues(name: str, arguments: str) -> None:
     (call,) = protocol(name).parse_assistant_text(text).tool_calls
     assert call.error is not None and call.error.code in ("invalid_json", "invalid_arguments")
     assert "cannot be read" in call.error.message or arguments.startswith("[" * 1500)
+
+
+MISTRAL_PIECES = ["[TOOL_CALLS]", "[TOOL_CALLS] [", "[CALL_ID]", "[ARGS]", "</s>", "calculator", '"id": "Xq3tB7mZ1"',
+                  '{"name": "calculator", "arguments": {"x": 1}}', "[{", "}]"]  # fmt: skip
+mistral_text = st.lists(st.sampled_from(MISTRAL_PIECES) | hostile_piece(), min_size=1, max_size=10).map("".join)
+
+
+@FUZZ
+@given(text=mistral_text, name=st.sampled_from(NAMES), prefix=st.sampled_from(["call_1", "", "\ud800"]))
+def test_parser_never_raises_on_its_own_tags(text: str, name: str, prefix: str) -> None:
+    # the shared fuzz test (test_parse_fuzz.py) mixes Qwen tags; this one mixes Mistral's, parser unguarded
+    action = protocol(name).parse_turn(text, call_id_prefix=prefix)
+    for call in action.tool_calls:
+        check_json_value(call.arguments)
+        assert len(call.id) == 9 and call.id.isascii() and call.id.isalnum()
+        assert call.error is None or call.error.code in (
+            "invalid_json",
+            "invalid_arguments",
+            "missing_name",
+            "unclosed_tag",
+        )
+    assert len({call.id for call in action.tool_calls}) == len(action.tool_calls)
 
 
 @pytest.mark.parametrize("name", NAMES)
