@@ -25,15 +25,23 @@ template would print each part's Python repr instead.
 Turn boundaries. GLM has no end-of-turn token: the model ends its turn by writing the next role's token,
 ``<|observation|>`` before tool results or ``<|user|>`` (its generation config also stops on
 ``<|endoftext|>``). That token is sampled (part of the action) *and* the first token of what the template
-renders next, so `render_feedback(ended_by=...)` leaves it out when it is the token the feedback starts with.
-Seams (the transcript differs from the official render), each pinned in the tests:
+renders next, so `render_feedback(ended_by=...)` leaves it out when it is the token the feedback starts with;
+after a turn cut off by the length limit (`turn_closed=False`) no role token was sampled, and the feedback
+writes it. Seams (the transcript differs from the official render), each pinned in the tests:
 - the model wrote a role token that is not the one the feedback needs (``<|user|>`` but tool results follow,
-  or ``<|endoftext|>``): the feedback writes the needed token after the sampled one;
-- a turn cut off by the length limit (`turn_closed=False`): the feedback writes the role token in full;
-- a new user message makes the template drop the reasoning of earlier turns; the transcript keeps it.
+  ``<|observation|>`` but a user message follows, ``<|endoftext|>``, or a system message follows): the sampled
+  token stays and the feedback writes the needed one after it;
+- an episode that ends on a generated turn ends on its sampled role token; the official render of the finished
+  conversation stops before it;
+- a new user message makes the template drop the reasoning of earlier turns; the transcript keeps it;
+- with `enable_thinking=False` the model writes no reasoning (the prompt holds the empty block), so
+  `render_generation` leaves a message's reasoning out where the template would show it.
 
-Parsing follows vLLM's ``glm45`` tool parser (`Glm4MoeModelToolParser`) and ``glm45`` reasoning parser: the
-call name is the first line of a ``<tool_call>`` block, stripped; arguments are ``<arg_key>``/``<arg_value>``
+Parsing follows vLLM's ``glm45`` tool parser (`Glm4MoeModelToolParser`, vllm/tool_parsers/glm4_moe_tool_parser.py)
+and ``glm45`` reasoning parser (vllm/reasoning/glm4_moe_reasoning_parser.py). Reasoning is the text between
+``<think>`` and ``</think>``, stripped; unlike vLLM, reasoning never closed is the coded issue
+``missing_think_end`` (vLLM returns it all as content), and text before a lone ``</think>`` is reasoning, as
+the template reads it back (the shared `hermes_parser.split_reasoning`). The call name is the first line of a ``<tool_call>`` block, stripped; arguments are ``<arg_key>``/``<arg_value>``
 pairs (whitespace allowed between them), keys stripped; a value is stripped and decoded as JSON, else as a
 Python literal (what vLLM's `_deserialize` does), else kept as the string. Parsing gets no tool schemas, so
 every value is decoded (vLLM with no `tools` in the request does the same; with them it keeps string-typed
@@ -162,8 +170,8 @@ class Glm45Protocol(ChatProtocol):
         )
         opening = _ROLE_TOKENS[msgs[0].role]
         # The role token a closed turn ended on is already in the transcript (None: the usual one, the token the
-        # feedback opens with, when the model can write it). A cut-off turn, or one that ended on another token,
-        # gets the opening token written here (a seam: the official render has only one role token there).
+        # feedback opens with, when the model can write it). A cut-off turn sampled none, so it is written here;
+        # after another sampled token it is written too (a seam: the official render has one role token there).
         written = ended_by if ended_by is not None else (opening if opening in self.stop_texts else None)
         if turn_closed and written == opening:
             body = body.removeprefix(opening)
