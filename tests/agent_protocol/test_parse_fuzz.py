@@ -1,7 +1,9 @@
 """Property-based fuzzing: no string makes a registered protocol's parser raise, and none makes
 `coerce_messages` raise anything but `MessageError`.
 
-The text mixes what degenerate RL generations are made of: the family's tags, JSON fragments, deep nesting,
+The text mixes what degenerate RL generations are made of: every family's tags and call frames (taken from each
+protocol's own `render_generation` of a tool call, so a new family is fuzzed in its own format and in every other
+one's), JSON fragments, deep nesting,
 huge numbers, surrogate escapes and raw surrogates, NUL bytes, and megabyte strings. CI runs a bounded number
 of examples per test (`AGENT_FUZZ_EXAMPLES`, default 200); the large run documented in docs/RELIABILITY.md
 sets it higher:
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from functools import cache
 from typing import Any
 
 import msgspec
@@ -31,7 +35,37 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
-TAGS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<|im_end|>", "<|endoftext|>", "<|im_start|>"]
+PROTOCOLS = list_protocols()
+_SLOT = "SLOT"
+_SPECIAL = re.compile(r"<\|[^|>]*\|>|<｜[^｜]*｜>|\[/?[A-Z_]+\]|</?[a-z_]+>|<[a-z_]+=")
+
+
+@cache
+def call_frame(name: str) -> tuple[str, str, bool]:
+    """`name`'s generated tool-call turn split around its arguments: (before, after, json). With `json` the
+    arguments are one JSON object in the text; otherwise (XML families) each is a parameter, and the split is
+    around the value of parameter `x`."""
+    call = {"id": "abcdefghi", "function": {"name": "calculator", "arguments": {"x": _SLOT}}}
+    text = get_protocol(name).render_generation({"role": "assistant", "content": "", "tool_calls": [call]})
+    for arguments in ('{"x": "SLOT"}', '{"x":"SLOT"}'):
+        if arguments in text:
+            before, after = text.split(arguments, 1)
+            return before, after, True
+    before, after = text.split(_SLOT, 1)
+    return before, after, False
+
+
+def _tags() -> list[str]:
+    found = {"<think>", "</think>", "<tool_call>", "</tool_call>", "<|im_end|>", "<|endoftext|>", "<|im_start|>"}
+    for name in PROTOCOLS:
+        protocol = get_protocol(name)
+        before, after, _ = call_frame(name)
+        found |= {*protocol.stop_texts, *_SPECIAL.findall(before + after), protocol.generation_prompt}
+    return sorted(t for t in found if t)
+
+
+TAGS = _tags()
+FRAMES = sorted({call_frame(name) for name in PROTOCOLS})
 JSON_BITS = ['{"name": "calculator", "arguments": ', '{"name": ', '"arguments"', "{", "}", "[", "]", ":", ",",
              '"', "\\", "null", "true", "1e999", "-0", "NaN", "Infinity", '"x"', "\n", " "]  # fmt: skip
 
@@ -85,8 +119,15 @@ def hostile_call(draw: st.DrawFn) -> str:
     return f"<tool_call>\n{body}{close}"
 
 
-hostile_text = st.lists(hostile_piece() | hostile_call(), min_size=1, max_size=8).map("".join)
-PROTOCOLS = list_protocols()
+@st.composite
+def hostile_framed_call(draw: st.DrawFn) -> str:
+    """Some family's own call frame with hostile arguments, closed or cut off anywhere after them."""
+    before, after, _ = draw(st.sampled_from(FRAMES))
+    body = "".join(draw(st.lists(hostile_piece(), min_size=1, max_size=4)))
+    return before + body + after[: draw(st.integers(0, len(after)))]
+
+
+hostile_text = st.lists(hostile_piece() | hostile_call() | hostile_framed_call(), min_size=1, max_size=8).map("".join)
 
 
 def _check_action(action: Action) -> None:
@@ -99,7 +140,8 @@ def _check_action(action: Action) -> None:
 
 
 def test_every_registered_protocol_is_fuzzed() -> None:
-    assert len(PROTOCOLS) >= 3, PROTOCOLS  # the Qwen3 family today; each new family is fuzzed as it registers
+    assert len(PROTOCOLS) >= 13, PROTOCOLS  # every family; each new one is fuzzed as it registers
+    assert len(FRAMES) >= 8  # the call formats differ: Hermes JSON, XML parameters, harmony, Llama, DeepSeek, ...
 
 
 @pytest.mark.parametrize("name", PROTOCOLS)
@@ -110,17 +152,33 @@ def test_parser_never_raises(name: str, text: str, call_id_prefix: str) -> None:
     _check_action(protocol.parse_assistant_text(text, call_id_prefix=call_id_prefix))
 
 
-@pytest.mark.parametrize("name", PROTOCOLS)
+HERMES = [
+    name for name in PROTOCOLS if call_frame(name)[0].endswith('<tool_call>\n{"name": "calculator", "arguments": ')
+]
+KILLER_ARGUMENTS = {
+    "deep_brackets": "[" * 1500 + "]" * 1500,  # RecursionError in json.loads before json_limits
+    "huge_int": '{"x": ' + "9" * 5000 + "}",  # ValueError: int too long to convert
+    "deep_arguments_string": json.dumps("[" * 2000),  # a string of hostile JSON where an object belongs
+    "lone_surrogate": '{"x": "\\ud800"}',  # a lone surrogate
+    "deep_but_decodable": '{"a":' * 150 + "1" + "}" * 150,  # decodes; too deep
+}
+
+
+def test_the_hermes_families_are_found() -> None:
+    assert {"qwen3", "qwen3-instruct-2507", "qwen3-thinking-2507", "qwen2.5"} <= set(HERMES)
+
+
+@pytest.mark.parametrize("name", HERMES)
 @pytest.mark.parametrize(
     "body",
     [
         "[" * 1500 + "]" * 1500,  # RecursionError in json.loads before json_limits
         '{"name": "calculator", "arguments": {"x": ' + "9" * 5000 + "}}",  # ValueError: int too long
-        '{"name": "calculator", "arguments": "' + "[" * 2000 + '"}',  # nested inside the arguments string
+        '{"name": "calculator", "arguments": ' + json.dumps("[" * 2000) + "}",  # a string of hostile JSON
         '{"name": "calculator", "arguments": {"x": "\\ud800"}}',  # a lone surrogate
         '{"name": "calculator", "arguments": ' + '{"a":' * 150 + "1" + "}" * 150 + "}",  # decodes; too deep
     ],
-    ids=["deep_brackets", "huge_int", "deep_arguments_string", "lone_surrogate", "deep_but_decodable"],
+    ids=list(KILLER_ARGUMENTS),
 )
 def test_known_killers_become_coded_issues(name: str, body: str) -> None:
     # "</think>" first: Thinking-2507 opens the reasoning in the prompt, so its turns start inside it.
@@ -129,6 +187,22 @@ def test_known_killers_become_coded_issues(name: str, body: str) -> None:
     error = action.tool_calls[0].error
     assert error is not None and error.code in ("invalid_json", "invalid_arguments"), action
     assert "cannot be read" in error.message
+
+
+@pytest.mark.parametrize("name", PROTOCOLS)
+@pytest.mark.parametrize("killer", list(KILLER_ARGUMENTS))
+def test_known_killers_in_each_familys_own_frame(name: str, killer: str) -> None:
+    """The same killers as the arguments of a call written in the family's own format. A JSON family reads
+    them as a coded issue on the call; an XML family (values are parameter text) keeps them as text, and
+    either way nothing parsed is beyond the limits."""
+    before, after, is_json = call_frame(name)
+    action = get_protocol(name).parse_assistant_text(before + KILLER_ARGUMENTS[killer] + after)
+    _check_action(action)
+    assert action.error is None or action.error.code != "parse_error", action.error  # no parser bug was hit
+    if is_json:
+        assert len(action.tool_calls) == 1, action
+        error = action.tool_calls[0].error
+        assert error is not None and error.code in ("invalid_json", "invalid_arguments"), action
 
 
 def test_a_parser_that_raises_costs_one_turn_not_the_episode() -> None:
