@@ -41,13 +41,14 @@ Parsing follows vLLM's ``glm45`` tool parser (`Glm4MoeModelToolParser`, vllm/too
 and ``glm45`` reasoning parser (vllm/reasoning/glm4_moe_reasoning_parser.py). Reasoning is the text between
 ``<think>`` and ``</think>``, stripped; unlike vLLM, reasoning never closed is the coded issue
 ``missing_think_end`` (vLLM returns it all as content), and text before a lone ``</think>`` is reasoning, as
-the template reads it back (the shared `hermes_parser.split_reasoning`). The call name is the first line of a ``<tool_call>`` block, stripped; arguments are ``<arg_key>``/``<arg_value>``
-pairs (whitespace allowed between them), keys stripped; a value is stripped and decoded as JSON, else as a
-Python literal (what vLLM's `_deserialize` does), else kept as the string. Parsing gets no tool schemas, so
-every value is decoded (vLLM with no `tools` in the request does the same; with them it keeps string-typed
-parameters raw). Content is the text before the first call, stripped; text after a call is dropped, as vLLM
-does. Stricter than vLLM, which skips or half-reads them: an unclosed call, a block without a name line and
-arguments outside the pair structure become coded issues, so a malformed call is never run.
+the template reads it back (the shared `hermes_parser.split_reasoning`). The call name is the first line of a
+``<tool_call>`` block, stripped; arguments are ``<arg_key>``/``<arg_value>`` pairs (whitespace allowed between
+them), keys stripped; a value is stripped and decoded as JSON, else as a Python literal (what vLLM's
+`_deserialize` does), else kept as the string. Parsing gets no tool schemas, so every value is decoded (vLLM
+with no `tools` in the request does the same; with them it keeps string-typed parameters raw). Content is the
+text before the first call, stripped; text after a call is dropped, as vLLM does. Stricter than vLLM, which
+skips or half-reads them: an unclosed call, a block without a name line and arguments outside the pair
+structure become coded issues, so a malformed call is never run.
 """
 
 from __future__ import annotations
