@@ -133,7 +133,9 @@ class Conversation:
         view gains (default: the whole prompt; a compacted context adds only its resume message)."""
         self.stage = "render"
         t0 = time.perf_counter()
-        ids = await encode_off_loop(self.tokenizer, self.protocol.render_prompt(list(prompt), tools=self.tools))
+        # No tools renders as no tools at all: Llama's template tells `tools=[]` (an empty tool prompt) from None.
+        text = self.protocol.render_prompt(list(prompt), tools=self.tools or None)
+        ids = await encode_off_loop(self.tokenizer, text)
         self.render_s += time.perf_counter() - t0
         transcript = TokenTranscript()
         transcript.append_prompt(ids)
