@@ -1,7 +1,8 @@
 """The Qwen3 family's chat format (ChatML with `<think>` reasoning and Hermes JSON tool calls), in Python.
 
-Mirrors the official Jinja templates (Qwen3 hybrid, Qwen3-Instruct-2507, Qwen3-Thinking-2507) statement by
-statement; the three differ only in the generation prompt. Byte-exactness is tested against the official
+Mirrors the official Jinja templates (Qwen3 hybrid, Qwen3-Instruct-2507, Qwen3-Thinking-2507, and the first Qwen3
+template of 2025-04, `qwen3-2504`) statement by statement; they differ only in the generation prompt, and the 2504
+template in how it reads a null content (see `Qwen3Protocol`). Byte-exactness is tested against the official
 renders in `tests/data/golden/`, and against the official Jinja on generated conversations.
 
 Where the official template is not append-only (it drops the reasoning of turns before the last user query,
@@ -68,12 +69,17 @@ def _tojson(value: Any) -> str:
 
 
 class Qwen3Protocol(ChatProtocol):
+    """One Qwen3 template. `null_user_is_query` is the one difference of the first template (2504): it reads
+    every `content` as a string, so it cannot take a null one; servers pass null content as "" (vLLM does), and
+    then a user message with null content is the last query, where the later templates skip it."""
+
     end_of_turn = IM_END
     stop_texts = (IM_END, "<|endoftext|>")
 
-    def __init__(self, name: str, mode: ThinkingMode) -> None:
+    def __init__(self, name: str, mode: ThinkingMode, *, null_user_is_query: bool = False) -> None:
         self.name = name
         self.mode = mode
+        self.null_user_is_query = null_user_is_query
 
     def __repr__(self) -> str:
         return f"Qwen3Protocol(name={self.name!r}, mode={self.mode.value})"
@@ -94,7 +100,7 @@ class Qwen3Protocol(ChatProtocol):
         msgs = coerce_messages(messages)
         specs = coerce_tools(tools)
         out: list[str] = [_system_block(msgs, specs)]
-        out.extend(_render_body(msgs, first_is_start=True))
+        out.extend(_render_body(msgs, first_is_start=True, null_user_is_query=self.null_user_is_query))
         if add_generation_prompt:
             out.append(self.generation_prompt)
         return "".join(out)
@@ -109,7 +115,8 @@ class Qwen3Protocol(ChatProtocol):
             if message.role == "assistant":
                 raise MessageError(f"messages[{index}].role", "feedback carries tool, user or system messages")
         closing = ("" if turn_closed else IM_END) + "\n"
-        return closing + "".join(_render_body(msgs, first_is_start=False)) + self.generation_prompt
+        body = _render_body(msgs, first_is_start=False, null_user_is_query=self.null_user_is_query)
+        return closing + "".join(body) + self.generation_prompt
 
     def render_generation(self, message: MessageLike) -> str:
         (msg,) = coerce_messages([message])
@@ -142,11 +149,11 @@ def _system_block(msgs: list[Message], specs: list[ToolSpec]) -> str:
     return ""
 
 
-def _last_query_index(msgs: list[Message]) -> int:
+def _last_query_index(msgs: list[Message], *, null_user_is_query: bool) -> int:
     """Index of the last real user query (a user turn that is not a wrapped tool response)."""
     for index in range(len(msgs) - 1, -1, -1):
         message = msgs[index]
-        content = message.content
+        content = "" if message.content is None and null_user_is_query else message.content
         if (
             message.role == "user"
             and content is not None
@@ -175,12 +182,12 @@ def _render_tool_calls(content: str, calls: tuple[ToolCall, ...]) -> str:
     return "".join(out)
 
 
-def _render_body(msgs: list[Message], *, first_is_start: bool) -> list[str]:
+def _render_body(msgs: list[Message], *, first_is_start: bool, null_user_is_query: bool) -> list[str]:
     """Every message after the system block. With `first_is_start` false the messages continue a
     conversation (feedback): a leading system message is rendered as a turn, not as the system block."""
     out: list[str] = []
     last = len(msgs) - 1
-    last_query = _last_query_index(msgs)
+    last_query = _last_query_index(msgs, null_user_is_query=null_user_is_query)
     for index, msg in enumerate(msgs):
         content = msg.content or ""
         if msg.role == "user" or (msg.role == "system" and (index > 0 or not first_is_start)):
@@ -205,6 +212,11 @@ def _qwen3(*, enable_thinking: bool = True) -> ChatProtocol:
     return Qwen3Protocol("qwen3", ThinkingMode.HYBRID if enable_thinking else ThinkingMode.HYBRID_OFF)
 
 
+def _qwen3_2504(*, enable_thinking: bool = True) -> ChatProtocol:
+    mode = ThinkingMode.HYBRID if enable_thinking else ThinkingMode.HYBRID_OFF
+    return Qwen3Protocol("qwen3-2504", mode, null_user_is_query=True)
+
+
 def _qwen3_instruct_2507() -> ChatProtocol:
     return Qwen3Protocol("qwen3-instruct-2507", ThinkingMode.NONE)
 
@@ -218,4 +230,5 @@ PROTOCOLS: Final = {
     "qwen3": _qwen3,
     "qwen3-instruct-2507": _qwen3_instruct_2507,
     "qwen3-thinking-2507": _qwen3_thinking_2507,
+    "qwen3-2504": _qwen3_2504,
 }
