@@ -8,6 +8,7 @@ only, `reasoning_content` is renamed to `thinking` (as the golden renders were m
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from datetime import date
@@ -16,9 +17,12 @@ from typing import Any
 import jinja2
 import pytest
 
-from agent_protocol import Message, MessageError, get_protocol
+from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline, ToolCallReward
+from agent_protocol import HFTokenizer, Message, MessageError, get_protocol
 from agent_protocol.protocols.gpt_oss import GptOssProtocol, parse_harmony_turn
+from agent_runtime import AgentRuntime, AgentSession, SamplingParams, ScriptedEngine
 from tests.agent_protocol.golden import FROZEN_TODAY, GoldenRender, cases, renders
+from tests.support.family_tokenizers import load_family_tokenizer
 from tests.support.hf_jinja import render_official
 from tests.support.tool_shapes import TOOL_SHAPES
 
@@ -410,3 +414,210 @@ def test_known_killers_in_harmony_calls_become_coded_issues(arguments: str) -> N
     text = f"<|channel|>commentary to=functions.calculator <|constrain|>json<|message|>{arguments}<|call|>"
     (call,) = get_protocol("gpt-oss").parse_assistant_text(text).tool_calls
     assert call.error is not None and call.error.code == "invalid_json" and "cannot be read" in call.error.message
+
+
+# -- 4. feedback after each generated turn, and the seams --------------------------------------------------
+
+ANALYSIS_HEAD = "<|channel|>analysis<|message|>"
+
+
+def episode(ours: GptOssProtocol, messages: list[Any], tools: Any) -> tuple[str, list[tuple[str, str]]]:
+    """An episode's text pieces for `messages`: the first prompt, then each generated turn with the feedback
+    after it ("" after the last turn when the conversation ends with it)."""
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    prompt = ours.render_prompt(messages[: turns[0]], tools=tools)
+    pieces = []
+    for position, index in enumerate(turns):
+        end = turns[position + 1] if position + 1 < len(turns) else len(messages)
+        feedback = ours.render_feedback(messages[index + 1 : end]) if end > index + 1 else ""
+        pieces.append((ours.render_generation(messages[index]), feedback))
+    return prompt, pieces
+
+
+def history_form(generated: str, *, drop_analysis: bool, answer_in_history: bool) -> str:
+    """The seams, written out: what the template writes for a generated turn once it is history. It drops the
+    turn's analysis (`drop_analysis`) and ends an answer that is not a training render's last with `<|end|>`."""
+    if drop_analysis and generated.startswith(ANALYSIS_HEAD):
+        generated = generated.split(END + START + "assistant", 1)[1]
+    if answer_in_history:
+        assert generated.endswith(RETURN)
+        generated = generated.removesuffix(RETURN) + END
+    return generated
+
+
+def history_pieces(messages: list[Any], pieces: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    assistants = [m for m in messages if m["role"] == "assistant"]
+    out = []
+    for k, ((generated, feedback), message) in enumerate(zip(pieces, assistants, strict=True)):
+        later_answer = any(not m.get("tool_calls") for m in assistants[k + 1 :])
+        is_answer = not message.get("tool_calls")
+        last = message is messages[-1]
+        out.append(
+            (
+                history_form(
+                    generated,
+                    drop_analysis=later_answer if not is_answer else not last,
+                    answer_in_history=is_answer and not last,
+                ),
+                feedback,
+            )
+        )
+    return out
+
+
+def _episode_messages(rng: random.Random) -> list[dict[str, Any]]:
+    """A conversation an episode can have: a prompt, then generated turns each followed by tool results (named
+    after the call, as the environment names them) and/or a user message; harmony's one call per turn."""
+    texts = [t for t in TEXTS if t]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": rng.choice(texts)}] if rng.random() < 0.5 else []
+    messages.append({"role": "user", "content": rng.choice(texts)})
+    for turn in range(rng.randint(1, 5)):
+        message: dict[str, Any] = {"role": "assistant", "content": rng.choice(texts)}
+        if rng.random() < 0.7:
+            message["reasoning_content"] = rng.choice(texts)
+        if rng.random() < 0.55:
+            call = _call(rng, turn)
+            message.update(content=rng.choice(["", None]), tool_calls=[call])
+            messages.append(message)
+            messages.append({"role": "tool", "name": call["function"]["name"], "content": rng.choice(texts)})
+            if rng.random() < 0.2:
+                messages.append({"role": "user", "content": rng.choice(texts)})
+        else:
+            messages.append(message)
+            messages.append({"role": "user", "content": rng.choice(texts)})
+    if rng.random() < 0.5:  # the episode ends with a generated turn
+        while messages[-1]["role"] != "assistant":
+            messages.pop()
+    return messages
+
+
+EPISODES = [_episode_messages(random.Random(seed)) for seed in range(200)]
+GOLDEN_EPISODES = [c["name"] for c in cases().values() if any(m["role"] == "assistant" for m in c["messages"])]
+
+
+@pytest.mark.parametrize("source", ["golden", "generated"])
+def test_prompt_generations_and_feedback_are_the_official_render_but_at_the_seams(source: str) -> None:
+    ours = protocol()
+    conversations = (
+        [(cases()[name]["messages"], cases()[name]["tools"]) for name in GOLDEN_EPISODES]
+        if source == "golden"
+        else [(m, DESCRIBED if i % 2 else None) for i, m in enumerate(EPISODES)]
+    )
+    append_only = 0
+    for messages, tools in conversations:
+        prompt, pieces = episode(ours, messages, tools)
+        expected = official(messages, tools=tools, add_generation_prompt=messages[-1]["role"] != "assistant")
+        assert prompt + "".join(g + f for g, f in history_pieces(messages, pieces)) == expected
+        append_only += prompt + "".join(g + f for g, f in pieces) == expected
+    assert 0 < append_only < len(conversations)  # both kinds are exercised
+
+
+def test_golden_cases_are_append_only_except_where_pinned() -> None:
+    # Which golden episodes are not append-only, and why: plain_chat's first answer ends with the sampled
+    # <|return|> where history has <|end|>; multi_turn_reasoning's also, and both of its earlier turns lose their
+    # analysis once a later final answer exists. The call turns of the others have no analysis.
+    ours = protocol()
+    differ = set()
+    for name in GOLDEN_EPISODES:
+        messages, tools = cases()[name]["messages"], cases()[name]["tools"]
+        prompt, pieces = episode(ours, messages, tools)
+        expected = official(messages, tools=tools, add_generation_prompt=messages[-1]["role"] != "assistant")
+        if prompt + "".join(g + f for g, f in pieces) != expected:
+            differ.add(name)
+    assert differ == {"plain_chat", "multi_turn_reasoning"}
+
+
+def test_parallel_calls_keep_the_templates_first_call() -> None:
+    # Harmony stops generating at <|call|>: one call per turn. The template renders only the first call of a
+    # message and names every result after it; render_generation writes what the template writes.
+    case = cases()["parallel_tool_calls"]
+    generated = protocol().render_generation(case["messages"][1])
+    assert generated.count(CALL) == 1 and generated.endswith('{"city": "Paris"}' + CALL)
+
+
+def test_feedback_closes_a_cut_off_turn_and_never_writes_a_system_message() -> None:
+    ours = protocol()
+    user = [{"role": "user", "content": "go on"}]
+    assert ours.render_feedback(user) == "<|start|>user<|message|>go on<|end|><|start|>assistant"
+    assert ours.render_feedback(user, turn_closed=False) == END + ours.render_feedback(user)
+    assert ours.render_feedback(user, ended_by=RETURN) == ours.render_feedback(user, ended_by=CALL)
+    # A final answer cut off by the length limit and closed here is what history holds: append-only.
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "partial"}, *user]
+    cut = ours.render_prompt(messages[:1]) + "<|channel|>final<|message|>partial"
+    assert cut + ours.render_feedback(user, turn_closed=False) == official(messages, add_generation_prompt=True)
+    with pytest.raises(MessageError, match="no system message"):
+        ours.render_feedback([{"role": "system", "content": "s"}])
+    with pytest.raises(MessageError, match="at least one"):
+        ours.render_feedback([])
+
+
+# -- 5. token-in-token-out through the session, real o200k_harmony tokenizer -----------------------------------
+
+QUESTION = "What is 17 * 23?"
+THINK_CALL = ANALYSIS_HEAD + "I should use the calculator." + END + START + "assistant"
+TEMPLATE_CALL = ' to=functions.calculator<|channel|>commentary json<|message|>{"expression": "17 * 23"}<|call|>'
+CHANNEL_CALL = (
+    '<|channel|>commentary to=functions.calculator <|constrain|>json<|message|>{"expression": "17 * 23"}<|call|>'
+)
+ANSWER = ANALYSIS_HEAD + "The tool answered." + END + START + "assistant<|channel|>final<|message|>It is 391." + RETURN
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> HFTokenizer:
+    return load_family_tokenizer("gpt_oss")
+
+
+def run_episode(tokenizer: HFTokenizer, script: list[str], **kwargs: Any) -> Any:
+    ours = protocol()
+    engine = ScriptedEngine(
+        tokenizer, script, stop_token_ids=[tokenizer.token_to_id(t) for t in ours.stop_texts], logprob=-0.5
+    )
+    session = AgentSession(
+        protocol=ours,
+        environment=lambda: FunctionCallEnvironment(tools=[CalculatorTool()], max_steps=6),
+        rewards=RewardPipeline(result=[MatchingReward()], process=[ToolCallReward()]),
+        tokenizer=tokenizer,
+        **kwargs,
+    )
+    sampling = SamplingParams(max_new_tokens=kwargs.get("max_new_tokens", 1024))
+    return engine, asyncio.run(AgentRuntime(engine, session, sampling=sampling).run(QUESTION, task={"answer": "391"}))
+
+
+def test_stop_tokens_are_call_and_return(tokenizer: HFTokenizer) -> None:
+    ours = protocol()
+    assert [tokenizer.token_to_id(t) for t in ours.stop_texts] == [200002, 200012]
+    assert sorted(tokenizer.token_to_id(t) for t in ours.turn_end_texts) == [200002, 200012]
+
+
+@pytest.mark.parametrize("call", [TEMPLATE_CALL, CHANNEL_CALL], ids=["template_header", "channel_header"])
+def test_session_is_token_in_token_out(tokenizer: HFTokenizer, call: str) -> None:
+    engine, result = run_episode(tokenizer, [THINK_CALL + call, ANSWER])
+    assert result.final_answer == "It is 391." and result.stop_reason == "final_answer"
+    trajectory = result.trajectory
+    (segment,) = trajectory.segments
+    ids, (first, second) = segment.ids, segment.action_ranges
+    # Every generated turn is its ids as sampled; the engine's second prompt is the transcript, nothing re-rendered.
+    assert ids[slice(*first)] == tokenizer.encode(THINK_CALL + call)
+    assert ids[slice(*second)] == tokenizer.encode(ANSWER)
+    assert engine.calls[1] == ids[: second[0]]
+    assert [m.content for m in trajectory.messages if m.role == "tool"] == ["391"]
+    # The official render of the episode's messages, tokenized, is the transcript but at the pinned seams:
+    # (1) the call turn's analysis, which the template drops once a later final answer exists, and (2) for a
+    # model that writes the recipient in the channel part, the call header, which history writes the template's
+    # way. The ids of what history holds in their place are the tokenization of the template's text.
+    rendered = official(trajectory.messages, tools=[CalculatorTool().spec.to_openai()])
+    assert rendered.endswith(ANSWER)  # a training render keeps the last answer's analysis and <|return|>
+    head, rest = tokenizer.encode(THINK_CALL), ids[first[0] : first[1]]
+    assert rest[: len(head)] == head and rest[len(head) :] == tokenizer.encode(call)
+    history = ids[: first[0]] + tokenizer.encode(TEMPLATE_CALL) + ids[first[1] :]
+    assert history == tokenizer.encode(rendered)
+
+
+def test_a_turn_cut_off_by_the_length_limit_is_closed_with_end(tokenizer: HFTokenizer) -> None:
+    long_call = ANALYSIS_HEAD + "let me think " * 40 + END + START + "assistant" + TEMPLATE_CALL
+    _, result = run_episode(tokenizer, [long_call, TEMPLATE_CALL, ANSWER], max_new_tokens=20)
+    segment = result.trajectory.segments[0]
+    first_end = segment.action_ranges[0][1]
+    assert first_end - segment.action_ranges[0][0] == 20
+    assert segment.ids[first_end] == tokenizer.token_to_id(END)
+    assert result.trajectory.errors[0].code == "missing_think_end"
