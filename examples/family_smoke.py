@@ -27,6 +27,7 @@ from agent_runtime import ScriptedEngine
 __all__ = ["FamilyPrompt", "FamilyReader", "family_engine", "family_tokenizer"]
 
 _MARK: Final = 'MARK"7Q'  # a quote, to see whether the family JSON-escapes the content it embeds
+_CALL_ID: Final = "abcdefghi"  # 9 characters: Mistral's templates refuse other call ids
 _EDGE: Final = 24  # characters kept on each side of the marker: enough to tell a user turn from a tool result
 _SPECIAL: Final = re.compile(r"<\|[^|>]*\|>|<｜[^｜]*｜>|\[/?[A-Z_]+\]|</?[a-z_]+>")
 
@@ -69,13 +70,17 @@ def _controls(protocol: ChatProtocol) -> set[str]:
     return set(_SPECIAL.findall(probe))
 
 
-def _edges(text: str, name: str) -> tuple[str, str, bool]:
-    """The characters just before and after the marker in `text` (never the tool's name), and whether the
-    content was JSON-escaped."""
+def _edges(text: str, name: str, *, whole_after: bool = False) -> tuple[str, str, bool]:
+    """The text around the marker in `text`: before it, from the last control token on (never the tool's name);
+    after it, up to `_EDGE` characters before any call id, or (`whole_after`) all of it; and whether the content
+    was JSON-escaped."""
     escaped = _MARK.replace('"', '\\"') in text
     before, _, after = text.partition(_MARK.replace('"', '\\"') if escaped else _MARK)
-    before = before.rsplit(name, 1)[-1] if name in before[-_EDGE:] else before
-    return before[-_EDGE:], after[:_EDGE], escaped
+    controls = list(_SPECIAL.finditer(before))
+    before = before[controls[-1].start() :] if controls else before[-_EDGE:]
+    before = before.rsplit(name, 1)[-1]
+    after = after if whole_after else after.split(_CALL_ID, 1)[0][:_EDGE]  # the call id varies: never part of it
+    return before, after, escaped
 
 
 @dataclass(frozen=True)
@@ -93,12 +98,14 @@ class FamilyReader:
     """Reads `FamilyPrompt`s of `protocol`'s family (see the module docstring)."""
 
     def __init__(self, protocol: ChatProtocol, tools: Sequence[ToolSpec]) -> None:
-        user = protocol.render_messages([{"role": "user", "content": _MARK}], tools=list(tools))
+        user = protocol.render_messages(
+            [{"role": "user", "content": _MARK}], tools=list(tools), add_generation_prompt=True
+        )
         ended_by = protocol.turn_end_texts[0] if protocol.turn_end_texts else None
         tool = protocol.render_feedback(
-            [{"role": "tool", "tool_call_id": "abcdefghi", "name": "probe_tool", "content": _MARK}], ended_by=ended_by
+            [{"role": "tool", "tool_call_id": _CALL_ID, "name": "probe_tool", "content": _MARK}], ended_by=ended_by
         )
-        self._user = self._pattern(*_edges(user, "probe_tool"))
+        self._user = _edges(user, "probe_tool", whole_after=True)
         self._tool = self._pattern(*_edges(tool, "probe_tool"))
 
     @staticmethod
@@ -110,9 +117,12 @@ class FamilyReader:
         return str(json.loads(f'"{found}"')) if escaped else found
 
     def __call__(self, text: str) -> FamilyPrompt:
-        (user, user_escaped), (tool, tool_escaped) = self._user, self._tool
-        first = user.search(text)
-        question = self._read(first.group(1), user_escaped) if first else ""
+        (before, after, user_escaped), (tool, tool_escaped) = self._user, self._tool
+        # The question ends where the first assistant turn opens, and starts at the user edge just before that
+        # (the edge can recur earlier: Llama lists the tools in the first user message, each ending alike).
+        end = text.find(after)
+        start = text.rfind(before, 0, end) if end >= 0 else -1
+        question = self._read(text[start + len(before) : end], user_escaped) if start >= 0 else ""
         results = tuple(self._read(m, tool_escaped) for m in tool.findall(text))
         return FamilyPrompt(question=question, results=results)
 
