@@ -29,6 +29,13 @@ QWEN3_FAMILY: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
 }
 
 
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    """transformers' `tojson` filter (GLM-4.5's template passes `ensure_ascii` itself)."""
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 def _raise(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
@@ -36,9 +43,7 @@ def _raise(message: str) -> None:
 @cache
 def official_template(stem: str) -> jinja2.Template:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
-        x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
-    )
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime(2025, 9, 1, 12, 0, 0).strftime(fmt)
     return env.from_string((TEMPLATES / f"{stem}.jinja").read_text(encoding="utf-8"))
