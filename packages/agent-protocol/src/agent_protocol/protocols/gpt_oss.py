@@ -20,8 +20,8 @@ has no generation prompt (a training render, ending in `<|return|>`; earlier ans
 Two readings of the caller's input, both what the template means: `reasoning_content` is the template's
 `thinking`, and null content is empty text (the template would fail on None, which OpenAI clients send for a
 call-only turn). A spec given flat (without `function`) is read as its function. What the template refuses
-(no description on a tool, a tool result before any call, harmony tags in content, content and reasoning both
-on a call turn, an empty conversation) raises `MessageError`.
+(no description on a tool, a schema it cannot print, a tool result with no call before it, harmony tags in
+content, content and reasoning both on a call turn, an empty conversation) raises `MessageError`.
 
 Parsing follows vLLM's `openai` tool parser (vllm/entrypoints/openai/tool_parsers/openai_tool_parser.py), which
 reads the turn with openai-harmony's `StreamableParser` for the assistant role: a message addressed
@@ -30,7 +30,10 @@ call whose JSON text is its arguments; the last `final` message is the content. 
 harmony's (`parse_header_from_string`). As vLLM's chat output does, every other assistant message (analysis,
 commentary preambles) is reasoning, joined with newlines. Where harmony or vLLM would raise or silently drop
 (a header without `<|message|>`, an unknown channel or role, text outside a message, arguments that are not a
-JSON object, a message cut off by the length limit), this parser records a coded `ParseIssue`.
+JSON object, a message cut off by the length limit), this parser records a coded `ParseIssue`: `unclosed_tag` for
+a header without `<|message|>` or a call cut off mid-JSON, `missing_think_end` for reasoning cut off,
+`invalid_json` / `invalid_arguments` / `missing_name` for a broken call, and, for want of a dedicated code,
+`parse_error` for an unknown channel or author, a recipient other than `functions.NAME`, or stray text.
 
 Seams: the token transcript of an episode keeps what was sampled, where a re-render of the conversation writes
 something else (see the package README, "What the transcript holds"):
@@ -39,7 +42,8 @@ something else (see the package README, "What the transcript holds"):
   every final answer but a training render's last; the transcript keeps them;
 - a model may place the recipient in the channel part (`<|channel|>commentary to=functions.NAME
   <|constrain|>json`), and a turn may hold several reasoning messages; history re-renders the template's form.
-- a turn cut off by the length limit is closed with `<|end|>` by the feedback.
+A turn cut off by the length limit is closed with `<|end|>` by the feedback: for a cut-off answer that is what
+history holds too.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from agent_protocol.json_limits import loads_bounded
 from agent_protocol.template_json import tojson
 from agent_protocol.types import (
     Action,
+    IssueCode,
     Message,
     MessageLike,
     ParseIssue,
@@ -307,7 +312,7 @@ class _Piece(NamedTuple):
 
 _HEADER_END: Final = re.compile("|".join(re.escape(t) for t in (MESSAGE, END, CALL, RETURN, START)))
 _CONTENT_END: Final = re.compile("|".join(re.escape(t) for t in (END, CALL, RETURN)))
-_CHANNEL_VALUE: Final = re.compile(r"[^\s<]*")
+_CHANNEL_END: Final = re.compile(r"[\s<]")
 _ASCII_SPACE: Final = re.compile(r"[\t\n\x0c\r ]+")
 
 
@@ -318,8 +323,7 @@ def _parse_header(header: str, *, role: str | None) -> _Header | str:
     at = header.find(CHANNEL)
     if at >= 0:
         after = header[at + len(CHANNEL) :]
-        value = _CHANNEL_VALUE.match(after)
-        channel = value.group() if value else ""
+        channel = _CHANNEL_END.split(after, maxsplit=1)[0]
         if not channel:
             return "it has <|channel|> with no channel name after it"
         header = header[:at] + after[len(channel) :]
@@ -357,7 +361,7 @@ def _parse_header(header: str, *, role: str | None) -> _Header | str:
     return _Header(role, channel, recipient, content_type)
 
 
-def _issue(code: Any, message: str) -> ParseIssue:
+def _issue(code: IssueCode, message: str) -> ParseIssue:
     return ParseIssue(code=code, message=message)
 
 
@@ -404,11 +408,11 @@ def _split_messages(text: str) -> tuple[list[_Piece], list[ParseIssue]]:
     return pieces, issues
 
 
-def _json_arguments(piece: _Piece, call_id: str) -> ToolCall:
+def _function_call(piece: _Piece, call_id: str) -> ToolCall:
     name = (piece.header.recipient or "").removeprefix("functions.")
     raw = piece.text if len(piece.text) <= _RAW_PREVIEW else piece.text[:_RAW_PREVIEW] + "..."
 
-    def broken(code: Any, message: str) -> ToolCall:
+    def broken(code: IssueCode, message: str) -> ToolCall:
         return ToolCall(id=call_id, name=name, error=_issue(code, message), raw=raw)
 
     if not name:
@@ -445,7 +449,7 @@ def parse_harmony_turn(text: str, *, call_id_prefix: str = "call") -> Action:
             issues.append(_issue("parse_error", f"You wrote a message as {header.role}; it was ignored. Write "
                                  "only assistant messages."))  # fmt: skip
         elif header.recipient is not None and header.recipient.startswith("functions."):
-            calls.append(_json_arguments(piece, f"{call_id_prefix}_{len(calls)}"))
+            calls.append(_function_call(piece, f"{call_id_prefix}_{len(calls)}"))
         elif header.channel == "final":
             content = piece.text
         else:
@@ -546,7 +550,8 @@ class GptOssProtocol(ChatProtocol):
         """Tool results and user messages after a generated turn. `ended_by` changes nothing: the sampled
         `<|call|>` or `<|return|>` stays in the transcript (the template's history writes `<|end|>` after an
         answer: a seam). A tool result is named by its message's `name` (the call's; the template takes the
-        last call's name, which is the same for harmony's one call per turn)."""
+        last call's name, which is the same for harmony's one call per turn; a result without a name is written
+        `functions.`, as the template names the result of a call whose name was empty)."""
         msgs = coerce_messages(messages)
         if not msgs:
             raise MessageError("messages", "feedback needs at least one tool result or user message")
