@@ -365,22 +365,25 @@ def tokenizer(qwen3_tokenizer_file: Path) -> HFTokenizer:
     return HFTokenizer.from_file(qwen3_tokenizer_file)
 
 
-def run_calculator_episode(protocol: ChatProtocol, tokenizer: HFTokenizer, completions: list[str]) -> Any:
+def run_calculator_episode(
+    protocol: ChatProtocol, tokenizer: HFTokenizer, completions: list[str], *, tools: list[Any] | None = None
+) -> Any:
     """One episode through AgentSession and AgentRuntime: a scripted engine replays `completions` (stopping on
-    the protocol's stop tokens), the real calculator tool answers. Returns (engine, result, the tool's spec).
-    Skipped where only agent-protocol is installed (its isolation run)."""
+    the protocol's stop tokens), the real calculator tool (or `tools`) answers. Returns (engine, result, the
+    tools' specs). Skipped where only agent-protocol is installed (its isolation run)."""
     runtime = pytest.importorskip("agent_runtime")
     env = pytest.importorskip("agent_env")
+    tools = tools if tools is not None else [env.CalculatorTool()]
     stops = [tokenizer.token_to_id(t) for t in protocol.stop_texts]
     engine = runtime.ScriptedEngine(tokenizer, completions, stop_token_ids=[i for i in stops if i is not None])
     session = runtime.AgentSession(
         protocol=protocol,
-        environment=lambda: env.FunctionCallEnvironment(tools=[env.CalculatorTool()], max_steps=6),
+        environment=lambda: env.FunctionCallEnvironment(tools=tools, max_steps=6),
         rewards=env.RewardPipeline(result=[env.MatchingReward()], process=[env.ToolCallReward()]),
         tokenizer=tokenizer,
     )
     result = asyncio.run(runtime.AgentRuntime(engine, session).run("What is 17 * 23?", task={"answer": "391"}))
-    return engine, result, env.CalculatorTool().spec
+    return engine, result, [tool.spec for tool in tools]
 
 
 def test_token_in_token_out_through_the_session(tokenizer: HFTokenizer) -> None:
@@ -389,10 +392,10 @@ def test_token_in_token_out_through_the_session(tokenizer: HFTokenizer) -> None:
         "The answer is 391.<|im_end|>",
     ]
     protocol = get_protocol("qwen2.5")
-    engine, result, spec = run_calculator_episode(protocol, tokenizer, completions)
+    engine, result, specs = run_calculator_episode(protocol, tokenizer, completions)
     assert result.final_answer == "The answer is 391." and result.stop_reason == "final_answer"
     (segment,) = result.trajectory.segments
-    rendered = protocol.render_messages(result.trajectory.messages, tools=[spec])
+    rendered = protocol.render_messages(result.trajectory.messages, tools=specs)
     # No seam: the ids are, token for token, the official render of the conversation the episode had.
     assert segment.ids == tokenizer.encode(rendered.removesuffix("\n"))
     assert [segment.ids[a:b] for a, b in segment.action_ranges] == [tokenizer.encode(c) for c in completions]

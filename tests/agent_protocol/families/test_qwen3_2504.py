@@ -231,10 +231,10 @@ def test_token_in_token_out_through_the_session(tokenizer: HFTokenizer) -> None:
         "<think>\nThe tool answered.\n</think>\n\nThe answer is 391.<|im_end|>",
     ]
     protocol = get_protocol("qwen3-2504")
-    engine, result, spec = run_calculator_episode(protocol, tokenizer, completions)
+    engine, result, specs = run_calculator_episode(protocol, tokenizer, completions)
     assert result.final_answer == "The answer is 391."
     (segment,) = result.trajectory.segments
-    rendered = protocol.render_messages(result.trajectory.messages, tools=[spec])
+    rendered = protocol.render_messages(result.trajectory.messages, tools=specs)
     # Every turn reasons and follows the one user query: the template is append-only, so there is no seam.
     assert segment.ids == tokenizer.encode(rendered.removesuffix("\n"))
     assert [segment.ids[a:b] for a, b in segment.action_ranges] == [tokenizer.encode(c) for c in completions]
