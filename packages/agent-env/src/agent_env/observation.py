@@ -21,6 +21,8 @@ invalid_json       passed through from the protocol: the call's body was not val
 missing_name       passed through from the protocol: the call had no tool name
 unclosed_tag       passed through from the protocol: the call was cut off before it was closed
 missing_think_end  passed through from the protocol: the turn opened reasoning and never closed it
+malformed_turn     passed through from the protocol: part of the turn was not in the model's format (e.g. an
+                   unknown harmony channel); what could be read was kept
 parse_error        any other protocol parse issue (a code this layer does not know yet)
 tool_unavailable   the tool was not started: too many of its earlier calls still hang past their timeout,
                    or the process runs too many worker threads (the message says which cap)
@@ -58,6 +60,7 @@ ObservationCode = Literal[
     "missing_name",
     "unclosed_tag",
     "missing_think_end",
+    "malformed_turn",
     "parse_error",
     "tool_unavailable",
 ]
@@ -65,7 +68,7 @@ ObservationCode = Literal[
 _ALL_CODES: Final[frozenset[str]] = frozenset(get_args(ObservationCode))
 
 PARSE_CODES: Final[frozenset[str]] = frozenset(
-    {"invalid_json", "missing_name", "unclosed_tag", "missing_think_end", "parse_error"}
+    {"invalid_json", "missing_name", "unclosed_tag", "missing_think_end", "malformed_turn", "parse_error"}
 )
 """Codes that come from the protocol's parser: the model's output could not be read as a call."""
 
@@ -85,6 +88,7 @@ _DEFAULT_HINTS: Final[dict[str, str]] = {
     "missing_name": 'Give the call a "name" that is one of the listed tools.',
     "unclosed_tag": "The call was cut off; write it again, complete and shorter.",
     "missing_think_end": "Close your reasoning before you call a tool or give the answer.",
+    "malformed_turn": "Write every part of your turn in the format the instructions show.",
     "parse_error": "The tool call could not be read; write it again.",
     "tool_unavailable": "This tool is stuck right now; do not call it again soon: use another tool or answer.",
 }

@@ -40,6 +40,7 @@ IssueCode = Literal[
     "invalid_arguments",  # "arguments" is neither a JSON object nor a string holding one
     "unclosed_tag",  # <tool_call> never closed and its body is incomplete (usually cut off by the length limit)
     "missing_think_end",  # reasoning was opened and never closed with </think>
+    "malformed_turn",  # not in the family's format (unknown channel or role, stray text): the rest was read
     "parse_error",  # the family's parser failed on this text (a bug it has; the turn is kept, unread)
 ]
 

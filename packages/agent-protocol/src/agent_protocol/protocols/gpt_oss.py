@@ -32,8 +32,8 @@ commentary preambles) is reasoning, joined with newlines. Where harmony or vLLM 
 (a header without `<|message|>`, an unknown channel or role, text outside a message, arguments that are not a
 JSON object, a message cut off by the length limit), this parser records a coded `ParseIssue`: `unclosed_tag` for
 a header without `<|message|>` or a call cut off mid-JSON, `missing_think_end` for reasoning cut off,
-`invalid_json` / `invalid_arguments` / `missing_name` for a broken call, and, for want of a dedicated code,
-`parse_error` for an unknown channel or author, a recipient other than `functions.NAME`, or stray text.
+`invalid_json` / `invalid_arguments` / `missing_name` for a broken call, and
+`malformed_turn` for an unknown channel or author, a recipient other than `functions.NAME`, or stray text.
 
 Seams: the token transcript of an episode keeps what was sampled, where a re-render of the conversation writes
 something else (see the package README, "What the transcript holds"):
@@ -375,7 +375,7 @@ def _split_messages(text: str) -> tuple[list[_Piece], list[ParseIssue]]:
         if not first:
             if not text.startswith(START, pos):
                 found = text.find(START, pos)
-                issues.append(_issue("parse_error", "Text after the end of a message was ignored: every message "
+                issues.append(_issue("malformed_turn", "Text after the end of a message was ignored: every message "
                                      "starts with <|start|>assistant."))  # fmt: skip
                 if found < 0:
                     break
@@ -402,7 +402,7 @@ def _split_messages(text: str) -> tuple[list[_Piece], list[ParseIssue]]:
         else:
             body, closed, pos = text[body_start : body_end.start()], True, body_end.end()
         if isinstance(parsed, str):
-            issues.append(_issue("parse_error", f"A message could not be read: {parsed}."))
+            issues.append(_issue("malformed_turn", f"A message could not be read: {parsed}."))
             continue
         pieces.append(_Piece(parsed, body, closed))
     return pieces, issues
@@ -446,7 +446,7 @@ def parse_harmony_turn(text: str, *, call_id_prefix: str = "call") -> Action:
     for piece in pieces:
         header = piece.header
         if header.role != "assistant":
-            issues.append(_issue("parse_error", f"You wrote a message as {header.role}; it was ignored. Write "
+            issues.append(_issue("malformed_turn", f"You wrote a message as {header.role}; it was ignored. Write "
                                  "only assistant messages."))  # fmt: skip
         elif header.recipient is not None and header.recipient.startswith("functions."):
             calls.append(_function_call(piece, f"{call_id_prefix}_{len(calls)}"))
@@ -455,10 +455,10 @@ def parse_harmony_turn(text: str, *, call_id_prefix: str = "call") -> Action:
         else:
             reasoning.append(piece.text)
             if header.channel not in ("analysis", "commentary"):
-                issues.append(_issue("parse_error", f"A message in channel {str(header.channel)[:40]!r} was read "
+                issues.append(_issue("malformed_turn", f"A message in channel {str(header.channel)[:40]!r} was read "
                                      "as reasoning: the channels are analysis, commentary and final."))  # fmt: skip
             elif header.recipient is not None:
-                issues.append(_issue("parse_error", f"A message addressed to {header.recipient[:40]!r} was read "
+                issues.append(_issue("malformed_turn", f"A message addressed to {header.recipient[:40]!r} was read "
                                      "as reasoning: only functions.NAME can be called."))  # fmt: skip
             elif not piece.closed:
                 issues.append(_issue("missing_think_end", "Your reasoning was cut off before <|end|>, so no "
