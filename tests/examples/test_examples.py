@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from agent_env import EpisodeRecord
+from agent_protocol import list_protocols
 from agent_runtime import Recipe, load_recipe
 from examples._smoke import Prompt, qwen3_tokenizer, reply, runtime_for, scripted_engine, tool_call
 from examples.compact import smoke as compact_smoke_mode
@@ -118,6 +119,16 @@ def test_qwen3_answers_every_question_with_both_tools(qwen3_smoke: qwen3_smoke_m
     assert qwen3_smoke.tool_sequences == [["calculator", "convert_units"]] * 8
     assert any("tool call  convert_units" in line for line in qwen3_smoke.streamed)
     assert qwen3_smoke.streamed[-1].startswith("[final]") and "reward=1.00" in qwen3_smoke.streamed[-1]
+
+
+@pytest.mark.parametrize("protocol", list_protocols())
+def test_the_qwen3_recipe_runs_in_every_family(protocol: str) -> None:
+    # The same agent in each family's format, on its tokenizer: the policy reads prompts with a reader learned
+    # from the family's renderer and answers with messages the family's protocol writes. An unreadable prompt,
+    # a call the family cannot parse back or a turn that never closes costs the episode its reward.
+    result = asyncio.run(qwen3_smoke_mode.run_smoke(count=3, out=False, protocol=protocol))
+    assert result.answers == [f"Answer: {gold}" for gold in result.expected]
+    assert result.tool_sequences == [["calculator", "convert_units"]] * 3
 
 
 def test_qwen3_reward_is_an_exact_match() -> None:

@@ -85,6 +85,12 @@ class ChatProtocol(ABC):
         the family's usual closing); a family whose next scaffold depends on it (GLM's role token, which the
         model already wrote) reads it, the others ignore it."""
 
+    def with_tools(self, tools: Iterable[ToolSpecLike]) -> ChatProtocol:
+        """This protocol for an episode or request that shows the model `tools`. A family whose parser types
+        argument values by the tools' schemas, as vLLM's parser does with the request's tools (Qwen3-Coder's XML
+        parameters), returns a copy that knows them; the others return themselves. The turn core calls it."""
+        return self
+
     def render_prompt(self, messages: Iterable[MessageLike], *, tools: Iterable[ToolSpecLike] | None = None) -> str:
         """The first prompt of an episode: the conversation plus the generation prompt."""
         return self.render_messages(messages, tools=tools, add_generation_prompt=True)

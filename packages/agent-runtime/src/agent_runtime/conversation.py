@@ -98,7 +98,7 @@ class Conversation:
         tools: Sequence[ToolSpec] = (),
         errors: list[EpisodeError] | None = None,
     ) -> None:
-        self.protocol = protocol
+        self.protocol = protocol.with_tools(tools) if tools else protocol  # parsers that type values by schema
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
         self.max_context_tokens = max_context_tokens
