@@ -33,6 +33,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+from bisect import bisect_left
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -65,18 +66,19 @@ def parse_xml_calls(
     `schemas` gives the parameter types of the tools the model was shown (none: every value stays a string)."""
     if FUNCTION_OPEN not in text:
         return text, []
+    tags = _Tags(text)
     bare = CALL_OPEN not in text  # models that drop the opening tag: the <function=...> itself starts a call
     pieces: list[str] = []
     calls: list[ToolCall] = []
     pos = 0
     while True:
-        found = _next_call(text, pos, bare=bare)
+        found = _next_call(tags, pos, bare=bare)
         if found is None:
             pieces.append(text[pos:])
             break
         start, function_at = found
         pieces.append(text[pos:start])
-        call, end = _read_call(text, start, function_at, schemas or {}, f"{call_id_prefix}_{len(calls)}")
+        call, end = _read_call(tags, start, function_at, schemas or {}, f"{call_id_prefix}_{len(calls)}")
         calls.append(call)
         if end is None:  # cut off: the rest of the text belonged to the call
             break
@@ -86,18 +88,82 @@ def parse_xml_calls(
     return "\n".join(piece.strip() for piece in pieces if piece.strip()), calls
 
 
-def _next_call(text: str, pos: int, *, bare: bool) -> tuple[int, int] | None:
+class _Tags:
+    """Where the format's tags are in one text, found once and looked up by bisection, so that reading any text
+    (a megabyte of `</parameter>`, say) stays linear: the parser asks for "the next tag after here" many times."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._at: dict[str, list[int]] = {}
+        self._line_parameters: dict[frozenset[str] | None, list[int]] = {}
+        self._function_ends: list[int] | None = None
+
+    def find(self, needle: str, pos: int) -> int:
+        """`text.find(needle, pos)`."""
+        positions = self._at.get(needle)
+        if positions is None:
+            positions = []
+            at = self.text.find(needle)
+            while at >= 0:
+                positions.append(at)
+                at = self.text.find(needle, at + len(needle))
+            self._at[needle] = positions
+        return _next(positions, pos)
+
+    def name_at(self, at: int, opener: str) -> str | None:
+        """The name of the tag `opener` (`<parameter=`, `<function=`) at `at`: up to the next `>`."""
+        end = self.find(">", at + len(opener))
+        return None if end < 0 else self.text[at + len(opener) : end]
+
+    def line_parameter(self, pos: int, names: set[str] | None = None, *, first: int = -1) -> int:
+        """The next `<parameter=` at or after `pos` that starts a line (or sits at `first`), named in `names`
+        when given; -1 if none."""
+        key = None if names is None else frozenset(names)
+        positions = self._line_parameters.get(key)
+        if positions is None:
+            self.find(PARAMETER_OPEN, 0)
+            positions = [
+                at
+                for at in self._at[PARAMETER_OPEN]
+                if at > 0 and self.text[at - 1] == "\n" and (names is None or self.name_at(at, PARAMETER_OPEN) in names)
+            ]
+            self._line_parameters[key] = positions
+        found = _next(positions, pos)
+        at_first = first >= pos and (found < 0 or first < found) and self.text.startswith(PARAMETER_OPEN, first)
+        if at_first and (names is None or self.name_at(first, PARAMETER_OPEN) in names):
+            return first
+        return found
+
+    def function_end(self, pos: int) -> int:
+        """The first `</function>` at or after `pos` followed only by whitespace and then `</tool_call>` or the end
+        of the text; -1 if none."""
+        if self._function_ends is None:
+            self.find(FUNCTION_CLOSE, 0)
+            self._function_ends = [at for at in self._at[FUNCTION_CLOSE] if self._closes_call(at + len(FUNCTION_CLOSE))]
+        return _next(self._function_ends, pos)
+
+    def _closes_call(self, pos: int) -> bool:
+        nxt = _skip_space(self.text, pos)
+        return nxt >= len(self.text) or self.text.startswith(CALL_CLOSE, nxt)
+
+
+def _next(positions: list[int], pos: int) -> int:
+    index = bisect_left(positions, pos)
+    return positions[index] if index < len(positions) else -1
+
+
+def _next_call(tags: _Tags, pos: int, *, bare: bool) -> tuple[int, int] | None:
     """(where the call starts, where its `<function=` is) of the next call at or after `pos`."""
     if bare:
-        at = text.find(FUNCTION_OPEN, pos)
+        at = tags.find(FUNCTION_OPEN, pos)
         return None if at < 0 else (at, at)
     while True:
-        start = text.find(CALL_OPEN, pos)
+        start = tags.find(CALL_OPEN, pos)
         if start < 0:
             return None
         body = start + len(CALL_OPEN)
-        function_at = text.find(FUNCTION_OPEN, body)
-        close = text.find(CALL_CLOSE, body)
+        function_at = tags.find(FUNCTION_OPEN, body)
+        close = tags.find(CALL_CLOSE, body)
         if function_at >= 0 and (close < 0 or function_at < close):
             return start, function_at
         if close < 0:  # an unclosed <tool_call> with no function in it: text
@@ -105,16 +171,18 @@ def _next_call(text: str, pos: int, *, bare: bool) -> tuple[int, int] | None:
         pos = close + len(CALL_CLOSE)  # a <tool_call> block without a function is text (vLLM keeps it too)
 
 
-def _read_call(text: str, start: int, function_at: int, schemas: Schemas, call_id: str) -> tuple[ToolCall, int | None]:
+def _read_call(
+    tags: _Tags, start: int, function_at: int, schemas: Schemas, call_id: str
+) -> tuple[ToolCall, int | None]:
     """The call whose `<function=` is at `function_at`, and the index after it (None: it runs to the end)."""
-    name_at = function_at + len(FUNCTION_OPEN)
-    name_end = text.find(">", name_at)
-    if name_end < 0:
+    text = tags.text
+    name = tags.name_at(function_at, FUNCTION_OPEN)
+    if name is None:
         issue = ParseIssue(code="unclosed_tag", message="The tool call was cut off before its function name ended.")
         return ToolCall(id=call_id, name="", error=issue, raw=_preview(text[start:])), None
-    name = text[name_at:name_end]
     properties = schemas.get(name) or {}
-    raw_values, body_end, closer = _read_parameters(text, name_end + 1, set(properties) or None)
+    body_start = function_at + len(FUNCTION_OPEN) + len(name) + 1
+    raw_values, body_end, closer = _read_parameters(tags, body_start, set(properties) or None)
     end: int | None = None
     if body_end is not None:
         end = body_end + len(closer)
@@ -145,9 +213,10 @@ def _read_call(text: str, start: int, function_at: int, schemas: Schemas, call_i
     return ToolCall(id=call_id, name=name, arguments=arguments), end
 
 
-def _read_parameters(text: str, pos: int, known: set[str] | None) -> tuple[dict[str, str], int | None, str]:
+def _read_parameters(tags: _Tags, pos: int, known: set[str] | None) -> tuple[dict[str, str], int | None, str]:
     """The raw parameter values of a function body starting at `pos`, the index of the tag that closes the
     body (`</function>`, or `</tool_call>` when `</function>` was left out) and that tag; None if unclosed."""
+    text = tags.text
     values: dict[str, str] = {}
     while True:
         pos = _skip_space(text, pos)
@@ -157,22 +226,22 @@ def _read_parameters(text: str, pos: int, known: set[str] | None) -> tuple[dict[
             if text.startswith(closer, pos):
                 return values, pos, closer
         if not text.startswith(PARAMETER_OPEN, pos):  # stray text in the body: skip to the next structural tag
-            nxt = _structural_parameter(text, pos, None, first=-1)
-            close = min((i for i in (text.find(FUNCTION_CLOSE, pos), text.find(CALL_CLOSE, pos)) if i >= 0), default=-1)
+            nxt = tags.line_parameter(pos)
+            closes = [at for at in (tags.find(FUNCTION_CLOSE, pos), tags.find(CALL_CLOSE, pos)) if at >= 0]
+            close = min(closes, default=-1)
             if nxt >= 0 and (close < 0 or nxt < close):
                 pos = nxt
                 continue
             if close < 0:
                 return values, None, ""
             return values, close, FUNCTION_CLOSE if text.startswith(FUNCTION_CLOSE, close) else CALL_CLOSE
-        name_end = text.find(">", pos + len(PARAMETER_OPEN))
-        if name_end < 0:
+        name = tags.name_at(pos, PARAMETER_OPEN)
+        if name is None:
             return values, None, ""
-        name = text[pos + len(PARAMETER_OPEN) : name_end]
-        start = name_end + 1
+        start = pos + len(PARAMETER_OPEN) + len(name) + 1
         if text.startswith("\n", start):
             start += 1
-        value_end, pos_after = _value_end(text, start, known)
+        value_end, pos_after = _value_end(tags, start, known)
         value = text[start:value_end] if value_end is not None else text[start:]
         values[name] = value.removesuffix("\n")
         if pos_after is None:
@@ -180,14 +249,15 @@ def _read_parameters(text: str, pos: int, known: set[str] | None) -> tuple[dict[
         pos = pos_after
 
 
-def _value_end(text: str, start: int, known: set[str] | None) -> tuple[int | None, int | None]:
+def _value_end(tags: _Tags, start: int, known: set[str] | None) -> tuple[int | None, int | None]:
     """Where the value starting at `start` ends, and where parsing goes on (None, None: it runs to the end)."""
+    text = tags.text
     pos, depth = start, 0
     while True:
-        close = text.find(PARAMETER_CLOSE, pos)
+        close = tags.find(PARAMETER_CLOSE, pos)
         if close < 0:
             break
-        opener = _structural_parameter(text, pos, None, first=start)
+        opener = tags.line_parameter(pos, first=start)
         if 0 <= opener < close:  # a literal <parameter=...> inside the value: its </parameter> is literal too
             depth += 1
             pos = opener + len(PARAMETER_OPEN)
@@ -202,47 +272,17 @@ def _value_end(text: str, start: int, known: set[str] | None) -> tuple[int | Non
             nxt >= len(text)
             or text.startswith(FUNCTION_CLOSE, nxt)
             or text.startswith(CALL_CLOSE, nxt)
-            or (text.startswith(PARAMETER_OPEN, nxt) and (known is None or _name_at(text, nxt) in known))
+            or (text.startswith(PARAMETER_OPEN, nxt) and (known is None or tags.name_at(nxt, PARAMETER_OPEN) in known))
         ):
             return close, after
         pos = after
     # No structural </parameter>: the next parameter of the tool starts where this value ends ...
-    nxt = _structural_parameter(text, start, known, first=start)
+    nxt = tags.line_parameter(start, known, first=start)
     if nxt >= 0:
         return nxt, nxt
     # ... or the function's own end.
-    end = _function_end(text, start)
+    end = tags.function_end(start)
     return (end, end) if end >= 0 else (None, None)
-
-
-def _structural_parameter(text: str, pos: int, names: set[str] | None, *, first: int) -> int:
-    """The next `<parameter=` at or after `pos` that starts a line (or sits at `first`), named in `names` when
-    given; -1 if none."""
-    while True:
-        at = text.find(PARAMETER_OPEN, pos)
-        if at < 0:
-            return -1
-        if (at == first or text[at - 1] == "\n") and (names is None or _name_at(text, at) in names):
-            return at
-        pos = at + 1
-
-
-def _function_end(text: str, pos: int) -> int:
-    """The first `</function>` at or after `pos` followed only by whitespace and then `</tool_call>` or the
-    end of the text; -1 if none."""
-    while True:
-        at = text.find(FUNCTION_CLOSE, pos)
-        if at < 0:
-            return -1
-        nxt = _skip_space(text, at + len(FUNCTION_CLOSE))
-        if nxt >= len(text) or text.startswith(CALL_CLOSE, nxt):
-            return at
-        pos = at + 1
-
-
-def _name_at(text: str, at: int) -> str | None:
-    end = text.find(">", at + len(PARAMETER_OPEN))
-    return None if end < 0 else text[at + len(PARAMETER_OPEN) : end]
 
 
 def _skip_space(text: str, pos: int) -> int:
