@@ -428,7 +428,7 @@ def test_a_reparsed_call_that_renders_otherwise_stays_as_sampled(tokenizer: HFTo
     tool = env.tool(scale)
     sampled = "Scaling.\n" + _call("scale", x="2.50", double="true") + "<|im_end|>"
     completions = [sampled, "The answer is 5.0.<|im_end|>"]
-    protocol = coder().with_tools([tool.spec])  # the typed parse: the tool receives a bool and a number
+    protocol = coder()  # the turn core binds the episode's tools (with_tools): the parse types the values
     _, result, specs = run_calculator_episode(protocol, tokenizer, completions, tools=[tool])
     assert [m.content for m in result.trajectory.messages if m.role == "tool"] == ["5.0"]
     turn = next(m for m in result.trajectory.messages if m.tool_calls)

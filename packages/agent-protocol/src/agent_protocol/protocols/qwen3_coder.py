@@ -21,7 +21,8 @@ null content, which the template cannot take, is rendered as "" the way vLLM pas
 Parsing follows vLLM's `qwen3_coder` tool parser (`agent_protocol.xml_call_parser`): values are untyped text
 converted by each parameter's JSON-schema type, so the parser needs the schemas of the tools the model was
 shown. A protocol is shared between episodes and knows no tools; `with_tools(tools)` returns a copy that parses
-with their schemas (without them, as vLLM without tools in the request, every value stays a string).
+with their schemas (the turn core calls it with the episode's tools); without them, as vLLM without tools in the
+request, every value stays a string.
 
 Seams: re-rendering a parsed turn can change its bytes (a boolean written `true` is rendered `True`, `1.50`
 as a number is rendered `1.5`, content before a call is trimmed, a missing `</parameter>` is written back), so
