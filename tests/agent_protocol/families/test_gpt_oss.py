@@ -17,10 +17,8 @@ from typing import Any
 import jinja2
 import pytest
 
-from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline, ToolCallReward
 from agent_protocol import HFTokenizer, Message, MessageError, get_protocol
 from agent_protocol.protocols.gpt_oss import GptOssProtocol, parse_harmony_turn
-from agent_runtime import AgentRuntime, AgentSession, SamplingParams, ScriptedEngine
 from tests.agent_protocol.golden import FROZEN_TODAY, GoldenRender, cases, renders
 from tests.support.family_tokenizers import load_family_tokenizer
 from tests.support.hf_jinja import render_official
@@ -568,6 +566,10 @@ def tokenizer() -> HFTokenizer:
 
 
 def run_episode(tokenizer: HFTokenizer, script: list[str], **kwargs: Any) -> Any:
+    pytest.importorskip("agent_runtime")  # the layers above: the agent-protocol-alone run skips session tests
+    from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline, ToolCallReward
+    from agent_runtime import AgentRuntime, AgentSession, SamplingParams, ScriptedEngine
+
     ours = protocol()
     engine = ScriptedEngine(
         tokenizer, script, stop_token_ids=[tokenizer.token_to_id(t) for t in ours.stop_texts], logprob=-0.5
@@ -591,6 +593,9 @@ def test_stop_tokens_are_call_and_return(tokenizer: HFTokenizer) -> None:
 
 @pytest.mark.parametrize("call", [TEMPLATE_CALL, CHANNEL_CALL], ids=["template_header", "channel_header"])
 def test_session_is_token_in_token_out(tokenizer: HFTokenizer, call: str) -> None:
+    pytest.importorskip("agent_runtime")  # the layers above: the agent-protocol-alone run skips session tests
+    from agent_env import CalculatorTool
+
     engine, result = run_episode(tokenizer, [THINK_CALL + call, ANSWER])
     assert result.final_answer == "It is 391." and result.stop_reason == "final_answer"
     trajectory = result.trajectory

@@ -21,9 +21,7 @@ import jinja2
 import pytest
 import tokenizers
 
-from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline, ToolCallReward
 from agent_protocol import ChatProtocol, HFTokenizer, MessageError, TokenTranscript, get_protocol
-from agent_runtime import AgentRuntime, AgentSession, ScriptedEngine
 from tests.agent_protocol.golden import FROZEN_TODAY, GoldenRender, cases, renders
 from tests.support.family_tokenizers import tokenizer_path
 from tests.support.hf_jinja import render_official
@@ -535,6 +533,10 @@ def llama_call(expression: str, *, opener: str = "", closer: str = "<|eot_id|>")
 
 
 def run_episode(tokenizer: HFTokenizer, protocol: ChatProtocol, script: list[str]) -> Any:
+    pytest.importorskip("agent_runtime")  # the layers above: the agent-protocol-alone run skips session tests
+    from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline, ToolCallReward
+    from agent_runtime import AgentRuntime, AgentSession, ScriptedEngine
+
     session = AgentSession(
         protocol=protocol,
         environment=lambda: FunctionCallEnvironment(tools=[CalculatorTool()], max_steps=6),
@@ -548,6 +550,9 @@ def run_episode(tokenizer: HFTokenizer, protocol: ChatProtocol, script: list[str
 
 
 def official_ids(tokenizer: HFTokenizer, protocol: ChatProtocol, variant: str, trajectory: Any) -> list[int]:
+    pytest.importorskip("agent_runtime")  # the layers above: the agent-protocol-alone run skips session tests
+    from agent_env import CalculatorTool
+
     messages = [m.to_openai() for m in trajectory.messages]
     generation = messages[-1]["role"] != "assistant"
     text = official(variant, messages, [CalculatorTool().spec.to_openai()], generation)
