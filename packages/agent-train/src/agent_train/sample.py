@@ -28,6 +28,7 @@ from typing import Any, Final
 import msgspec
 
 from agent_env import RewardPipeline
+from agent_protocol import TranscriptRecord
 from agent_runtime import Trajectory
 from agent_runtime.outcomes import ERROR_CODES as OUTCOME_ERROR_CODES
 
@@ -38,6 +39,7 @@ __all__ = [
     "extra_logs",
     "mean_logs",
     "sample_from_trajectory",
+    "segment_samples",
 ]
 
 ERROR_CODES: Final[tuple[str, ...]] = tuple(sorted(code for code in OUTCOME_ERROR_CODES if code != "output_truncated"))
@@ -142,7 +144,38 @@ def sample_from_trajectory(
 
     With `with_logprobs`, every action token must carry the logprob the engine reported (0.0 stands in for one
     it did not report) and every other token gets 0.0, as OpenRLHF's own executors do."""
-    segment = trajectory.last_segment
+    logs = extra_logs(trajectory, rewards)
+    return _record(trajectory, trajectory.last_segment, prompt, label, logs, with_logprobs, truncated)
+
+
+def segment_samples(
+    trajectory: Trajectory,
+    *,
+    prompt: Any,
+    label: Any,
+    rewards: RewardPipeline | None,
+    with_logprobs: bool,
+    truncated: bool,
+) -> list[RolloutSample]:
+    """One record per segment of the episode, in order, each with the episode's reward and `extra_logs`: a
+    compacted episode's earlier segments (each ending with its summary turn) as well as its last. Each is exact on
+    its own, its tokens sampled under exactly the context it holds. Without compaction this is the one record of
+    `sample_from_trajectory`."""
+    logs = extra_logs(trajectory, rewards)
+    return [
+        _record(trajectory, segment, prompt, label, logs, with_logprobs, truncated) for segment in trajectory.segments
+    ]
+
+
+def _record(
+    trajectory: Trajectory,
+    segment: TranscriptRecord,
+    prompt: Any,
+    label: Any,
+    logs: dict[str, float],
+    with_logprobs: bool,
+    truncated: bool,
+) -> RolloutSample:
     log_probs: list[float] | None = None
     if with_logprobs:
         log_probs = [
@@ -159,7 +192,7 @@ def sample_from_trajectory(
         scores=reward,
         rollout_log_probs=log_probs,
         truncated=truncated,
-        extra_logs=extra_logs(trajectory, rewards),
+        extra_logs=dict(logs),
     )
 
 
