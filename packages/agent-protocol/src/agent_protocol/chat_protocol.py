@@ -11,9 +11,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 
-from agent_protocol.types import Action, Message, MessageLike, ParseIssue, ToolSpecLike
+from agent_protocol.errors import MessageError
+from agent_protocol.types import Action, Message, MessageLike, ParseIssue, ToolSpecLike, coerce_messages
 
-__all__ = ["ChatProtocol"]
+__all__ = ["ChatProtocol", "feedback_messages", "generated_message"]
 
 
 class ChatProtocol(ABC):
@@ -98,3 +99,27 @@ class ChatProtocol(ABC):
     def assistant_message(self, text: str, *, call_id_prefix: str = "call") -> Message:
         """Convenience: parse a generated turn straight into the assistant message it stands for."""
         return self.parse_assistant_text(text, call_id_prefix=call_id_prefix).to_message()
+
+
+def feedback_messages(messages: Sequence[MessageLike], *, system_refused: str | None = None) -> list[Message]:
+    """The messages of a `render_feedback` call, checked the way every family needs: at least one, and none an
+    assistant turn (the turn is generated, not fed back). `system_refused`: the family's reason for refusing a
+    system message too (its template renders system messages only at the top); None: system messages pass."""
+    msgs = coerce_messages(messages)
+    if not msgs:
+        raise MessageError("messages", "feedback needs at least one tool result or user message")
+    carried = "tool, user or system" if system_refused is None else "tool or user"
+    for index, message in enumerate(msgs):
+        if message.role == "assistant":
+            raise MessageError(f"messages[{index}].role", f"feedback carries {carried} messages")
+        if message.role == "system" and system_refused is not None:
+            raise MessageError(f"messages[{index}].role", system_refused)
+    return msgs
+
+
+def generated_message(message: MessageLike) -> Message:
+    """The message of a `render_generation` call, which must be an assistant turn: only those are generated."""
+    (msg,) = coerce_messages([message])
+    if msg.role != "assistant":
+        raise MessageError("message.role", f"only assistant turns are generated, not {msg.role}")
+    return msg

@@ -47,7 +47,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-from agent_protocol.chat_protocol import ChatProtocol
+from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import JsonLimitError, MessageError
 from agent_protocol.json_limits import loads_bounded
 from agent_protocol.template_json import tojson
@@ -120,18 +120,11 @@ class DeepSeekV31Protocol(ChatProtocol):
     def render_feedback(
         self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
     ) -> str:
-        msgs = coerce_messages(messages)
-        if not msgs:
-            raise MessageError("messages", "feedback needs at least one tool result or user message")
-        for index, message in enumerate(msgs):
-            if message.role == "assistant":
-                raise MessageError(f"messages[{index}].role", "feedback carries tool or user messages")
-            if message.role == "system":
-                raise MessageError(
-                    f"messages[{index}].role",
-                    "the official DeepSeek-V3.1 template renders every system message at the top of the prompt, "
-                    "so one cannot be appended to a running conversation",
-                )
+        msgs = feedback_messages(
+            messages,
+            system_refused="the official DeepSeek-V3.1 template renders every system message at the top of the "
+            "prompt, so one cannot be appended to a running conversation",
+        )
         _check_renderable(msgs)
         body, last_is_user = _render_body(msgs)
         return ("" if turn_closed else EOS) + body + (self.generation_prompt if last_is_user else "")
@@ -139,9 +132,7 @@ class DeepSeekV31Protocol(ChatProtocol):
     def render_generation(self, message: MessageLike, *, after_tool_output: bool = False) -> str:
         """What the model writes for `message`: after the generation prompt, or, with `after_tool_output`,
         directly after tool outputs (no prompt opens that turn, so in thinking mode it has no `</think>`)."""
-        (msg,) = coerce_messages([message])
-        if msg.role != "assistant":
-            raise MessageError("message.role", f"only assistant turns are generated, not {msg.role}")
+        msg = generated_message(message)
         content = msg.content or ""
         inline_reasoning = ""
         if not msg.tool_calls and not after_tool_output and THINK_CLOSE in content:

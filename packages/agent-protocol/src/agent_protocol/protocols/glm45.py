@@ -58,7 +58,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-from agent_protocol.chat_protocol import ChatProtocol
+from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import MessageError
 from agent_protocol.hermes_parser import split_reasoning
 from agent_protocol.json_limits import loads_bounded
@@ -145,9 +145,7 @@ class Glm45Protocol(ChatProtocol):
         return "".join(out)
 
     def render_generation(self, message: MessageLike) -> str:
-        (msg,) = coerce_messages([message])
-        if msg.role != "assistant":
-            raise MessageError("message.role", f"only assistant turns are generated, not {msg.role}")
+        msg = generated_message(message)
         # With thinking off the generation prompt already holds the empty reasoning block, and the model writes
         # no reasoning: a message's reasoning is left out (a seam where the template would show it).
         body = _render_assistant(msg, show_reasoning=self.enable_thinking)
@@ -159,12 +157,7 @@ class Glm45Protocol(ChatProtocol):
     def render_feedback(
         self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
     ) -> str:
-        msgs = coerce_messages(messages)
-        if not msgs:
-            raise MessageError("messages", "feedback needs at least one tool result or user message")
-        for index, message in enumerate(msgs):
-            if message.role == "assistant":
-                raise MessageError(f"messages[{index}].role", "feedback carries tool, user or system messages")
+        msgs = feedback_messages(messages)
         body = "".join(
             self._render_other(msg, index, follows_tool=index > 0 and msgs[index - 1].role == "tool")
             for index, msg in enumerate(msgs)

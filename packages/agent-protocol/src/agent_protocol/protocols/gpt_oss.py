@@ -54,7 +54,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import date
 from typing import Any, Final, Literal, NamedTuple
 
-from agent_protocol.chat_protocol import ChatProtocol
+from agent_protocol.chat_protocol import ChatProtocol, generated_message
 from agent_protocol.errors import JsonLimitError, MessageError
 from agent_protocol.json_limits import loads_bounded
 from agent_protocol.template_json import tojson
@@ -531,9 +531,7 @@ class GptOssProtocol(ChatProtocol):
         return "".join(out)
 
     def render_generation(self, message: MessageLike) -> str:
-        (msg,) = coerce_messages([message])
-        if msg.role != "assistant":
-            raise MessageError("message.role", f"only assistant turns are generated, not {msg.role}")
+        msg = generated_message(message)
         if msg.tool_calls:  # harmony generates one call per turn; the template renders a message's first call
             analysis = _call_analysis(msg, "message")
             return (_analysis(analysis) + GENERATION_PROMPT if analysis else "") + _call(msg.tool_calls[0])

@@ -40,7 +40,7 @@ from collections.abc import Iterable, Sequence
 from datetime import date
 from typing import Any, Final
 
-from agent_protocol.chat_protocol import ChatProtocol
+from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import JsonLimitError, MessageError
 from agent_protocol.json_limits import MAX_JSON_DEPTH, check_json_value, loads_bounded
 from agent_protocol.template_json import tojson
@@ -165,19 +165,12 @@ class Llama3Protocol(ChatProtocol):
     ) -> str:
         """`ended_by` does not matter here: `<|eot_id|>` and `<|eom_id|>` both close the turn and are already in
         the transcript, and the next block starts with its own header."""
-        msgs = coerce_messages(messages)
-        if not msgs:
-            raise MessageError("messages", "feedback needs at least one tool result or user message")
-        for index, message in enumerate(msgs):
-            if message.role == "assistant":
-                raise MessageError(f"messages[{index}].role", "feedback carries tool, user or system messages")
+        msgs = feedback_messages(messages)
         body = "".join(_render_message(msg, f"messages[{index}]") for index, msg in enumerate(msgs))
         return ("" if turn_closed else EOT) + body + self.generation_prompt
 
     def render_generation(self, message: MessageLike) -> str:
-        (msg,) = coerce_messages([message])
-        if msg.role != "assistant":
-            raise MessageError("message.role", f"only assistant turns are generated, not {msg.role}")
+        msg = generated_message(message)
         return _render_message(msg, "message").removeprefix(_header("assistant"))
 
     # -- parsing -----------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ from collections.abc import Iterable, Sequence
 from datetime import date
 from typing import Any, Final
 
-from agent_protocol.chat_protocol import ChatProtocol
+from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import JsonLimitError, MessageError
 from agent_protocol.json_limits import loads_bounded
 from agent_protocol.template_json import tojson
@@ -146,12 +146,7 @@ class MistralProtocol(ChatProtocol):
     def render_feedback(
         self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
     ) -> str:
-        msgs = coerce_messages(messages)
-        if not msgs:
-            raise MessageError("messages", "feedback needs at least one tool result or user message")
-        for index, message in enumerate(msgs):
-            if message.role == "assistant":
-                raise MessageError(f"messages[{index}].role", "feedback carries tool, user or system messages")
+        msgs = feedback_messages(messages)
         return ("" if turn_closed else EOS) + self._render(msgs, 0, system=None, specs=[], opening=False)
 
     @abstractmethod
@@ -204,7 +199,7 @@ class MistralV3Protocol(MistralProtocol):
         return "".join(out)
 
     def render_generation(self, message: MessageLike) -> str:
-        msg = _assistant(message)
+        msg = generated_message(message)
         return self._render([msg], 0, system=None, specs=[], opening=False)
 
     def parse_turn(self, text: str, *, call_id_prefix: str = "call") -> Action:
@@ -262,7 +257,7 @@ class MistralSmall32Protocol(MistralProtocol):
         return "".join(out)
 
     def render_generation(self, message: MessageLike) -> str:
-        msg = _assistant(message)
+        msg = generated_message(message)
         return self._render([msg], 0, system=None, specs=[], opening=False)
 
     def parse_turn(self, text: str, *, call_id_prefix: str = "call") -> Action:
@@ -327,13 +322,6 @@ def _v3_tools(specs: list[ToolSpec]) -> str:
 def _v3_call(call: ToolCall, where: str) -> str:
     function = tojson({"name": call.name, "arguments": call.arguments})
     return f'{function[:-1]}, "id": "{_checked_id(call.id, f"{where}.id")}"}}'
-
-
-def _assistant(message: MessageLike) -> Message:
-    (msg,) = coerce_messages([message])
-    if msg.role != "assistant":
-        raise MessageError("message.role", f"only assistant turns are generated, not {msg.role}")
-    return msg
 
 
 # -- parsing helpers --------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-from agent_protocol.chat_protocol import ChatProtocol
+from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import MessageError
 from agent_protocol.hermes_parser import split_tool_calls
 from agent_protocol.template_json import tojson
@@ -87,19 +87,12 @@ class Qwen25Protocol(ChatProtocol):
     def render_feedback(
         self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
     ) -> str:
-        msgs = coerce_messages(messages)
-        if not msgs:
-            raise MessageError("messages", "feedback needs at least one tool result or user message")
-        for index, message in enumerate(msgs):
-            if message.role == "assistant":
-                raise MessageError(f"messages[{index}].role", "feedback carries tool, user or system messages")
+        msgs = feedback_messages(messages)
         closing = ("" if turn_closed else IM_END) + "\n"
         return closing + "".join(_render_body(msgs, first_is_start=False)) + self.generation_prompt
 
     def render_generation(self, message: MessageLike) -> str:
-        (msg,) = coerce_messages([message])
-        if msg.role != "assistant":
-            raise MessageError("message.role", f"only assistant turns are generated, not {msg.role}")
+        msg = generated_message(message)
         # The history block is "<|im_start|>assistant" + this body + "<|im_end|>\n", and the body of a turn
         # with calls starts with the newline the generation prompt already holds.
         return _assistant_body(msg).removeprefix("\n") + IM_END

@@ -18,8 +18,7 @@ from collections.abc import Iterable, Sequence
 from enum import Enum
 from typing import Any, Final
 
-from agent_protocol.chat_protocol import ChatProtocol
-from agent_protocol.errors import MessageError
+from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.hermes_parser import parse_hermes_turn
 from agent_protocol.types import (
     Action,
@@ -108,20 +107,13 @@ class Qwen3Protocol(ChatProtocol):
     def render_feedback(
         self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
     ) -> str:
-        msgs = coerce_messages(messages)
-        if not msgs:
-            raise MessageError("messages", "feedback needs at least one tool result or user message")
-        for index, message in enumerate(msgs):
-            if message.role == "assistant":
-                raise MessageError(f"messages[{index}].role", "feedback carries tool, user or system messages")
+        msgs = feedback_messages(messages)
         closing = ("" if turn_closed else IM_END) + "\n"
         body = _render_body(msgs, first_is_start=False, null_user_is_query=self.null_user_is_query)
         return closing + "".join(body) + self.generation_prompt
 
     def render_generation(self, message: MessageLike) -> str:
-        (msg,) = coerce_messages([message])
-        if msg.role != "assistant":
-            raise MessageError("message.role", f"only assistant turns are generated, not {msg.role}")
+        msg = generated_message(message)
         reasoning, content = _split_reasoning(msg)
         calls = _render_tool_calls(content, msg.tool_calls)
         if self.mode is ThinkingMode.HYBRID:

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from agent_protocol.chat_protocol import ChatProtocol
+from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import MessageError
 from agent_protocol.template_json import tojson
 from agent_protocol.types import (
@@ -118,19 +118,12 @@ class Qwen3CoderProtocol(ChatProtocol):
     def render_feedback(
         self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
     ) -> str:
-        msgs = coerce_messages(messages)
-        if not msgs:
-            raise MessageError("messages", "feedback needs at least one tool result or user message")
-        for index, message in enumerate(msgs):
-            if message.role == "assistant":
-                raise MessageError(f"messages[{index}].role", "feedback carries tool, user or system messages")
+        msgs = feedback_messages(messages)
         closing = ("" if turn_closed else IM_END) + "\n"
         return closing + "".join(_render_body(msgs, follows_turn=True)) + self.generation_prompt
 
     def render_generation(self, message: MessageLike) -> str:
-        (msg,) = coerce_messages([message])
-        if msg.role != "assistant":
-            raise MessageError("message.role", f"only assistant turns are generated, not {msg.role}")
+        msg = generated_message(message)
         if not msg.tool_calls:
             return (msg.content or "") + IM_END
         # The history block is "<|im_start|>assistant" + this body + "<|im_end|>\n"; the body starts with the
