@@ -8,189 +8,41 @@ the bare template: null content is passed as "" (the template concatenates it an
 given as a JSON string are passed as the object they hold (vLLM parses them before rendering; the bare Qwen2.5
 template would dump the string with its escapes).
 
-The generator and the feedback/episode checks here are shared with the other Qwen families' tests.
+The generated conversations (tests/support/qwen_conversations.py) and the feedback/episode checks
+(tests/support/family_checks.py) are shared with the other Qwen families' tests.
 """
 
 from __future__ import annotations
 
-import asyncio
-import copy
-import itertools
 import json
-import random
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent_protocol import ChatProtocol, HFTokenizer, MessageError, get_protocol
-from tests.agent_protocol.golden import GoldenRender, cases, renders, tool_outputs
+from agent_protocol import HFTokenizer, MessageError, get_protocol
+from tests.agent_protocol.golden import GoldenRender, renders, tool_outputs
+from tests.support.calculator_episode import run_calculator_episode
+from tests.support.family_checks import (
+    as_vllm_passes,
+    check_feedback,
+    check_parse,
+    compare_with_jinja,
+    episode_splits,
+    episode_text,
+    golden_conversations,
+    official_episode,
+    render_golden,
+)
 from tests.support.hf_jinja import render_official
+from tests.support.qwen_conversations import CONVERSATIONS, episodes
 from tests.support.tool_shapes import TOOL_SHAPES
 
 RENDERS = renders("qwen2.5_instruct")
 
-TEXTS = [
-    "",
-    "Hi",
-    "\n",
-    "  padded  ",
-    "\nleading newline",
-    "trailing newline\n",
-    "two\n\nlines",
-    "émoji 🦙 and 中文",
-    "<think>inline reasoning</think>after",
-    "<tool_response>typed by the user</tool_response>",
-    '{"name": "lookup", "arguments": {"q": "x"}}',
-    'quotes " and \\ backslash',
-    "tab\tand\r\nCRLF",
-]
-ARGUMENTS: list[Any] = [
-    {},
-    {"q": "x"},
-    {"q": "é 中文", "n": 3, "ratio": 2.5, "flag": True, "none": None, "nested": {"a": [1, 2.5, None, False]}},
-    {"code": "print('</parameter>')\nx = 1\n", "list": ["a", {"b": 1}]},
-    '{"q": "given as a string"}',
-    "{}",
-]
-
-
-def conversation(rng: random.Random) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """A random conversation and tool list: every role, null content, reasoning, calls with every kind of
-    argument (some as JSON strings), tool results in a row, system messages in the middle, every tool shape."""
-    messages: list[dict[str, Any]] = []
-    if rng.random() < 0.5:
-        messages.append({"role": "system", "content": rng.choice(TEXTS)})
-    for _ in range(rng.randint(0, 6)):
-        roll = rng.random()
-        if roll < 0.35:
-            messages.append({"role": "user", "content": rng.choice(TEXTS)})
-        elif roll < 0.8:
-            message: dict[str, Any] = {"role": "assistant", "content": rng.choice([*TEXTS, None])}
-            if rng.random() < 0.3:
-                message["reasoning_content"] = rng.choice(TEXTS)
-            calls = rng.choice([0, 0, 1, 1, 2])
-            if calls:
-                message["tool_calls"] = [
-                    {
-                        "id": f"c{k}",
-                        "type": "function",
-                        "function": {"name": rng.choice(["lookup", "now"]), "arguments": rng.choice(ARGUMENTS)},
-                    }
-                    for k in range(calls)
-                ]
-            messages.append(message)
-            for k in range(calls):
-                messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": rng.choice(TEXTS)})
-        elif roll < 0.9:
-            messages.append({"role": "tool", "tool_call_id": "x", "content": rng.choice(TEXTS)})
-        else:
-            messages.append({"role": "system", "content": rng.choice(TEXTS)})
-    if not messages:  # an empty conversation is refused (see test_refusals)
-        messages.append({"role": "user", "content": rng.choice(TEXTS)})
-    tools = rng.choice([None, None, [], TOOL_SHAPES, rng.sample(TOOL_SHAPES, 2)])
-    return messages, tools
-
-
-CONVERSATIONS = [conversation(random.Random(seed)) for seed in range(200)]
-
-
-def for_jinja(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The conversation as vLLM hands it to the template (see the module docstring)."""
-    out = copy.deepcopy(messages)
-    for message in out:
-        if message.get("content", "") is None:
-            message["content"] = ""
-        for call in message.get("tool_calls", []):
-            if isinstance(call["function"]["arguments"], str):
-                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
-    return out
-
-
-Official = Callable[[list[dict[str, Any]], Any, bool], str]
-
 
 def official(messages: list[dict[str, Any]], tools: Any = None, generation: bool = False) -> str:
-    return render_official("qwen2.5_instruct", for_jinja(messages), tools=tools, add_generation_prompt=generation)
-
-
-def compare_with_jinja(protocol: ChatProtocol, official: Official) -> int:
-    """Render every generated conversation both ways, with and without the generation prompt."""
-    compared = 0
-    for index, (messages, tools) in enumerate(CONVERSATIONS):
-        for generation in (False, True):
-            actual = protocol.render_messages(messages, tools=tools, add_generation_prompt=generation)
-            assert actual == official(messages, tools, generation), f"conversation {index}, gen={generation}"
-            compared += 1
-    return compared
-
-
-def episode_splits(messages: list[dict[str, Any]]) -> list[int]:
-    """Indices of the assistant turns an episode could have generated: each follows a non-assistant message and
-    is followed by at least one (tool results or a user message: the feedback)."""
-    return [
-        i
-        for i, m in enumerate(messages)
-        if m["role"] == "assistant"
-        and i > 0
-        and messages[i - 1]["role"] != "assistant"
-        and i + 1 < len(messages)
-        and messages[i + 1]["role"] != "assistant"
-    ]
-
-
-def observations_after(messages: list[dict[str, Any]], turn: int) -> list[dict[str, Any]]:
-    end = next((j for j in range(turn + 1, len(messages)) if messages[j]["role"] == "assistant"), len(messages))
-    return messages[turn + 1 : end]
-
-
-def check_feedback(
-    protocol: ChatProtocol, official: Official, messages: list[dict[str, Any]], tools: Any, turn: int
-) -> bool:
-    """The feedback after the assistant turn `turn` continues the official render of the conversation up to it;
-    returns whether the template is append-only there (False only where the family documents a seam)."""
-    observations = observations_after(messages, turn)
-    before = official(messages[: turn + 1], tools, False)
-    after = official(messages[: turn + 1] + observations, tools, True)
-    assert before.endswith("<|im_end|>\n")
-    generated_part = before.removesuffix("\n")  # the model stops right after <|im_end|>
-    feedback = protocol.render_feedback(observations)
-    if after.startswith(generated_part):
-        assert generated_part + feedback == after
-        return True
-    assert after.endswith(feedback.removeprefix("\n"))
-    return False
-
-
-def episode_text(protocol: ChatProtocol, messages: list[dict[str, Any]], tools: Any) -> str:
-    """What an episode's transcript holds as text: the first prompt, each turn as generated, each feedback."""
-    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    text = protocol.render_prompt(messages[: turns[0]], tools=tools)
-    for position, index in enumerate(turns):
-        text += protocol.render_generation(messages[index])
-        end = turns[position + 1] if position + 1 < len(turns) else len(messages)
-        if end > index + 1:
-            text += protocol.render_feedback(messages[index + 1 : end])
-    return text
-
-
-def official_episode(official: Official, messages: list[dict[str, Any]], tools: Any) -> str:
-    """The official render an episode's transcript is compared with: ending on a generated turn (no newline
-    after its end token) or on the next generation prompt."""
-    if messages[-1]["role"] == "assistant":
-        return official(messages, tools, False).removesuffix("\n")
-    return official(messages, tools, True)
-
-
-def episodes() -> list[tuple[list[dict[str, Any]], Any]]:
-    """The generated conversations an episode can produce: a prompt first, then turns separated by feedback."""
-    out = []
-    for messages, tools in CONVERSATIONS:
-        turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-        if turns and turns[0] > 0 and all(b > a + 1 for a, b in itertools.pairwise(turns)):
-            out.append((messages, tools))
-    return out
+    return render_official("qwen2.5_instruct", as_vllm_passes(messages), tools=tools, add_generation_prompt=generation)
 
 
 # -- golden renders -------------------------------------------------------------------------------------------
@@ -202,12 +54,7 @@ def test_every_render_is_present() -> None:
 
 @pytest.mark.parametrize("golden", RENDERS, ids=lambda g: g.id)
 def test_render_matches_official_template_byte_for_byte(golden: GoldenRender) -> None:
-    case = cases()[golden.case]
-    protocol = get_protocol(golden.protocol, **golden.options)
-    rendered = protocol.render_messages(
-        case["messages"], tools=case["tools"], add_generation_prompt=golden.add_generation_prompt
-    )
-    assert rendered == golden.text
+    assert render_golden(golden) == golden.text
 
 
 def test_default_system_prompt() -> None:
@@ -221,7 +68,7 @@ def test_default_system_prompt() -> None:
 
 
 def test_python_renderer_equals_official_jinja() -> None:
-    assert compare_with_jinja(get_protocol("qwen2.5"), official) == 400
+    assert compare_with_jinja(get_protocol("qwen2.5"), official, CONVERSATIONS) == (400, 0)
 
 
 def test_generated_conversations_cover_the_corners() -> None:
@@ -281,11 +128,7 @@ def test_parse_inverts_render_generation(index: int) -> None:
     ids=["answer", "cut_off", "call", "text_then_call", "two_calls", "think_is_content", "open_think_is_content"],
 )
 def test_parse(text: str, content: str, calls: list[tuple[str, dict[str, Any]]]) -> None:
-    action = get_protocol("qwen2.5").parse_assistant_text(text)
-    assert action.issues == ()
-    assert action.content == content
-    assert action.reasoning_content is None
-    assert [(c.name, c.arguments) for c in action.tool_calls] == calls
+    check_parse(get_protocol("qwen2.5").parse_assistant_text(text), content, calls)
 
 
 HERMES = [c for c in tool_outputs() if c["format"] == "hermes_json"]
@@ -327,13 +170,10 @@ def test_malformed_calls_are_coded_issues(text: str, code: str) -> None:
 def test_feedback_continues_the_official_render() -> None:
     protocol = get_protocol("qwen2.5")
     checked = 0
-    for case in cases().values():
-        for turn in episode_splits(case["messages"]):
-            assert check_feedback(protocol, official, case["messages"], case["tools"], turn)
-            checked += 1
-    for messages, tools in CONVERSATIONS:
+    for messages, tools in golden_conversations(multi_turn=False) + CONVERSATIONS:
         for turn in episode_splits(messages):
-            assert check_feedback(protocol, official, messages, tools, turn)  # append-only: no seam at all
+            # append-only: no seam at all
+            assert check_feedback(protocol, official, messages, tools, turn, turn_end="<|im_end|>")
             checked += 1
     assert checked >= 150
 
@@ -342,10 +182,7 @@ def test_episode_text_is_the_official_render() -> None:
     """prompt + each generation + each feedback == the official render, for every golden multi-turn case and
     every generated conversation an episode can produce: the template is append-only."""
     protocol = get_protocol("qwen2.5")
-    golden = [
-        (c["messages"], c["tools"]) for c in cases().values() if any(m["role"] == "assistant" for m in c["messages"])
-    ]
-    for messages, tools in golden + episodes():
+    for messages, tools in golden_conversations(multi_turn=True) + episodes():
         assert episode_text(protocol, messages, tools) == official_episode(official, messages, tools)
 
 
@@ -363,27 +200,6 @@ def test_cut_off_turn_is_closed() -> None:
 @pytest.fixture(scope="module")
 def tokenizer(qwen3_tokenizer_file: Path) -> HFTokenizer:
     return HFTokenizer.from_file(qwen3_tokenizer_file)
-
-
-def run_calculator_episode(
-    protocol: ChatProtocol, tokenizer: HFTokenizer, completions: list[str], *, tools: list[Any] | None = None
-) -> Any:
-    """One episode through AgentSession and AgentRuntime: a scripted engine replays `completions` (stopping on
-    the protocol's stop tokens), the real calculator tool (or `tools`) answers. Returns (engine, result, the
-    tools' specs). Skipped where only agent-protocol is installed (its isolation run)."""
-    runtime = pytest.importorskip("agent_runtime")
-    env = pytest.importorskip("agent_env")
-    tools = tools if tools is not None else [env.CalculatorTool()]
-    stops = [tokenizer.token_to_id(t) for t in protocol.stop_texts]
-    engine = runtime.ScriptedEngine(tokenizer, completions, stop_token_ids=[i for i in stops if i is not None])
-    session = runtime.AgentSession(
-        protocol=protocol,
-        environment=lambda: env.FunctionCallEnvironment(tools=tools, max_steps=6),
-        rewards=env.RewardPipeline(result=[env.MatchingReward()], process=[env.ToolCallReward()]),
-        tokenizer=tokenizer,
-    )
-    result = asyncio.run(runtime.AgentRuntime(engine, session).run("What is 17 * 23?", task={"answer": "391"}))
-    return engine, result, [tool.spec for tool in tools]
 
 
 def test_token_in_token_out_through_the_session(tokenizer: HFTokenizer) -> None:

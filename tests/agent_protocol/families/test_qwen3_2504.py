@@ -3,8 +3,9 @@ difference of that template (a null content is read as a string; see `Qwen3Proto
 files and the official Jinja, its Hermes parser, the feedback after a generated turn and the seams of the episode
 transcript, and token-in-token-out through a session with the real Qwen3 tokenizer.
 
-Jinja-side adaptations: `for_jinja` of test_qwen2_5 (null content as "", since the 2504 template fails on None
-with a TypeError; arguments given as a JSON string as the object they hold), both as vLLM passes them.
+Jinja-side adaptations: `as_vllm_passes` (tests/support/family_checks.py: null content as "", since the 2504
+template fails on None with a TypeError; arguments given as a JSON string as the object they hold), both as vLLM
+passes them. The generated conversations are the Qwen families' (tests/support/qwen_conversations.py).
 """
 
 from __future__ import annotations
@@ -16,19 +17,21 @@ from typing import Any
 import pytest
 
 from agent_protocol import HFTokenizer, get_protocol
-from tests.agent_protocol.families.test_qwen2_5 import (
-    CONVERSATIONS,
+from tests.agent_protocol.golden import GoldenRender, cases, renders, tool_outputs
+from tests.support.calculator_episode import run_calculator_episode
+from tests.support.family_checks import (
+    as_vllm_passes,
+    check_feedback,
+    compare_with_jinja,
     episode_splits,
     episode_text,
-    episodes,
-    for_jinja,
+    golden_conversations,
     observations_after,
     official_episode,
-    run_calculator_episode,
+    render_golden,
 )
-from tests.agent_protocol.families.test_qwen2_5 import check_feedback as check_feedback_of
-from tests.agent_protocol.golden import GoldenRender, cases, renders, tool_outputs
 from tests.support.hf_jinja import render_official
+from tests.support.qwen_conversations import CONVERSATIONS, episodes
 
 RENDERS = renders("qwen3_initial_2504")
 IM_START = "<|im_start|>"
@@ -45,7 +48,7 @@ def official_of(variant: str) -> Any:
 
     def official(messages: list[dict[str, Any]], tools: Any = None, generation: bool = False) -> str:
         return render_official(
-            "qwen3_initial_2504", for_jinja(messages), tools=tools, add_generation_prompt=generation, **kwargs
+            "qwen3_initial_2504", as_vllm_passes(messages), tools=tools, add_generation_prompt=generation, **kwargs
         )
 
     return official
@@ -64,12 +67,7 @@ def test_every_render_is_present() -> None:
 
 @pytest.mark.parametrize("golden", RENDERS, ids=lambda g: g.id)
 def test_render_matches_official_template_byte_for_byte(golden: GoldenRender) -> None:
-    case = cases()[golden.case]
-    protocol = get_protocol(golden.protocol, **golden.options)
-    rendered = protocol.render_messages(
-        case["messages"], tools=case["tools"], add_generation_prompt=golden.add_generation_prompt
-    )
-    assert rendered == golden.text
+    assert render_golden(golden) == golden.text
 
 
 # -- generated conversations against the official Jinja -------------------------------------------------------
@@ -77,14 +75,7 @@ def test_render_matches_official_template_byte_for_byte(golden: GoldenRender) ->
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_python_renderer_equals_official_jinja(variant: str) -> None:
-    protocol, official = protocol_of(variant), official_of(variant)
-    compared = 0
-    for index, (messages, tools) in enumerate(CONVERSATIONS):
-        for generation in (False, True):
-            actual = protocol.render_messages(messages, tools=tools, add_generation_prompt=generation)
-            assert actual == official(messages, tools, generation), f"conversation {index}, gen={generation}"
-            compared += 1
-    assert compared == 400
+    assert compare_with_jinja(protocol_of(variant), official_of(variant), CONVERSATIONS) == (400, 0)
 
 
 def test_a_null_user_message_is_a_query_in_2504_only() -> None:
@@ -149,10 +140,9 @@ def test_feedback_continues_the_official_render(variant: str) -> None:
     not last). The transcript keeps the turn as generated at both."""
     protocol, official = protocol_of(variant), official_of(variant)
     checked = seams = 0
-    golden = [(c["messages"], c["tools"]) for c in cases().values()]
-    for messages, tools in golden + CONVERSATIONS:
+    for messages, tools in golden_conversations(multi_turn=False) + CONVERSATIONS:
         for turn in episode_splits(messages):
-            if not check_feedback_of(protocol, official, messages, tools, turn):
+            if not check_feedback(protocol, official, messages, tools, turn, turn_end="<|im_end|>"):
                 new_query = any(m["role"] == "user" for m in observations_after(messages, turn))
                 turn_reasons = messages[turn].get("reasoning_content") or "</think>" in (
                     messages[turn]["content"] or ""
@@ -170,11 +160,8 @@ def test_episode_text_differs_from_the_official_render_only_at_the_documented_se
     reasoning loses the empty <think> block once it is not the last message. There the transcript holds each turn
     exactly as generated, and every byte outside the turns is the official render's."""
     protocol, official = protocol_of(variant), official_of(variant)
-    golden = [
-        (c["messages"], c["tools"]) for c in cases().values() if any(m["role"] == "assistant" for m in c["messages"])
-    ]
     same = seams = 0
-    for messages, tools in golden + episodes():
+    for messages, tools in golden_conversations(multi_turn=True) + episodes():
         text, expected = episode_text(protocol, messages, tools), official_episode(official, messages, tools)
         if text == expected:
             same += 1

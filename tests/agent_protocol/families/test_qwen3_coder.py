@@ -4,9 +4,10 @@ vLLM's `qwen3_coder` semantics (`agent_protocol.xml_call_parser`: schema-typed v
 XML outputs), the feedback after a generated turn, and token-in-token-out through a session with the real Qwen
 tokenizer, with the seam where a re-rendered call changes bytes pinned.
 
-Jinja-side adaptations: `for_jinja` of test_qwen2_5 (null content as "", which the bare template cannot take: it
-concatenates a user's and prints "None" for a tool's; arguments given as a JSON string as the object they hold),
-both as vLLM passes them.
+Jinja-side adaptations: `as_vllm_passes` (tests/support/family_checks.py: null content as "", which the bare
+template cannot take: it concatenates a user's and prints "None" for a tool's; arguments given as a JSON string as
+the object they hold), both as vLLM passes them. The generated conversations are the Qwen families'
+(tests/support/qwen_conversations.py).
 """
 
 from __future__ import annotations
@@ -20,26 +21,27 @@ import pytest
 from agent_protocol import HFTokenizer, MessageError, get_protocol
 from agent_protocol.protocols.qwen3_coder import Qwen3CoderProtocol
 from agent_protocol.xml_call_parser import convert_value
-from tests.agent_protocol.families.test_qwen2_5 import (
-    CONVERSATIONS,
+from tests.agent_protocol.golden import GoldenRender, cases, renders, tool_outputs
+from tests.support.calculator_episode import run_calculator_episode
+from tests.support.family_checks import (
+    as_vllm_passes,
     check_feedback,
+    check_parse,
     compare_with_jinja,
     episode_splits,
     episode_text,
-    episodes,
-    for_jinja,
+    golden_conversations,
     official_episode,
-    run_calculator_episode,
 )
-from tests.agent_protocol.golden import GoldenRender, cases, renders, tool_outputs
 from tests.support.hf_jinja import render_official
+from tests.support.qwen_conversations import CONVERSATIONS, episodes
 from tests.support.tool_shapes import TOOL_SHAPES
 
 RENDERS = renders("qwen3_coder")
 
 
 def official(messages: list[dict[str, Any]], tools: Any = None, generation: bool = False) -> str:
-    return render_official("qwen3_coder", for_jinja(messages), tools=tools, add_generation_prompt=generation)
+    return render_official("qwen3_coder", as_vllm_passes(messages), tools=tools, add_generation_prompt=generation)
 
 
 def coder() -> Qwen3CoderProtocol:
@@ -68,7 +70,7 @@ def test_render_matches_official_template_byte_for_byte(golden: GoldenRender) ->
 
 
 def test_python_renderer_equals_official_jinja() -> None:
-    assert compare_with_jinja(coder(), official) == 400
+    assert compare_with_jinja(coder(), official, CONVERSATIONS) == (400, 0)
 
 
 def test_generated_conversations_cover_the_template_corners() -> None:
@@ -293,10 +295,7 @@ def _call(name: str, **values: str) -> str:
 )
 def test_parse(text: str, content: str, calls: list[tuple[str, dict[str, Any]]]) -> None:
     action = coder().parse_assistant_text(text)
-    assert action.issues == ()
-    assert action.content == content
-    assert action.reasoning_content is None
-    assert [(c.name, c.arguments) for c in action.tool_calls] == calls
+    check_parse(action, content, calls)
     assert [c.id for c in action.tool_calls] == [f"call_{k}" for k in range(len(calls))]
 
 
@@ -361,10 +360,10 @@ def test_with_tools_is_a_copy() -> None:
 def test_feedback_continues_the_official_render() -> None:
     protocol = coder()
     checked = 0
-    golden = [(c["messages"], c["tools"]) for c in cases().values()]
-    for messages, tools in golden + CONVERSATIONS:
+    for messages, tools in golden_conversations(multi_turn=False) + CONVERSATIONS:
         for turn in episode_splits(messages):
-            assert check_feedback(protocol, official, messages, tools, turn)  # append-only: no seam
+            # append-only: no seam
+            assert check_feedback(protocol, official, messages, tools, turn, turn_end="<|im_end|>")
             checked += 1
     assert checked >= 150
 
@@ -373,10 +372,7 @@ def test_episode_text_is_the_official_render() -> None:
     """prompt + each generation + each feedback == the official render, for every golden multi-turn case and
     every generated conversation an episode can produce."""
     protocol = coder()
-    golden = [
-        (c["messages"], c["tools"]) for c in cases().values() if any(m["role"] == "assistant" for m in c["messages"])
-    ]
-    for messages, tools in golden + episodes():
+    for messages, tools in golden_conversations(multi_turn=True) + episodes():
         assert episode_text(protocol, messages, tools) == official_episode(official, messages, tools)
 
 
