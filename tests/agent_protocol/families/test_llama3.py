@@ -2,16 +2,14 @@
 Jinja, the `llama3_json` parser, the feedback after a generated turn, and token-in-token-out through a session
 with the real Llama 3 tokenizer.
 
-Jinja-side adaptations (`_for_jinja`), the two places where the protocol follows vLLM's chat preprocessing and
-not the bare template: null content is passed as "" (the bare template prints "None"), and arguments given as a
-JSON string are passed as the object they hold (vLLM parses them before rendering; the bare template would dump
-the string with its escapes).
+Jinja-side adaptations (`as_vllm_passes`, tests/support/family_checks.py), the two places where the protocol
+follows vLLM's chat preprocessing and not the bare template: null content is passed as "" (the bare template
+prints "None"), and arguments given as a JSON string are passed as the object they hold (vLLM parses them before
+rendering; the bare template would dump the string with its escapes).
 """
 
 from __future__ import annotations
 
-import asyncio
-import copy
 import json
 import random
 from datetime import date
@@ -23,8 +21,18 @@ import tokenizers
 
 from agent_protocol import ChatProtocol, HFTokenizer, MessageError, TokenTranscript, get_protocol
 from tests.agent_protocol.golden import FROZEN_TODAY, GoldenRender, cases, renders
+from tests.support.calculator_episode import run_calculator_episode
+from tests.support.family_checks import (
+    as_vllm_passes,
+    check_parse,
+    compare_with_jinja,
+    episode_text,
+    is_episode,
+    render_golden,
+)
 from tests.support.family_tokenizers import tokenizer_path
 from tests.support.hf_jinja import render_official
+from tests.support.random_conversations import ConversationMix, choose, conversation, random_tools
 from tests.support.tool_shapes import TOOL_SHAPES
 
 TEMPLATES = ("llama3.1_instruct", "llama3.2_instruct")
@@ -50,21 +58,9 @@ VARIANTS: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
 }
 
 
-def _for_jinja(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The conversation as vLLM hands it to the template (see the module docstring)."""
-    out = copy.deepcopy(messages)
-    for message in out:
-        if message.get("content", "") is None:
-            message["content"] = ""
-        for call in message.get("tool_calls", []):
-            if isinstance(call["function"]["arguments"], str):
-                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
-    return out
-
-
 def official(variant: str, messages: list[dict[str, Any]], tools: Any = None, generation: bool = False) -> str:
     stem, _, _, kwargs = VARIANTS[variant]
-    return render_official(stem, _for_jinja(messages), tools=tools, add_generation_prompt=generation, **kwargs)
+    return render_official(stem, as_vllm_passes(messages), tools=tools, add_generation_prompt=generation, **kwargs)
 
 
 def protocol_of(variant: str) -> ChatProtocol:
@@ -85,11 +81,7 @@ def test_every_llama_render_is_present() -> None:
 
 @pytest.mark.parametrize("golden", RENDERS, ids=lambda g: g.id)
 def test_render_matches_official_template_byte_for_byte(golden: GoldenRender) -> None:
-    case = cases()[golden.case]
-    protocol = get_protocol(golden.protocol, **golden.options)
-    render = lambda: protocol.render_messages(  # noqa: E731
-        case["messages"], tools=case["tools"], add_generation_prompt=golden.add_generation_prompt
-    )
+    render = lambda: render_golden(golden)  # noqa: E731
     if golden.refused:
         assert "single tool-calls at once" in golden.text
         with pytest.raises(MessageError, match=r"official Llama 3.x template refuses .*single tool-calls at once"):
@@ -131,37 +123,14 @@ ARGUMENTS: list[Any] = [
 ]
 
 
+#: no reasoning (the template has none), and two calls in a turn less often: the template refuses them
+LLAMA_MIX = ConversationMix(
+    texts=TEXTS, call_count=lambda rng: rng.choice([0, 0, 1, 1, 1, 2]), arguments=choose(ARGUMENTS)
+)
+
+
 def _conversation(rng: random.Random) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    messages: list[dict[str, Any]] = []
-    if rng.random() < 0.5:
-        messages.append({"role": "system", "content": rng.choice(TEXTS)})
-    for _ in range(rng.randint(0, 6)):
-        roll = rng.random()
-        if roll < 0.35:
-            messages.append({"role": "user", "content": rng.choice(TEXTS)})
-        elif roll < 0.8:
-            message: dict[str, Any] = {"role": "assistant", "content": rng.choice([*TEXTS, None])}
-            calls = rng.choice([0, 0, 1, 1, 1, 2])
-            if calls:
-                message["tool_calls"] = [
-                    {
-                        "id": f"c{k}",
-                        "type": "function",
-                        "function": {"name": rng.choice(["lookup", "now"]), "arguments": rng.choice(ARGUMENTS)},
-                    }
-                    for k in range(calls)
-                ]
-            messages.append(message)
-            for k in range(calls):
-                messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": rng.choice(TEXTS)})
-        elif roll < 0.9:
-            messages.append({"role": "tool", "tool_call_id": "x", "content": rng.choice(TEXTS)})
-        else:
-            messages.append({"role": "system", "content": rng.choice(TEXTS)})
-    if not messages:  # an empty conversation is refused by both (see test_refusals)
-        messages.append({"role": "user", "content": rng.choice(TEXTS)})
-    tools = rng.choice([None, None, [], TOOL_SHAPES, rng.sample(TOOL_SHAPES, 2)])
-    return messages, tools
+    return conversation(rng, LLAMA_MIX), random_tools(rng)
 
 
 CONVERSATIONS = [_conversation(random.Random(seed)) for seed in range(200)]
@@ -169,21 +138,14 @@ CONVERSATIONS = [_conversation(random.Random(seed)) for seed in range(200)]
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_python_renderer_equals_official_jinja(variant: str) -> None:
-    protocol = protocol_of(variant)
-    compared = refused = 0
-    for index, (messages, tools) in enumerate(CONVERSATIONS):
-        for generation in (False, True):
-            try:
-                expected = official(variant, messages, tools, generation)
-            except jinja2.TemplateError as e:
-                with pytest.raises(MessageError, match=r"official Llama 3\.x template refuses"):
-                    protocol.render_messages(messages, tools=tools, add_generation_prompt=generation)
-                assert "single tool-calls" in str(e) or "no first user message" in str(e)
-                refused += 1
-                continue
-            actual = protocol.render_messages(messages, tools=tools, add_generation_prompt=generation)
-            assert actual == expected, f"conversation {index}, tools={tools is not None}, gen={generation}"
-            compared += 1
+    compared, refused = compare_with_jinja(
+        protocol_of(variant),
+        lambda messages, tools, generation: official(variant, messages, tools, generation),
+        CONVERSATIONS,
+        refused_by=(jinja2.TemplateError,),
+        refusal=r"official Llama 3\.x template refuses",
+        template_error="single tool-calls|no first user message",
+    )
     assert compared >= 150 * 2 and refused > 0, (compared, refused)
 
 
@@ -300,10 +262,7 @@ def test_parse_inverts_render_generation(name: str, message: dict[str, Any]) -> 
 )
 def test_parse(text: str, content: str, calls: list[tuple[str, dict[str, Any]]]) -> None:
     action = get_protocol("llama3.1").parse_assistant_text(text)
-    assert action.issues == ()
-    assert action.content == content
-    assert action.reasoning_content is None
-    assert [(c.name, c.arguments) for c in action.tool_calls] == calls
+    check_parse(action, content, calls)
     assert [c.id for c in action.tool_calls] == [f"call_{k}" for k in range(len(calls))]
 
 
@@ -357,24 +316,6 @@ def test_a_good_call_before_a_broken_one_is_kept() -> None:
 # -- feedback: prompt + generations + feedback == the official render -----------------------------------------
 
 
-def transcript_text(protocol: ChatProtocol, messages: list[dict[str, Any]], tools: Any) -> str | None:
-    """The text an episode lays down: the first prompt, each assistant turn as generated, each feedback. None for a
-    conversation no episode produces (two assistant turns in a row, no prompt before the first turn)."""
-    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    first = turns[0] if turns else len(messages)
-    if first == 0:
-        return None
-    text = protocol.render_prompt(messages[:first], tools=tools)
-    for position, index in enumerate(turns):
-        text += protocol.render_generation(messages[index])
-        end = turns[position + 1] if position + 1 < len(turns) else len(messages)
-        if end > index + 1:
-            text += protocol.render_feedback(messages[index + 1 : end])
-        elif end < len(messages):
-            return None
-    return text
-
-
 def _golden_episode(golden: GoldenRender) -> bool:
     """The golden render an episode of the case ends on: with the generation prompt iff the case ends on a user or
     tool message."""
@@ -392,7 +333,8 @@ def test_every_golden_episode_is_checked() -> None:
 def test_feedback_continues_the_golden_render(golden: GoldenRender) -> None:
     case = cases()[golden.case]
     protocol = get_protocol(golden.protocol, **golden.options)
-    assert transcript_text(protocol, case["messages"], case["tools"]) == golden.text
+    assert is_episode(case["messages"])
+    assert episode_text(protocol, case["messages"], case["tools"]) == golden.text
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -401,11 +343,11 @@ def test_feedback_continues_the_official_render(variant: str) -> None:
     compared = 0
     for seed in range(600):
         messages, tools = _conversation(random.Random(seed))
-        try:
-            text = transcript_text(protocol, messages, tools)
-        except MessageError:  # refused by the template (checked in test_python_renderer_equals_official_jinja)
+        if not is_episode(messages):  # two assistant turns in a row, or no prompt before the first turn
             continue
-        if text is None:
+        try:
+            text = episode_text(protocol, messages, tools)
+        except MessageError:  # refused by the template (checked in test_python_renderer_equals_official_jinja)
             continue
         assert text == official(variant, messages, tools, messages[-1]["role"] != "assistant"), seed
         compared += 1
@@ -533,20 +475,8 @@ def llama_call(expression: str, *, opener: str = "", closer: str = "<|eot_id|>")
 
 
 def run_episode(tokenizer: HFTokenizer, protocol: ChatProtocol, script: list[str]) -> Any:
-    pytest.importorskip("agent_runtime")  # the layers above: the agent-protocol-alone run skips session tests
-    from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline, ToolCallReward
-    from agent_runtime import AgentRuntime, AgentSession, ScriptedEngine
-
-    session = AgentSession(
-        protocol=protocol,
-        environment=lambda: FunctionCallEnvironment(tools=[CalculatorTool()], max_steps=6),
-        rewards=RewardPipeline(result=[MatchingReward()], process=[ToolCallReward()]),
-        tokenizer=tokenizer,
-    )
-    stops = [tokenizer.token_to_id(t) for t in protocol.stop_texts]
-    engine = ScriptedEngine(tokenizer, script, stop_token_ids=[i for i in stops if i is not None], logprob=-0.5)
-    result = asyncio.run(AgentRuntime(engine, session).run("What is 17 * 23?", task={"answer": "391"}))
-    return result, engine
+    episode = run_calculator_episode(protocol, tokenizer, script, logprob=-0.5)
+    return episode.result, episode.engine
 
 
 def official_ids(tokenizer: HFTokenizer, protocol: ChatProtocol, variant: str, trajectory: Any) -> list[int]:
