@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
+from agent_protocol.chatml import strip_end_marker
 from agent_protocol.errors import JsonLimitError
 from agent_protocol.json_limits import loads_bounded
 from agent_protocol.types import Action, ParseIssue, ToolCall
@@ -35,18 +36,13 @@ THINK_OPEN: Final = "<think>"
 THINK_CLOSE: Final = "</think>"
 CALL_OPEN: Final = "<tool_call>"
 CALL_CLOSE: Final = "</tool_call>"
-_END_MARKERS: Final = ("<|im_end|>", "<|endoftext|>")
 _RAW_PREVIEW: Final = 200
 
 
 def parse_hermes_turn(text: str, *, reasoning_open: bool = False, call_id_prefix: str = "call") -> Action:
     """Parse one assistant turn. `reasoning_open` says the prompt already opened `<think>` (Qwen3 thinking
     models), so the text starts inside the reasoning."""
-    for marker in _END_MARKERS:
-        if text.endswith(marker):
-            text = text[: -len(marker)]
-            break
-    reasoning, content, issue = split_reasoning(text, reasoning_open=reasoning_open)
+    reasoning, content, issue = split_reasoning(strip_end_marker(text), reasoning_open=reasoning_open)
     if issue is not None:
         return Action(content="", reasoning_content=reasoning, error=issue)
     content, calls = split_tool_calls(content, call_id_prefix=call_id_prefix)

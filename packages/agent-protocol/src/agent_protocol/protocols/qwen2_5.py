@@ -26,9 +26,19 @@ from collections.abc import Iterable, Sequence
 from typing import Final
 
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
+from agent_protocol.chatml import (
+    GENERATION_PROMPT,
+    IM_END,
+    IM_START,
+    STOP_TEXTS,
+    feedback_opening,
+    hermes_call,
+    hermes_tool_response,
+    hermes_tools,
+    strip_end_marker,
+)
 from agent_protocol.errors import MessageError
 from agent_protocol.hermes_parser import split_tool_calls
-from agent_protocol.template_json import tojson
 from agent_protocol.types import (
     Action,
     Message,
@@ -41,32 +51,20 @@ from agent_protocol.types import (
 
 __all__ = ["PROTOCOLS", "Qwen25Protocol"]
 
-IM_START: Final = "<|im_start|>"
-IM_END: Final = "<|im_end|>"
 DEFAULT_SYSTEM: Final = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-_TOOLS_HEADER: Final = (
-    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-)
-_TOOLS_FOOTER: Final = (
-    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
-    "<args-json-object>}\n</tool_call><|im_end|>\n"
-)
-_END_MARKERS: Final = (IM_END, "<|endoftext|>")
 
 
 class Qwen25Protocol(ChatProtocol):
     name = "qwen2.5"
     end_of_turn = IM_END
-    stop_texts = (IM_END, "<|endoftext|>")
+    stop_texts = STOP_TEXTS
 
     def __repr__(self) -> str:
         return "Qwen25Protocol()"
 
     @property
     def generation_prompt(self) -> str:
-        return f"{IM_START}assistant\n"
+        return GENERATION_PROMPT
 
     def render_messages(
         self,
@@ -88,8 +86,8 @@ class Qwen25Protocol(ChatProtocol):
         self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
     ) -> str:
         msgs = feedback_messages(messages)
-        closing = ("" if turn_closed else IM_END) + "\n"
-        return closing + "".join(_render_body(msgs, first_is_start=False)) + self.generation_prompt
+        body = _render_body(msgs, first_is_start=False)
+        return feedback_opening(turn_closed=turn_closed) + "".join(body) + self.generation_prompt
 
     def render_generation(self, message: MessageLike) -> str:
         msg = generated_message(message)
@@ -98,19 +96,14 @@ class Qwen25Protocol(ChatProtocol):
         return _assistant_body(msg).removeprefix("\n") + IM_END
 
     def parse_turn(self, text: str, *, call_id_prefix: str = "call") -> Action:
-        for marker in _END_MARKERS:
-            if text.endswith(marker):
-                text = text[: -len(marker)]
-                break
-        content, calls = split_tool_calls(text, call_id_prefix=call_id_prefix)
+        content, calls = split_tool_calls(strip_end_marker(text), call_id_prefix=call_id_prefix)
         return Action(content=content, tool_calls=tuple(calls))
 
 
 def _system_block(msgs: list[Message], specs: list[ToolSpec]) -> str:
     system = (msgs[0].content or "") if msgs[0].role == "system" else DEFAULT_SYSTEM
     if specs:
-        listing = "".join("\n" + tojson(spec.to_openai()) for spec in specs)
-        return f"{IM_START}system\n{system}{_TOOLS_HEADER}{listing}{_TOOLS_FOOTER}"
+        return f"{IM_START}system\n{system}\n\n{hermes_tools(specs)}"
     return f"{IM_START}system\n{system}{IM_END}\n"
 
 
@@ -119,10 +112,7 @@ def _assistant_body(msg: Message) -> str:
     content = msg.content or ""
     if not msg.tool_calls:
         return "\n" + content
-    calls = "".join(
-        f'\n<tool_call>\n{{"name": "{call.name}", "arguments": {tojson(call.arguments)}}}\n</tool_call>'
-        for call in msg.tool_calls
-    )
+    calls = "".join("\n" + hermes_call(call) for call in msg.tool_calls)
     return ("\n" + content if content else "") + calls
 
 
@@ -130,18 +120,13 @@ def _render_body(msgs: list[Message], *, first_is_start: bool) -> list[str]:
     """Every message after the system block. With `first_is_start` false the messages continue a
     conversation (feedback): a leading system message is rendered as a turn, not as the system block."""
     out: list[str] = []
-    last = len(msgs) - 1
     for index, msg in enumerate(msgs):
         if msg.role == "user" or (msg.role == "system" and (index > 0 or not first_is_start)):
             out.append(f"{IM_START}{msg.role}\n{msg.content or ''}{IM_END}\n")
         elif msg.role == "assistant":
             out.append(f"{IM_START}assistant{_assistant_body(msg)}{IM_END}\n")
         elif msg.role == "tool":
-            if index == 0 or msgs[index - 1].role != "tool":
-                out.append(f"{IM_START}user")
-            out.append(f"\n<tool_response>\n{msg.content or ''}\n</tool_response>")
-            if index == last or msgs[index + 1].role != "tool":
-                out.append(f"{IM_END}\n")
+            out.append(hermes_tool_response(msgs, index))
     return out
 
 

@@ -13,12 +13,21 @@ README, "What the transcript holds".
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from enum import Enum
-from typing import Any, Final
+from typing import Final
 
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
+from agent_protocol.chatml import (
+    GENERATION_PROMPT,
+    IM_END,
+    IM_START,
+    STOP_TEXTS,
+    feedback_opening,
+    hermes_call,
+    hermes_tool_response,
+    hermes_tools,
+)
 from agent_protocol.hermes_parser import parse_hermes_turn
 from agent_protocol.types import (
     Action,
@@ -33,17 +42,6 @@ from agent_protocol.types import (
 
 __all__ = ["PROTOCOLS", "Qwen3Protocol", "ThinkingMode"]
 
-IM_START: Final = "<|im_start|>"
-IM_END: Final = "<|im_end|>"
-_TOOLS_HEADER: Final = (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-)
-_TOOLS_FOOTER: Final = (
-    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
-    "<args-json-object>}\n</tool_call><|im_end|>\n"
-)
 _EMPTY_THINK: Final = "<think>\n\n</think>\n\n"
 
 
@@ -55,16 +53,11 @@ class ThinkingMode(Enum):
 
 
 _GENERATION_PROMPTS: Final = {
-    ThinkingMode.HYBRID: f"{IM_START}assistant\n",
-    ThinkingMode.HYBRID_OFF: f"{IM_START}assistant\n{_EMPTY_THINK}",
-    ThinkingMode.NONE: f"{IM_START}assistant\n",
-    ThinkingMode.FORCED: f"{IM_START}assistant\n<think>\n",
+    ThinkingMode.HYBRID: GENERATION_PROMPT,
+    ThinkingMode.HYBRID_OFF: GENERATION_PROMPT + _EMPTY_THINK,
+    ThinkingMode.NONE: GENERATION_PROMPT,
+    ThinkingMode.FORCED: GENERATION_PROMPT + "<think>\n",
 }
-
-
-def _tojson(value: Any) -> str:
-    """Hugging Face's `tojson` filter: `json.dumps(ensure_ascii=False)` with default separators."""
-    return json.dumps(value, ensure_ascii=False)
 
 
 class Qwen3Protocol(ChatProtocol):
@@ -73,7 +66,7 @@ class Qwen3Protocol(ChatProtocol):
     then a user message with null content is the last query, where the later templates skip it."""
 
     end_of_turn = IM_END
-    stop_texts = (IM_END, "<|endoftext|>")
+    stop_texts = STOP_TEXTS
 
     def __init__(self, name: str, mode: ThinkingMode, *, null_user_is_query: bool = False) -> None:
         self.name = name
@@ -108,9 +101,8 @@ class Qwen3Protocol(ChatProtocol):
         self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
     ) -> str:
         msgs = feedback_messages(messages)
-        closing = ("" if turn_closed else IM_END) + "\n"
         body = _render_body(msgs, first_is_start=False, null_user_is_query=self.null_user_is_query)
-        return closing + "".join(body) + self.generation_prompt
+        return feedback_opening(turn_closed=turn_closed) + "".join(body) + self.generation_prompt
 
     def render_generation(self, message: MessageLike) -> str:
         msg = generated_message(message)
@@ -134,8 +126,7 @@ def _system_block(msgs: list[Message], specs: list[ToolSpec]) -> str:
     has_system = bool(msgs) and msgs[0].role == "system"
     if specs:
         system = (msgs[0].content or "") + "\n\n" if has_system else ""
-        listing = "".join("\n" + _tojson(spec.to_openai()) for spec in specs)
-        return f"{IM_START}system\n{system}{_TOOLS_HEADER}{listing}{_TOOLS_FOOTER}"
+        return f"{IM_START}system\n{system}{hermes_tools(specs)}"
     if has_system:
         return f"{IM_START}system\n{msgs[0].content or ''}{IM_END}\n"
     return ""
@@ -170,7 +161,7 @@ def _render_tool_calls(content: str, calls: tuple[ToolCall, ...]) -> str:
     for j, call in enumerate(calls):
         if j > 0 or content:
             out.append("\n")
-        out.append(f'<tool_call>\n{{"name": "{call.name}", "arguments": {_tojson(call.arguments)}}}\n</tool_call>')
+        out.append(hermes_call(call))
     return "".join(out)
 
 
@@ -192,11 +183,7 @@ def _render_body(msgs: list[Message], *, first_is_start: bool, null_user_is_quer
                 body = content
             out.append(f"{IM_START}assistant\n{body}{_render_tool_calls(content, msg.tool_calls)}{IM_END}\n")
         elif msg.role == "tool":
-            if index == 0 or msgs[index - 1].role != "tool":
-                out.append(f"{IM_START}user")
-            out.append(f"\n<tool_response>\n{content}\n</tool_response>")
-            if index == last or msgs[index + 1].role != "tool":
-                out.append(f"{IM_END}\n")
+            out.append(hermes_tool_response(msgs, index))
     return out
 
 

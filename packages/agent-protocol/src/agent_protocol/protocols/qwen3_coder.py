@@ -36,6 +36,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
+from agent_protocol.chatml import (
+    GENERATION_PROMPT,
+    IM_END,
+    IM_START,
+    STOP_TEXTS,
+    feedback_opening,
+    strip_end_marker,
+)
 from agent_protocol.errors import MessageError
 from agent_protocol.template_json import tojson
 from agent_protocol.types import (
@@ -52,8 +60,6 @@ from agent_protocol.xml_call_parser import Schemas, parse_xml_calls
 
 __all__ = ["PROTOCOLS", "Qwen3CoderProtocol"]
 
-IM_START: Final = "<|im_start|>"
-IM_END: Final = "<|im_end|>"
 DEFAULT_SYSTEM: Final = "You are Qwen, a helpful AI assistant that can interact with a computer to solve tasks."
 _TOOLS_HEADER: Final = "\n\n# Tools\n\nYou have access to the following functions:\n\n<tools>"
 _TOOLS_FOOTER: Final = (
@@ -67,13 +73,12 @@ _TOOLS_FOOTER: Final = (
     "the question like normal with your current knowledge and do not tell the user about function calls\n"
     "</IMPORTANT>"
 )
-_END_MARKERS: Final = (IM_END, "<|endoftext|>")
 
 
 class Qwen3CoderProtocol(ChatProtocol):
     name = "qwen3-coder"
     end_of_turn = IM_END
-    stop_texts = (IM_END, "<|endoftext|>")
+    stop_texts = STOP_TEXTS
 
     def __init__(self, schemas: Schemas | None = None) -> None:
         #: tool name -> the `properties` of its parameters schema, for converting parsed values
@@ -94,7 +99,7 @@ class Qwen3CoderProtocol(ChatProtocol):
 
     @property
     def generation_prompt(self) -> str:
-        return f"{IM_START}assistant\n"
+        return GENERATION_PROMPT
 
     # -- rendering ---------------------------------------------------------------------------------------
 
@@ -119,8 +124,8 @@ class Qwen3CoderProtocol(ChatProtocol):
         self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
     ) -> str:
         msgs = feedback_messages(messages)
-        closing = ("" if turn_closed else IM_END) + "\n"
-        return closing + "".join(_render_body(msgs, follows_turn=True)) + self.generation_prompt
+        body = _render_body(msgs, follows_turn=True)
+        return feedback_opening(turn_closed=turn_closed) + "".join(body) + self.generation_prompt
 
     def render_generation(self, message: MessageLike) -> str:
         msg = generated_message(message)
@@ -133,11 +138,7 @@ class Qwen3CoderProtocol(ChatProtocol):
     # -- parsing -----------------------------------------------------------------------------------------
 
     def parse_turn(self, text: str, *, call_id_prefix: str = "call") -> Action:
-        for marker in _END_MARKERS:
-            if text.endswith(marker):
-                text = text[: -len(marker)]
-                break
-        content, calls = parse_xml_calls(text, schemas=self.schemas, call_id_prefix=call_id_prefix)
+        content, calls = parse_xml_calls(strip_end_marker(text), schemas=self.schemas, call_id_prefix=call_id_prefix)
         return Action(content=content, tool_calls=tuple(calls))
 
 
