@@ -26,7 +26,17 @@ from agent_protocol import MessageError, get_protocol
 from agent_protocol.json_limits import check_json_value
 from agent_protocol.protocols.glm45 import Glm45Protocol
 from tests.agent_protocol.golden import GoldenRender, cases, renders
+from tests.support.byte_tokenizer import byte_level_tokenizer
+from tests.support.calculator_episode import run_calculator_episode
+from tests.support.family_checks import (
+    compare_with_jinja,
+    episode_text,
+    object_arguments,
+    render_golden,
+    string_arguments,
+)
 from tests.support.hf_jinja import TEMPLATES, official_template, special_tokens
+from tests.support.random_conversations import ConversationMix, conversation
 from tests.support.tool_shapes import TOOL_SHAPES
 
 STEM = "glm4.5"
@@ -76,11 +86,7 @@ def test_every_golden_render_is_present() -> None:
 @pytest.mark.parametrize("golden", RENDERS, ids=lambda g: g.id)
 def test_render_matches_golden_byte_for_byte(golden: GoldenRender) -> None:
     case = _case(golden)
-    protocol = get_protocol(golden.protocol, **golden.options)
-    rendered = protocol.render_messages(
-        case["messages"], tools=case["tools"], add_generation_prompt=golden.add_generation_prompt
-    )
-    assert rendered == golden.text
+    assert render_golden(golden) == golden.text
     # and the adapted Jinja renders the golden bytes too, so comparing against it below is comparing to them
     kwargs = {"enable_thinking": False} if golden.options else {}
     assert (
@@ -129,55 +135,17 @@ def _arguments(rng: random.Random) -> dict[str, Any]:
     return {rng.choice(["q", "city", "n", "é", "a b"]): rng.choice(VALUES) for _ in range(rng.randint(0, 3))}
 
 
-def _call(rng: random.Random, k: int) -> dict[str, Any]:
-    return {
-        "id": f"c{k}",
-        "type": "function",
-        "function": {"name": rng.choice(["lookup", "weather", "now"]), "arguments": _arguments(rng)},
-    }
-
-
-def _conversation(rng: random.Random) -> list[dict[str, Any]]:
-    """Any mix of roles, contents and calls the template takes (null content included: it prints "None")."""
-    messages: list[dict[str, Any]] = []
-    if rng.random() < 0.5:
-        messages.append({"role": "system", "content": rng.choice(TEXTS)})
-    for _ in range(rng.randint(1, 6)):
-        roll = rng.random()
-        if roll < 0.35:
-            messages.append({"role": "user", "content": rng.choice([*TEXTS, None])})
-        elif roll < 0.8:
-            message: dict[str, Any] = {"role": "assistant", "content": rng.choice([*TEXTS, None])}
-            if rng.random() < 0.5:
-                message["reasoning_content"] = rng.choice(TEXTS)
-            calls = rng.randint(0, 2) if rng.random() < 0.5 else 0
-            if calls:
-                message["tool_calls"] = [_call(rng, k) for k in range(calls)]
-            messages.append(message)
-            for k in range(calls):
-                messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": rng.choice(TEXTS)})
-        elif roll < 0.9:
-            messages.append({"role": "tool", "tool_call_id": "x", "content": rng.choice(TEXTS)})
-        else:
-            messages.append({"role": "system", "content": rng.choice(TEXTS)})
-    return messages
-
-
-def _with_string_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The same conversation with every call's arguments as a JSON string, as OpenAI clients send them."""
-    out = []
-    for message in messages:
-        if "tool_calls" in message:
-            calls = [
-                {**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
-                for c in message["tool_calls"]
-            ]
-            message = {**message, "tool_calls": calls}
-        out.append(message)
-    return out
-
-
-CONVERSATIONS = [_conversation(random.Random(seed)) for seed in range(160)]
+#: any mix of roles, contents and calls the template takes (null content included, a user's too: it prints "None")
+GLM_MIX = ConversationMix(
+    texts=TEXTS,
+    user_texts=[*TEXTS, None],
+    turns=(1, 6),
+    reasoning=0.5,
+    call_count=lambda rng: rng.randint(0, 2) if rng.random() < 0.5 else 0,
+    arguments=_arguments,
+    names=("lookup", "weather", "now"),
+)
+CONVERSATIONS = [conversation(random.Random(seed), GLM_MIX) for seed in range(160)]
 
 
 def _tools(rng: random.Random) -> list[dict[str, Any]] | None:
@@ -188,19 +156,17 @@ def _tools(rng: random.Random) -> list[dict[str, Any]] | None:
 def test_render_equals_official_jinja_on_generated_conversations(variant: str) -> None:
     options = VARIANTS[variant]
     protocol = get_protocol("glm-4.5", **options)
-    compared = 0
-    for index, messages in enumerate(CONVERSATIONS):
-        tools = _tools(random.Random(index))
-        for generation in (False, True):
-            expected = official(messages, tools=tools, add_generation_prompt=generation, **options)
-            ours = protocol.render_messages(messages, tools=tools, add_generation_prompt=generation)
-            assert ours == expected, f"conversation {index}, gen={generation}"
-            strings = protocol.render_messages(
-                _with_string_arguments(messages), tools=tools, add_generation_prompt=generation
-            )
-            assert strings == expected, f"conversation {index} with string arguments, gen={generation}"
-            compared += 1
-    assert compared == 2 * len(CONVERSATIONS) >= 300
+
+    def official_of(messages: list[dict[str, Any]], tools: Any, generation: bool) -> str:
+        objects = [object_arguments(m) for m in messages]  # the template iterates the arguments' items
+        return official(objects, tools=tools, add_generation_prompt=generation, **options)
+
+    conversations = [(m, _tools(random.Random(index))) for index, m in enumerate(CONVERSATIONS)]
+    assert compare_with_jinja(protocol, official_of, conversations) == (2 * len(CONVERSATIONS), 0)
+    # the same conversations with every call's arguments as the JSON string OpenAI clients send
+    as_strings = [(string_arguments(m), tools) for m, tools in conversations]
+    assert compare_with_jinja(protocol, official_of, as_strings) == (2 * len(CONVERSATIONS), 0)
+    assert 2 * len(CONVERSATIONS) >= 300
     assert sum(1 for m in CONVERSATIONS if any("tool_calls" in x for x in m)) >= 50
 
 
@@ -387,17 +353,11 @@ ROLE_TOKENS = {"user": USER, "tool": OBSERVATION, "system": SYSTEM}
 def transcript_text(protocol: Any, messages: list[dict[str, Any]], tools: Any) -> str:
     """What an episode's transcript holds: the first prompt, each assistant turn as generated (up to and
     including the role token it ended on) and each feedback, told which token the turn ended on."""
-    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    first = turns[0] if turns else len(messages)
-    text = protocol.render_prompt(messages[:first], tools=tools)
-    for position, index in enumerate(turns):
-        generated = protocol.render_generation(messages[index])
-        ended_by = next(t for t in (OBSERVATION, USER) if generated.endswith(t))
-        text += generated
-        end = turns[position + 1] if position + 1 < len(turns) else len(messages)
-        if end > index + 1:
-            text += protocol.render_feedback(messages[index + 1 : end], ended_by=ended_by)
-    return text
+    return episode_text(protocol, messages, tools, ended_by=_role_token_ending)
+
+
+def _role_token_ending(generated: str) -> str:
+    return next(t for t in (OBSERVATION, USER) if generated.endswith(t))
 
 
 def expected_transcript(messages: list[dict[str, Any]], tools: Any, options: dict[str, Any]) -> str:
@@ -583,17 +543,7 @@ GLM_SPECIAL_TOKENS = ["<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user
 
 @cache
 def glm_byte_tokenizer() -> Any:
-    import tokenizers
-    from tokenizers import decoders, models, pre_tokenizers
-
-    from agent_protocol import HFTokenizer
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    backend = tokenizers.Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in GLM_SPECIAL_TOKENS])
-    return HFTokenizer(backend, source="glm-byte-level (test)")
+    return byte_level_tokenizer(GLM_SPECIAL_TOKENS, source="glm-byte-level (test)")
 
 
 def test_byte_tokenizer_round_trips_text() -> None:
@@ -620,34 +570,16 @@ def final_answer(text: str, reasoning: str = "The tool answered.") -> str:
 
 
 def _run_episode(script: list[str], **options: Any) -> tuple[Any, Any]:
-    import asyncio
-
-    agent_env = pytest.importorskip("agent_env")
-    agent_runtime = pytest.importorskip("agent_runtime")
-    tokenizer = glm_byte_tokenizer()
     protocol = get_protocol("glm-4.5", **options)
-    engine = agent_runtime.ScriptedEngine(
-        tokenizer, script, stop_token_ids=[tokenizer.token_to_id(t) for t in protocol.stop_texts]
-    )
-    session = agent_runtime.AgentSession(
-        protocol=protocol,
-        environment=lambda: agent_env.FunctionCallEnvironment(tools=[agent_env.CalculatorTool()], max_steps=6),
-        tokenizer=tokenizer,
-    )
-    result = asyncio.run(agent_runtime.AgentRuntime(engine, session).run("What is 17 * 23?"))
-    return result, engine
+    episode = run_calculator_episode(protocol, glm_byte_tokenizer(), script, rewards="none")
+    return episode.result, episode.engine
 
 
 def _official_of(trajectory: Any, **options: Any) -> str:
     """The official Jinja render of the episode's messages (arguments as objects, as the template needs)."""
     from agent_env import CalculatorTool
 
-    messages = []
-    for message in trajectory.messages:
-        data = message.to_openai()
-        for call in data.get("tool_calls", []):
-            call["function"]["arguments"] = json.loads(call["function"]["arguments"])
-        messages.append(data)
+    messages = [object_arguments(message.to_openai()) for message in trajectory.messages]
     return official(messages, tools=[CalculatorTool().spec.to_openai()], **options)
 
 

@@ -2,9 +2,9 @@
 generated conversations vs the Jinja, the parser (vLLM `mistral` semantics), feedback and token-in-token-out.
 
 Token level without a Mistral tokenizer: no official Mistral `tokenizer.json` is in tests/data (Mistral's
-reference tokenization is mistral-common). The TITO tests use a tiny `tokenizers` tokenizer built here: byte-level
-BPE with the 256 byte symbols and no merges, plus Mistral's control tokens as special tokens. Every text encodes
-and decodes back exactly, and `encode(a + b) == encode(a) + encode(b)` whenever the cut is not inside a control
+reference tokenization is mistral-common). The TITO tests use tests/support/byte_tokenizer.py: byte-level BPE
+with the 256 byte symbols and no merges, plus Mistral's control tokens as special tokens. Every text encodes and
+decodes back exactly, and `encode(a + b) == encode(a) + encode(b)` whenever the cut is not inside a control
 token, so a transcript that equals the official render *as text* also equals its tokens, and any seam shows up.
 
 Seams pinned here (see the module docstring of agent_protocol.protocols.mistral):
@@ -18,7 +18,6 @@ Seams pinned here (see the module docstring of agent_protocol.protocols.mistral)
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 from functools import cache
@@ -27,13 +26,15 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from agent_protocol import Action, ChatProtocol, HFTokenizer, MessageError, get_protocol, protocol_options
 from agent_protocol.json_limits import check_json_value
 from agent_protocol.protocols.mistral import mistral_call_id
 from tests.agent_protocol.golden import FROZEN_TODAY, GoldenRender, cases, renders
 from tests.agent_protocol.test_parse_fuzz import FUZZ, hostile_piece
+from tests.support.byte_tokenizer import byte_level_tokenizer
+from tests.support.calculator_episode import run_calculator_episode
+from tests.support.family_checks import compare_with_jinja, object_arguments, render_golden
 from tests.support.hf_jinja import render_official
 from tests.support.tool_shapes import TOOL_SHAPES
 
@@ -63,11 +64,8 @@ def test_every_mistral_render_is_present() -> None:
 
 @pytest.mark.parametrize("golden", GOLDEN, ids=lambda g: g.id)
 def test_golden_render_is_byte_exact(golden: GoldenRender) -> None:
-    case = cases()[golden.case]
     chat = get_protocol(golden.protocol, **golden.options)
-    render = lambda: chat.render_messages(  # noqa: E731
-        case["messages"], tools=case["tools"], add_generation_prompt=golden.add_generation_prompt
-    )
+    render = lambda: render_golden(golden)  # noqa: E731
     if golden.refused:
         with pytest.raises(MessageError):
             render()
@@ -128,25 +126,15 @@ def _tools(rng: random.Random) -> list[dict[str, Any]] | None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_python_renderer_equals_official_jinja(name: str) -> None:
-    chat, rng = protocol(name), random.Random(7)
-    rendered = refused = 0
-    for index, messages in enumerate(CONVERSATIONS):
-        tools = _tools(rng)
-        for generation in (False, True):
-            try:
-                expected: str | None = render_official(
-                    STEMS[name], messages, tools=tools, add_generation_prompt=generation
-                )
-            except Exception:  # raise_exception, or a null the template cannot print
-                expected = None
-            if expected is None:
-                with pytest.raises(MessageError):
-                    chat.render_messages(messages, tools=tools, add_generation_prompt=generation)
-                refused += 1
-            else:
-                actual = chat.render_messages(messages, tools=tools, add_generation_prompt=generation)
-                assert actual == expected, f"conversation {index}, tools={tools is not None}, gen={generation}"
-                rendered += 1
+    rng = random.Random(7)
+    rendered, refused = compare_with_jinja(
+        protocol(name),
+        lambda messages, tools, generation: render_official(
+            STEMS[name], messages, tools=tools, add_generation_prompt=generation
+        ),
+        [(messages, _tools(rng)) for messages in CONVERSATIONS],
+        refused_by=(Exception,),  # raise_exception, or a null the template cannot print
+    )
     assert rendered >= 2 * 150 and refused >= 10, (rendered, refused)
 
 
@@ -446,12 +434,7 @@ def test_small_3_2_prints_the_date_it_was_given() -> None:
 @cache
 def tiny_mistral_tokenizer() -> HFTokenizer:
     """Byte-level BPE without merges (every byte one token) plus Mistral's control tokens: round-trips any text."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    backend = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens(CONTROL_TOKENS)
-    return HFTokenizer(backend, source="tiny-mistral")
+    return byte_level_tokenizer(CONTROL_TOKENS, source="tiny-mistral")
 
 
 def test_tiny_tokenizer_round_trips_and_keeps_control_tokens_whole() -> None:
@@ -463,9 +446,6 @@ def test_tiny_tokenizer_round_trips_and_keeps_control_tokens_whole() -> None:
     assert tokenizer.decode(ids) == text
     assert all(tokenizer.token_to_id(t) is not None and ids.count(tokenizer.token_to_id(t)) == text.count(t)  # type: ignore[arg-type]
                for t in ("[TOOL_CALLS]", "[INST]", "</s>", "[CALL_ID]", "[ARGS]"))  # fmt: skip
-
-
-QUESTION = "What is 17 * 23?"
 
 
 def _call(name: str, call_id: str | None) -> str:
@@ -484,24 +464,22 @@ def _answer(name: str) -> str:
 @pytest.mark.parametrize("system_prompt", [None, "You are a calculator."], ids=["no_system", "system"])
 @pytest.mark.parametrize("name", NAMES)
 def test_session_is_token_in_token_out(name: str, system_prompt: str | None, writes_id: bool) -> None:
-    runtime = pytest.importorskip("agent_runtime")
-    agent_env = pytest.importorskip("agent_env")
     tokenizer = tiny_mistral_tokenizer()
     chat = protocol(name)  # small 3.2 with the date the official Jinja here prints (frozen)
     completions = [_call(name, "Ab3dE5gH7" if writes_id else None), _answer(name)]
-    engine = runtime.ScriptedEngine(tokenizer, completions, stop_token_ids=[tokenizer.token_to_id("</s>")])
-    session = runtime.AgentSession(
-        protocol=name if name == "mistral-v0.3" else chat,  # by name; small 3.2 with the frozen date
-        environment=lambda: agent_env.FunctionCallEnvironment(tools=[agent_env.CalculatorTool()], max_steps=4),
-        tokenizer=tokenizer,
+    engine, result, specs = run_calculator_episode(
+        name if name == "mistral-v0.3" else chat,  # by name; small 3.2 with the frozen date
+        tokenizer,
+        completions,
+        rewards="none",
+        max_steps=4,
         system_prompt=system_prompt,
     )
-    result = asyncio.run(runtime.AgentRuntime(engine, session).run(QUESTION))
     assert result.final_answer == "The answer is 391."
     trajectory = result.trajectory
     (segment,) = trajectory.segments
-    messages = [_jinja(m) for m in trajectory.messages]
-    tools = [agent_env.CalculatorTool().spec.to_openai()]
+    messages = [object_arguments(m.to_openai()) for m in trajectory.messages]  # the template reads objects
+    tools = [spec.to_openai() for spec in specs]
     call_id = trajectory.messages[-3].tool_calls[0].id
     assert call_id == ("Ab3dE5gH7" if writes_id else mistral_call_id("call_1", 0))
     assert trajectory.messages[-2].tool_call_id == call_id
@@ -518,11 +496,3 @@ def test_session_is_token_in_token_out(name: str, system_prompt: str | None, wri
     assert [segment.ids[a:b] for a, b in segment.action_ranges] == [tokenizer.encode(c) for c in completions]
     exact = system_prompt is None or name == "mistral-small-3.2"
     assert (tokenizer.decode(segment.ids) == official(name, messages, tools)) is (exact and writes_id)
-
-
-def _jinja(message: Any) -> dict[str, Any]:
-    """A trajectory message as the official template reads it: arguments as objects, not JSON strings."""
-    data: dict[str, Any] = message.to_openai()
-    for call in data.get("tool_calls", []):
-        call["function"]["arguments"] = json.loads(call["function"]["arguments"])
-    return data
