@@ -68,6 +68,11 @@ class LocalTrainConfig(msgspec.Struct, frozen=True, kw_only=True):
     # step's `rl_prompts` groups, in at most `rl_filter_rounds` rollout rounds per step (then train on what passed)
     rl_dynamic_filtering: bool = False
     rl_filter_rounds: int = 3
+    # compacted episodes train every segment with the episode's advantage (see `agent_train.local.rl`);
+    # `rl_mask_summaries` gives the summary turns loss mask 0 (the ablation), `rl_mask_overlong` leaves out the
+    # episodes the token budget ended rather than an answer (SUPO's overlong masking)
+    rl_mask_summaries: bool = False
+    rl_mask_overlong: bool = True
     # held-out evaluation (greedy): every `sft_eval_every` SFT steps and every `eval_every` RL steps
     eval_size: int = 200
     sft_eval_every: int = 50

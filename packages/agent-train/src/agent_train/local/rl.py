@@ -1,7 +1,8 @@
 """The RL update of the local trainer: per-episode advantages by OpenRLHF's estimators, a token-level clipped
 policy-gradient loss on action tokens only, and an optional KL penalty to a frozen reference model.
 
-    advantages = group_advantages([r.reward for r in records], [r.group for r in records], "grpo")
+    advantages = episode_advantages(records, "grpo")          # one per record, its episode's
+    records, advantages = trained_records(records, advantages, mask_summaries=False, mask_overlong=True)
     stats = rl_update(model, optimizer, records, advantages, pad_id=pad, ref_model=ref, kl_coef=0.01)
 
 Advantages (one per episode, given to each of its action tokens), named and computed as OpenRLHF 0.11.2's
@@ -21,6 +22,21 @@ default's, kept so that the CI learning check is unchanged). OpenRLHF groups a b
 `n_samples_per_prompt`; here a group is the episodes that share a `group` id, of any size (a lost episode leaves
 a smaller group; ``rloo`` gives a group of one a zero advantage).
 
+A compacted episode is several records, one per segment (`agent_train.local.rollout`). Advantages are computed per
+EPISODE, over the groups of episodes of each prompt (`episode_advantages`: the episode's reward, its group, and
+for whitening the action tokens of all its segments), then the same advantage is given to every segment of the
+episode, the summary turns included: the episode's outcome is what each of its contexts, and each summary that
+carried it on, earned (ReSum-GRPO, SUPO and Context Folding broadcast the trajectory's advantage the same way,
+undiscounted). The loss then averages over every trained token of all segments of a minibatch (token-mean), so
+a segment weighs as many tokens as it trains; an episode of three segments weighs what its tokens weigh, as
+one long sequence would. An episode that never compacted is one record whose advantage is exactly what
+`group_advantages` gives it, so uncompacted training is unchanged.
+
+`trained_records` applies the two loss masks of a compacting run: ``mask_summaries`` zeroes the summary turns'
+tokens (the ablation: summaries then get no gradient), ``mask_overlong`` drops the episodes whose token budget
+ended them, not an answer (SUPO's overlong masking: an episode cut off by the budget says nothing about whether
+its course would have worked). Both act on the loss only; the advantages are the groups' as sampled.
+
 DAPO's dynamic filtering is `informative_groups`: the groups whose rewards are not all equal (OpenRLHF's
 `SamplesGenerator._generate_vllm` drops a prompt whose mean score is outside ``dynamic_filtering_range``,
 (0, 1) by default: with 0/1 rewards, exactly the all-wrong and all-right groups); the trainer refills the batch.
@@ -39,14 +55,15 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import torch
 
 from agent_train.local.batch import pad_batch, token_logprobs, values_on_targets
 from agent_train.local.config import ESTIMATORS, GROUP_ESTIMATORS, Estimator
 from agent_train.local.rollout import RolloutRecord
 
-__all__ = ["ESTIMATORS", "GROUP_ESTIMATORS", "Estimator", "group_advantages", "informative_groups", "policy_loss",
-           "rl_update"]  # fmt: skip
+__all__ = ["ESTIMATORS", "GROUP_ESTIMATORS", "Estimator", "episode_advantages", "group_advantages",
+           "informative_groups", "policy_loss", "rl_update", "trained_records"]  # fmt: skip
 
 _EPS = 1e-6
 
@@ -83,6 +100,53 @@ def group_advantages(
             for r, g in zip(rewards, groups, strict=True)
         ]
     return _whiten(list(rewards) if estimator == "reinforce" else centered, weights)
+
+
+def episode_advantages(records: Sequence[RolloutRecord], estimator: Estimator) -> list[float]:
+    """One advantage per record: its episode's, computed by `group_advantages` over the batch's episodes (one
+    reward and group each, whitening weighted by the trained action tokens of all the episode's segments)."""
+    episodes: dict[int, list[RolloutRecord]] = {}
+    for record in records:
+        episodes.setdefault(record.episode, []).append(record)
+    for segments in episodes.values():
+        first = segments[0]
+        if any(r.group != first.group or r.reward != first.reward for r in segments):
+            raise ValueError(f"episode {first.episode}: its segments disagree on the group or the reward")
+    order = list(episodes)
+    advantages = group_advantages(
+        [episodes[e][0].reward for e in order],
+        [episodes[e][0].group for e in order],
+        estimator,
+        token_counts=[sum(sum(r.loss_mask) for r in episodes[e]) for e in order],
+    )
+    by_episode = dict(zip(order, advantages, strict=True))
+    return [by_episode[record.episode] for record in records]
+
+
+def trained_records(
+    records: Sequence[RolloutRecord],
+    advantages: Sequence[float],
+    *,
+    mask_summaries: bool = False,
+    mask_overlong: bool = True,
+) -> tuple[list[RolloutRecord], list[float]]:
+    """The records and advantages the loss sees: with `mask_overlong`, the segments of episodes the budget ended
+    are left out; with `mask_summaries`, each record's summary turn has loss mask 0 (see the module docstring)."""
+    if len(records) != len(advantages):
+        raise ValueError(f"got {len(advantages)} advantages for {len(records)} records")
+    kept: list[RolloutRecord] = []
+    kept_advantages: list[float] = []
+    for record, advantage in zip(records, advantages, strict=True):
+        if mask_overlong and record.overlong:
+            continue
+        if mask_summaries and record.summary_ranges:
+            mask = list(record.loss_mask)
+            for start, end in record.summary_ranges:
+                mask[start:end] = [0] * (end - start)
+            record = msgspec.structs.replace(record, loss_mask=mask)
+        kept.append(record)
+        kept_advantages.append(advantage)
+    return kept, kept_advantages
 
 
 def _whiten(values: Sequence[float], weights: Sequence[float]) -> list[float]:

@@ -5,36 +5,47 @@
     records = await rollouts.collect(rows, group_size=8, temperature=1.0, seed=step)
 
 Each prompt is run `group_size` times, all at once (the engine batches them), through the same runtime, session
-and `Conversation` that serving and OpenRLHF's executor run. A record is the trained segment of a trajectory as
-the transcript holds it: ids, loss mask and the engine's logprobs, with the episode's reward. OpenRLHF's wire
-format (`observation_tokens`, `action_ranges`) is not a step on this path; the executor equivalence test shows
-that an OpenRLHF job gets the same ids, masks and rewards from the executor. So this path imports neither vLLM
-nor OpenRLHF.
+and `Conversation` that serving and OpenRLHF's executor run. A record is one segment of an episode as OpenRLHF's
+rows give it (`agent_train.sample.segment_samples`): ids, loss mask and the engine's logprobs, with the episode's
+reward. An episode that never compacted is one record, exactly the executor's; a compacted one is one record per
+context it ran in, each ending with its summary turn but the last, and every record carries the index of its
+episode, so that advantages are computed per episode and given to all of its segments (`agent_train.local.rl`).
+OpenRLHF's wire format (`observation_tokens`, `action_ranges`) is not a step on this path; the executor
+equivalence test shows that an OpenRLHF job gets the same ids, masks and rewards from the executor. So this path
+imports neither vLLM nor OpenRLHF.
+
+A record also says which of its action tokens are the summary turn (`summary_ranges`: the last action of every
+segment but the last, and of the last when the episode ended on an empty summary) and why the episode stopped, so
+that the trainer can mask summaries (the ablation) or drop episodes the budget ended (`overlong`).
 
 Seeds: episode `i` of a call samples with seed ``seed * 100_003 + i``, so a run is reproducible up to float
-rounding between batch shapes. The trained segment is the last one, as in the executor (`sample.py`); a compacted
-episode's earlier segments are not trained yet. This module knows runtimes and trajectories; nothing about losses.
+rounding between batch shapes. This module knows runtimes and trajectories; nothing about losses.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import structlog
 
-from agent_runtime import AgentRuntime, AssistantEvent, LLMEngine, Recipe
-from agent_train.sample import extra_logs
+from agent_runtime import AgentRuntime, AssistantEvent, LLMEngine, Recipe, Trajectory
+from agent_train.sample import segment_samples
 
-__all__ = ["RolloutRecord", "Rollouts", "loss_mask_from_ranges"]
+__all__ = ["OVERLONG_STOP_REASONS", "RolloutRecord", "Rollouts", "loss_mask_from_ranges", "summary_ranges"]
+
+OVERLONG_STOP_REASONS: Final = frozenset({"context_exhausted"})
+"""How an episode ends when its token budget, not an answer, ended it: no room left for a turn, for a tool
+result, for a summary or for the compacted prompt (after the last allowed compaction, or without compaction)."""
 
 logger = structlog.get_logger(__name__)
 
 
 class RolloutRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """One sampled episode as OpenRLHF receives it, plus the index of its prompt group."""
+    """One segment of a sampled episode as OpenRLHF's rows give it, plus the indices of its prompt group, its
+    episode and the segment within the episode (0 for an episode that never compacted)."""
 
     group: int
     ids: list[int]
@@ -43,6 +54,15 @@ class RolloutRecord(msgspec.Struct, frozen=True, kw_only=True):
     reward: float
     truncated: bool
     extra_logs: dict[str, float] = msgspec.field(default_factory=dict)
+    episode: int = 0
+    segment: int = 0
+    summary_ranges: list[tuple[int, int]] = msgspec.field(default_factory=list)
+    stop_reason: str | None = None
+
+    @property
+    def overlong(self) -> bool:
+        """The episode's token budget ended it, not an answer (`OVERLONG_STOP_REASONS`)."""
+        return self.stop_reason in OVERLONG_STOP_REASONS
 
 
 def loss_mask_from_ranges(length: int, action_ranges: Sequence[Sequence[int]]) -> list[int]:
@@ -53,6 +73,18 @@ def loss_mask_from_ranges(length: int, action_ranges: Sequence[Sequence[int]]) -
             raise ValueError(f"action range ({start}, {end}) is outside a sequence of {length} tokens")
         mask[start:end] = [1] * (end - start)
     return mask
+
+
+def summary_ranges(trajectory: Trajectory) -> list[list[tuple[int, int]]]:
+    """Per segment, the action ranges of its summary turn: a segment that was compacted ends with it; the last
+    segment holds one only when the episode ended on its summary (``compaction_failed``: an empty one)."""
+    ranges: list[list[tuple[int, int]]] = []
+    last = len(trajectory.segments) - 1
+    for index, segment in enumerate(trajectory.segments):
+        actions = segment.action_ranges
+        ends_with_summary = index < last or trajectory.stop_reason == "compaction_failed"
+        ranges.append([actions[-1]] if actions and ends_with_summary else [])
+    return ranges
 
 
 class Rollouts:
@@ -74,46 +106,66 @@ class Rollouts:
         self, rows: Sequence[Mapping[str, Any]], *, group_size: int, temperature: float = 1.0, seed: int = 0
     ) -> list[RolloutRecord]:
         """`group_size` episodes for each row, all started at once (the engine batches them); records come back
-        grouped by row (`group` is the row's index). An episode that could not run at all is left out (logged
-        as ``rollout_lost``); every other one comes back."""
+        grouped by row (`group` is the row's index), an episode's segments in order (`episode` is its index among
+        the episodes of this call). An episode that could not run at all is left out (logged as
+        ``rollout_lost``); every other one comes back."""
         if group_size < 1:
             raise ValueError(f"group_size must be at least 1, got {group_size}")
         jobs = [(group, row) for group, row in enumerate(rows) for _ in range(group_size)]
         async with asyncio.TaskGroup() as tasks:
             running = [
-                tasks.create_task(self._kept(group, row, temperature=temperature, seed=seed * 100_003 + index))
+                tasks.create_task(self._kept(group, index, row, temperature=temperature, seed=seed * 100_003 + index))
                 for index, (group, row) in enumerate(jobs)
             ]
-        records = [record for job in running if (record := job.result()) is not None]
-        if len(records) < len(jobs):
-            logger.warning("rollouts_lost", lost=len(jobs) - len(records), of=len(jobs))
-        return records
+        episodes = [job.result() for job in running]
+        lost = sum(1 for segments in episodes if not segments)
+        if lost:
+            logger.warning("rollouts_lost", lost=lost, of=len(jobs))
+        return [record for segments in episodes for record in segments]
 
-    async def _kept(self, group: int, row: Mapping[str, Any], *, temperature: float, seed: int) -> RolloutRecord | None:
+    async def _kept(
+        self, group: int, episode: int, row: Mapping[str, Any], *, temperature: float, seed: int
+    ) -> list[RolloutRecord]:
         """`_one`, inside the batch's boundary: the runtime already records what a model, tool, reward or
         engine did to an episode; what still raises (a row whose prompt cannot be rendered, a bug) drops that
         one episode, logged, and never the batch. Group baselines take groups of any size."""
         try:
-            return await self._one(group, row, temperature=temperature, seed=seed)
+            return await self._one(group, episode, row, temperature=temperature, seed=seed)
         except Exception as e:
             logger.warning("rollout_lost", group=group, error_type=type(e).__name__, error=str(e)[:500])
-            return None
+            return []
 
-    async def _one(self, group: int, row: Mapping[str, Any], *, temperature: float, seed: int) -> RolloutRecord:
+    async def _one(
+        self, group: int, episode: int, row: Mapping[str, Any], *, temperature: float, seed: int
+    ) -> list[RolloutRecord]:
         sampling = msgspec.structs.replace(self.runtime.sampling, temperature=temperature, top_p=1.0, seed=seed)
         task = {key: value for key, value in row.items() if key != "prompt"}  # as the executor's task row
         result = await self.runtime.run(row["prompt"], task=task, sampling=sampling, keep_events=True)
         trajectory = result.trajectory
         if not trajectory.segments:
             raise ValueError(f"the episode has no transcript ({trajectory.stop_reason})")
-        segment = trajectory.segments[-1]
         turns = [event for event in result.events if isinstance(event, AssistantEvent)]
-        return RolloutRecord(
-            group=group,
-            ids=list(segment.ids),
-            loss_mask=list(segment.loss_mask),
-            logprobs=[0.0 if lp is None else float(lp) for lp in segment.logprobs],
-            reward=trajectory.reward,
+        samples = segment_samples(
+            trajectory,
+            prompt=row["prompt"],
+            label=None,
+            rewards=self.recipe.rewards,
+            with_logprobs=True,
             truncated=bool(turns) and turns[-1].finish_reason == "length",
-            extra_logs=extra_logs(trajectory, self.recipe.rewards),
         )
+        return [
+            RolloutRecord(
+                group=group,
+                ids=list(sample.observation_tokens),
+                loss_mask=loss_mask_from_ranges(len(sample.observation_tokens), sample.action_ranges),
+                logprobs=list(sample.rollout_log_probs or [0.0] * len(sample.observation_tokens)),
+                reward=sample.reward,
+                truncated=sample.truncated,
+                extra_logs=sample.extra_logs,
+                episode=episode,
+                segment=index,
+                summary_ranges=summaries,
+                stop_reason=trajectory.stop_reason,
+            )
+            for index, (sample, summaries) in enumerate(zip(samples, summary_ranges(trajectory), strict=True))
+        ]

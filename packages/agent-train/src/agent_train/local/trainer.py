@@ -53,7 +53,7 @@ from agent_train.local.config import LocalTrainConfig, check_config
 from agent_train.local.evaluate import EvalResult, evaluate
 from agent_train.local.metrics import MetricsWriter, read_metrics
 from agent_train.local.plot import plot_metrics
-from agent_train.local.rl import group_advantages, informative_groups, rl_update
+from agent_train.local.rl import episode_advantages, informative_groups, rl_update, trained_records
 from agent_train.local.rollout import RolloutRecord, Rollouts
 from agent_train.local.sft import SFTExample, expert_trajectories, sample_batch, sft_examples, sft_step
 
@@ -294,16 +294,16 @@ class _Run:
             generate_s = time.perf_counter() - started
             for group in self.optimizer.param_groups:
                 group["lr"] = config.rl_lr * min(1.0, (self.state.rl_step + 1) / max(1, config.rl_warmup_steps))
-            advantages = group_advantages(
-                [r.reward for r in records],
-                [r.group for r in records],
-                config.rl_estimator,
-                token_counts=[sum(r.loss_mask) for r in records],
+            trained, advantages = trained_records(
+                records,
+                episode_advantages(records, config.rl_estimator),
+                mask_summaries=config.rl_mask_summaries,
+                mask_overlong=config.rl_mask_overlong,
             )
             stats = rl_update(
                 self.model,
                 self.optimizer,
-                records,
+                trained,
                 advantages,
                 pad_id=self.pad_id,
                 ref_model=reference,
@@ -313,7 +313,8 @@ class _Run:
                 rng=self.rng,
             )
             self.state.rl_step += 1
-            reward = sum(r.reward for r in sampled) / max(1, len(sampled))
+            episodes = {r.episode: r for r in sampled}.values()  # one record per episode (its last segment)
+            reward = sum(r.reward for r in episodes) / max(1, len(episodes))
             filtering: dict[str, int] = {}
             if config.rl_dynamic_filtering:
                 filtering = {
@@ -326,8 +327,9 @@ class _Run:
                 step=self.state.step,
                 reward=round(reward, 4),
                 tool_calls=round(
-                    sum(r.extra_logs.get("agent_tool_calls", 0.0) for r in sampled) / max(1, len(sampled)), 3
+                    sum(r.extra_logs.get("agent_tool_calls", 0.0) for r in episodes) / max(1, len(episodes)), 3
                 ),
+                **self.compaction_stats(list(episodes), sampled),
                 **filtering,
                 generate_s=round(generate_s, 2),
                 update_s=round(time.perf_counter() - started - generate_s, 2),
@@ -366,12 +368,25 @@ class _Run:
                 temperature=config.rl_temperature,
                 seed=config.seed * 1_000_003 + self.state.rl_step + 1_000_000 * rounds,
             )
-            more = [msgspec.structs.replace(r, group=r.group + offset) for r in more]
+            first = 1 + max((r.episode for r in sampled), default=-1)  # and so do episode ids
+            more = [msgspec.structs.replace(r, group=r.group + offset, episode=r.episode + first) for r in more]
             sampled += more
             kept += informative_groups(more)
             rounds += 1
         groups = sorted({r.group for r in kept})[: config.rl_prompts]
         return [r for r in kept if r.group in set(groups)], sampled, rounds
+
+    def compaction_stats(self, episodes: list[RolloutRecord], sampled: list[RolloutRecord]) -> dict[str, float]:
+        """For a recipe that compacts: segments trained per episode, compactions per episode and the fraction of
+        episodes the budget ended (overlong); nothing for one that does not, so its metrics read as before."""
+        if self.recipe.compaction is None:
+            return {}
+        count = max(1, len(episodes))
+        return {
+            "segments": round(len(sampled) / count, 3),
+            "compactions": round(sum(r.extra_logs.get("agent_compactions", 0.0) for r in episodes) / count, 3),
+            "overlong": round(sum(r.overlong for r in episodes) / count, 3),
+        }
 
     def finish(self) -> TrainResult:
         self.bar.close()
