@@ -8,7 +8,6 @@ them as an object or as that same string.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import random
@@ -24,6 +23,8 @@ from agent_protocol import HFTokenizer, MessageError, get_protocol
 from agent_protocol.protocols.deepseek_v31 import DeepSeekV31Protocol
 from tests.agent_protocol.golden import GoldenRender, cases, renders
 from tests.agent_protocol.test_parse_fuzz import FUZZ, hostile_piece
+from tests.support.calculator_episode import run_calculator_episode
+from tests.support.family_checks import compare_with_jinja, episode_text, render_golden, string_arguments
 from tests.support.family_tokenizers import load_family_tokenizer, tokenizer_path
 from tests.support.hf_jinja import render_official
 from tests.support.tool_shapes import TOOL_SHAPES
@@ -33,21 +34,13 @@ VARIANTS = {"thinking_false": {"thinking": False}, "thinking_true": {"thinking":
 EOS = "<｜end▁of▁sentence｜>"
 
 
-def jinja_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The golden renders' adaptation: tool-call arguments as the JSON string the template concatenates."""
-    out = copy.deepcopy(messages)
-    for message in out:
-        for call in message.get("tool_calls") or []:
-            if not isinstance(call["function"]["arguments"], str):
-                call["function"]["arguments"] = json.dumps(call["function"]["arguments"], ensure_ascii=False)
-    return out
-
-
 def official(
     messages: list[dict[str, Any]], *, thinking: bool, add_generation_prompt: bool = False, tools: Any = None
 ) -> str:
+    # the golden renders' adaptation: tool-call arguments as the JSON string the template concatenates
+    as_strings = string_arguments(messages, ensure_ascii=False)
     return render_official(
-        STEM, jinja_messages(messages), tools=tools, add_generation_prompt=add_generation_prompt, thinking=thinking
+        STEM, as_strings, tools=tools, add_generation_prompt=add_generation_prompt, thinking=thinking
     )
 
 
@@ -65,10 +58,7 @@ def test_every_golden_render_is_present() -> None:
 def test_render_matches_the_golden_render_byte_for_byte(golden: GoldenRender) -> None:
     case = cases()[golden.case]
     protocol = get_protocol(golden.protocol, **golden.options)
-    rendered = protocol.render_messages(
-        case["messages"], tools=case["tools"], add_generation_prompt=golden.add_generation_prompt
-    )
-    assert rendered == golden.text
+    assert render_golden(golden) == golden.text
     if golden.add_generation_prompt and case["messages"][-1]["role"] == "user":
         assert protocol.render_prompt(case["messages"], tools=case["tools"]) == golden.text
         assert golden.text.endswith(protocol.generation_prompt)
@@ -168,22 +158,16 @@ TOOL_CHOICES: list[Any] = [None, TOOL_SHAPES, TOOL_SHAPES[1:3], [TOOL_SHAPES[3]]
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_python_renderer_equals_official_jinja(variant: str) -> None:
-    protocol = get_protocol("deepseek-v3.1", **VARIANTS[variant])
     thinking = VARIANTS[variant]["thinking"]
-    compared = refused = 0
-    for index, messages in enumerate(CONVERSATIONS):
-        tools = TOOL_CHOICES[index % len(TOOL_CHOICES)]
-        for generation in (False, True):
-            try:
-                expected = official(messages, thinking=thinking, add_generation_prompt=generation, tools=tools)
-            except TypeError:  # the template concatenates a null content
-                with pytest.raises(MessageError, match=r"official DeepSeek-V3\.1 template"):
-                    protocol.render_messages(messages, tools=tools, add_generation_prompt=generation)
-                refused += 1
-                continue
-            actual = protocol.render_messages(messages, tools=tools, add_generation_prompt=generation)
-            assert actual == expected, f"conversation {index}, gen={generation}"
-            compared += 1
+    compared, refused = compare_with_jinja(
+        get_protocol("deepseek-v3.1", **VARIANTS[variant]),
+        lambda messages, tools, generation: official(
+            messages, thinking=thinking, add_generation_prompt=generation, tools=tools
+        ),
+        [(messages, TOOL_CHOICES[index % len(TOOL_CHOICES)]) for index, messages in enumerate(CONVERSATIONS)],
+        refused_by=(TypeError,),  # the template concatenates a null content
+        refusal=r"official DeepSeek-V3\.1 template",
+    )
     assert compared >= 300 and refused > 0
 
 
@@ -384,18 +368,21 @@ ASSISTANT = "<｜Assistant｜>"
 THINKING_SEAM = re.compile(f"{ASSISTANT}<think>.*?</think>", re.DOTALL)
 
 
-def episode_text(protocol: DeepSeekV31Protocol, messages: list[dict[str, Any]], tools: Any = None) -> str:
-    """The text an episode lays down for `messages`: the first prompt, then each assistant turn as generated and
-    the feedback that follows it, each rendered on its own."""
-    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    text = protocol.render_prompt(messages[: turns[0]], tools=tools)
-    for position, index in enumerate(turns):
-        after_tool_output = messages[index - 1]["role"] == "tool"
-        text += protocol.render_generation(messages[index], after_tool_output=after_tool_output)
-        end = turns[position + 1] if position + 1 < len(turns) else len(messages)
-        if end > index + 1:
-            text += protocol.render_feedback(messages[index + 1 : end])
-    return text
+def after_tool_output(messages: list[dict[str, Any]], index: int) -> bool:
+    """Whether the assistant turn `index` follows tool output, where no prompt opens the turn (and, thinking on,
+    the model writes no reasoning)."""
+    return messages[index - 1]["role"] == "tool"
+
+
+def deepseek_episode_text(protocol: DeepSeekV31Protocol, messages: list[dict[str, Any]], tools: Any = None) -> str:
+    """The text an episode lays down for `messages`: the first prompt, then each assistant turn as generated (told
+    whether it follows tool output) and the feedback that follows it, each rendered on its own."""
+    return episode_text(
+        protocol,
+        messages,
+        tools,
+        generate=lambda ms, i: protocol.render_generation(ms[i], after_tool_output=after_tool_output(ms, i)),
+    )
 
 
 def _episode(rng: random.Random) -> list[dict[str, Any]]:
@@ -434,7 +421,7 @@ def test_episode_pieces_are_the_official_render(variant: str) -> None:
     conversations = [(c["messages"], c["tools"]) for c in MULTI_TURN] + [(e, None) for e in EPISODES]
     assert len(MULTI_TURN) == 4
     for index, (messages, tools) in enumerate(conversations):
-        text = episode_text(protocol, messages, tools)
+        text = deepseek_episode_text(protocol, messages, tools)
         expected = official(messages, thinking=thinking, add_generation_prompt=messages[-1]["role"] != "assistant")
         if not thinking:  # append-only: the pieces are the official render, byte for byte
             assert text == expected, f"conversation {index}"
@@ -497,7 +484,6 @@ def test_generation_after_tool_output_has_no_think_close() -> None:
 #   the one-piece tokenization holds the merged token: that is the only difference, pinned below.
 
 V31_THINK_TOKENS = {128798: "<think>", 128799: "</think>"}
-QUESTION = "What is 17 * 23?"
 
 
 @pytest.fixture(scope="module")
@@ -529,21 +515,12 @@ def tool_call(expression: str) -> str:
 
 def run_episode(tokenizer: HFTokenizer, thinking: bool, script: list[str], **kwargs: Any) -> tuple[Any, Any]:
     """One episode through AgentSession with the real calculator tool and a scripted engine replaying `script`
-    (the upper layers are imported here, so the protocol tests above run with agent-protocol alone)."""
-    runtime = pytest.importorskip("agent_runtime")
-    env = pytest.importorskip("agent_env")
+    (the upper layers are imported there, so the protocol tests above run with agent-protocol alone); with
+    thinking off the session gets the protocol by name."""
     protocol: Any = "deepseek-v3.1" if not thinking else get_protocol("deepseek-v3.1", thinking=True)
-    session = runtime.AgentSession(
-        protocol=protocol,
-        environment=lambda: env.FunctionCallEnvironment(tools=[env.CalculatorTool()], max_steps=6),
-        rewards=env.RewardPipeline(result=[env.MatchingReward()]),
-        tokenizer=tokenizer,
-        **kwargs,
-    )
-    stop_ids = [tokenizer.token_to_id(t) for t in session.protocol.stop_texts]
+    stop_ids = [tokenizer.token_to_id(t) for t in get_protocol("deepseek-v3.1", thinking=thinking).stop_texts]
     assert stop_ids == [1]  # `<｜end▁of▁sentence｜>`
-    engine = runtime.ScriptedEngine(tokenizer, script, stop_token_ids=stop_ids)
-    result = asyncio.run(runtime.AgentRuntime(engine, session).run(QUESTION, task={"answer": "391"}))
+    engine, result, _ = run_calculator_episode(protocol, tokenizer, script, rewards="result", **kwargs)
     return result, engine
 
 

@@ -8,7 +8,6 @@ only, `reasoning_content` is renamed to `thinking` (as the golden renders were m
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 from datetime import date
@@ -20,6 +19,8 @@ import pytest
 from agent_protocol import HFTokenizer, Message, MessageError, get_protocol
 from agent_protocol.protocols.gpt_oss import GptOssProtocol, parse_harmony_turn
 from tests.agent_protocol.golden import FROZEN_TODAY, GoldenRender, cases, renders
+from tests.support.calculator_episode import run_calculator_episode
+from tests.support.family_checks import compare_with_jinja, object_arguments, render_golden
 from tests.support.family_tokenizers import load_family_tokenizer
 from tests.support.hf_jinja import render_official
 from tests.support.tool_shapes import TOOL_SHAPES
@@ -45,12 +46,7 @@ def jinja_messages(messages: list[Any]) -> list[dict[str, Any]]:
             data["thinking"] = data.pop("reasoning_content")
         if data.get("content") is None and data["role"] != "tool":  # a tool's null is rendered: tojson(None)
             data["content"] = ""
-        if "tool_calls" in data:
-            data["tool_calls"] = [
-                {**c, "function": {**c["function"], "arguments": _object(c["function"]["arguments"])}}
-                for c in data["tool_calls"]
-            ]
-        out.append(data)
+        out.append(object_arguments(data))
     return out
 
 
@@ -73,10 +69,7 @@ def test_every_golden_render_is_present() -> None:
 def test_golden_render_byte_for_byte(golden: GoldenRender) -> None:
     case = cases()[golden.case]
     ours = get_protocol(golden.protocol, **golden.options)
-    rendered = ours.render_messages(
-        case["messages"], tools=case["tools"], add_generation_prompt=golden.add_generation_prompt
-    )
-    assert rendered == golden.text
+    assert render_golden(golden) == golden.text
     if golden.add_generation_prompt:
         assert ours.render_prompt(case["messages"], tools=case["tools"]) == golden.text
         assert golden.text.endswith(ours.generation_prompt)
@@ -144,16 +137,12 @@ CONVERSATIONS = [_conversation(random.Random(seed), refusals=False) for seed in 
 
 
 def test_generated_conversations_render_as_the_official_jinja() -> None:
-    ours = protocol()
-    compared = 0
-    for index, messages in enumerate(CONVERSATIONS):
-        for tools in TOOL_SETS:
-            for generation in (False, True):
-                expected = official(messages, tools=tools, add_generation_prompt=generation)
-                actual = ours.render_messages(messages, tools=tools, add_generation_prompt=generation)
-                assert actual == expected, f"conversation {index}, tools={tools and len(tools)}, gen={generation}"
-                compared += 1
-    assert compared == 160 * len(TOOL_SETS) * 2
+    compared = compare_with_jinja(
+        protocol(),
+        lambda messages, tools, generation: official(messages, tools=tools, add_generation_prompt=generation),
+        [(messages, tools) for messages in CONVERSATIONS for tools in TOOL_SETS],
+    )
+    assert compared == (160 * len(TOOL_SETS) * 2, 0)
 
 
 @pytest.mark.parametrize("effort", ["low", "medium", "high"])
@@ -551,7 +540,6 @@ def test_feedback_closes_a_cut_off_turn_and_never_writes_a_system_message() -> N
 
 # -- 5. token-in-token-out through the session, real o200k_harmony tokenizer -----------------------------------
 
-QUESTION = "What is 17 * 23?"
 THINK_CALL = ANALYSIS_HEAD + "I should use the calculator." + END + START + "assistant"
 TEMPLATE_CALL = ' to=functions.calculator<|channel|>commentary json<|message|>{"expression": "17 * 23"}<|call|>'
 CHANNEL_CALL = (
@@ -566,23 +554,15 @@ def tokenizer() -> HFTokenizer:
 
 
 def run_episode(tokenizer: HFTokenizer, script: list[str], **kwargs: Any) -> Any:
-    pytest.importorskip("agent_runtime")  # the layers above: the agent-protocol-alone run skips session tests
-    from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline, ToolCallReward
-    from agent_runtime import AgentRuntime, AgentSession, SamplingParams, ScriptedEngine
-
-    ours = protocol()
-    engine = ScriptedEngine(
-        tokenizer, script, stop_token_ids=[tokenizer.token_to_id(t) for t in ours.stop_texts], logprob=-0.5
-    )
-    session = AgentSession(
-        protocol=ours,
-        environment=lambda: FunctionCallEnvironment(tools=[CalculatorTool()], max_steps=6),
-        rewards=RewardPipeline(result=[MatchingReward()], process=[ToolCallReward()]),
-        tokenizer=tokenizer,
+    """One episode through the session; `kwargs` go to AgentSession, `max_new_tokens` to the runtime too."""
+    return run_calculator_episode(
+        protocol(),
+        tokenizer,
+        script,
+        logprob=-0.5,
+        sampling_max_new_tokens=kwargs.get("max_new_tokens", 1024),
         **kwargs,
     )
-    sampling = SamplingParams(max_new_tokens=kwargs.get("max_new_tokens", 1024))
-    return engine, asyncio.run(AgentRuntime(engine, session, sampling=sampling).run(QUESTION, task={"answer": "391"}))
 
 
 def test_stop_tokens_are_call_and_return(tokenizer: HFTokenizer) -> None:
@@ -593,10 +573,7 @@ def test_stop_tokens_are_call_and_return(tokenizer: HFTokenizer) -> None:
 
 @pytest.mark.parametrize("call", [TEMPLATE_CALL, CHANNEL_CALL], ids=["template_header", "channel_header"])
 def test_session_is_token_in_token_out(tokenizer: HFTokenizer, call: str) -> None:
-    pytest.importorskip("agent_runtime")  # the layers above: the agent-protocol-alone run skips session tests
-    from agent_env import CalculatorTool
-
-    engine, result = run_episode(tokenizer, [THINK_CALL + call, ANSWER])
+    engine, result, specs = run_episode(tokenizer, [THINK_CALL + call, ANSWER])
     assert result.final_answer == "It is 391." and result.stop_reason == "final_answer"
     trajectory = result.trajectory
     (segment,) = trajectory.segments
@@ -610,7 +587,7 @@ def test_session_is_token_in_token_out(tokenizer: HFTokenizer, call: str) -> Non
     # (1) the call turn's analysis, which the template drops once a later final answer exists, and (2) for a
     # model that writes the recipient in the channel part, the call header, which history writes the template's
     # way. The ids of what history holds in their place are the tokenization of the template's text.
-    rendered = official(trajectory.messages, tools=[CalculatorTool().spec.to_openai()])
+    rendered = official(trajectory.messages, tools=[spec.to_openai() for spec in specs])
     assert rendered.endswith(ANSWER)  # a training render keeps the last answer's analysis and <|return|>
     head, rest = tokenizer.encode(THINK_CALL), ids[first[0] : first[1]]
     assert rest[: len(head)] == head and rest[len(head) :] == tokenizer.encode(call)
@@ -620,7 +597,7 @@ def test_session_is_token_in_token_out(tokenizer: HFTokenizer, call: str) -> Non
 
 def test_a_turn_cut_off_by_the_length_limit_is_closed_with_end(tokenizer: HFTokenizer) -> None:
     long_call = ANALYSIS_HEAD + "let me think " * 40 + END + START + "assistant" + TEMPLATE_CALL
-    _, result = run_episode(tokenizer, [long_call, TEMPLATE_CALL, ANSWER], max_new_tokens=20)
+    _, result, _ = run_episode(tokenizer, [long_call, TEMPLATE_CALL, ANSWER], max_new_tokens=20)
     segment = result.trajectory.segments[0]
     first_end = segment.action_ranges[0][1]
     assert first_end - segment.action_ranges[0][0] == 20
