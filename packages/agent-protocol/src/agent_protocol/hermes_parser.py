@@ -23,10 +23,11 @@ This module knows the tag strings and JSON; it knows nothing about tokens.
 from __future__ import annotations
 
 import json
-from typing import Any, Final
+from typing import Final
 
 from agent_protocol.chatml import strip_end_marker
 from agent_protocol.errors import JsonLimitError
+from agent_protocol.json_call import arguments_object, json_kind
 from agent_protocol.json_limits import loads_bounded
 from agent_protocol.types import Action, ParseIssue, ToolCall
 
@@ -127,7 +128,7 @@ def _parse_call_body(body: str, *, closed: bool, call_id: str) -> ToolCall:
             raw=raw,
             error=ParseIssue(
                 code="invalid_json",
-                message=f"The tool call must be a JSON object, not {_json_kind(payload)}.",
+                message=f"The tool call must be a JSON object, not {json_kind(payload)}.",
             ),
         )
     name = payload.get("name")
@@ -138,7 +139,7 @@ def _parse_call_body(body: str, *, closed: bool, call_id: str) -> ToolCall:
             raw=raw,
             error=ParseIssue(code="missing_name", message='The tool call has no "name" string.'),
         )
-    arguments, problem = _arguments(payload.get("arguments", {}))
+    arguments, problem = arguments_object(payload.get("arguments", {}))
     if problem is not None:
         return ToolCall(
             id=call_id,
@@ -147,35 +148,3 @@ def _parse_call_body(body: str, *, closed: bool, call_id: str) -> ToolCall:
             error=ParseIssue(code="invalid_arguments", message=problem),
         )
     return ToolCall(id=call_id, name=name, arguments=arguments)
-
-
-def _arguments(value: Any) -> tuple[dict[str, Any], str | None]:
-    """Arguments are a JSON object; a string holding a JSON object is decoded once (a common model habit)."""
-    if isinstance(value, dict):
-        return value, None
-    if isinstance(value, str):
-        try:
-            decoded = loads_bounded(value) if value.strip() else {}
-        except JsonLimitError as e:
-            return {}, f'"arguments" is a string that holds JSON that cannot be read: {e}.'
-        except json.JSONDecodeError:
-            decoded = value
-        if isinstance(decoded, dict):
-            return decoded, None
-    return {}, f'"arguments" must be a JSON object, not {_json_kind(value)}.'
-
-
-def _json_kind(value: Any) -> str:
-    match value:
-        case bool():
-            return "a boolean"
-        case int() | float():
-            return "a number"
-        case str():
-            return "a string"
-        case list():
-            return "an array"
-        case None:
-            return "null"
-        case _:
-            return type(value).__name__

@@ -49,6 +49,7 @@ from typing import Final
 
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import JsonLimitError, MessageError
+from agent_protocol.json_call import json_kind
 from agent_protocol.json_limits import loads_bounded
 from agent_protocol.template_json import tojson
 from agent_protocol.types import (
@@ -262,7 +263,7 @@ def _parse_call(block: str, *, call_id: str) -> ToolCall:
         return ToolCall(id=call_id, name=name, error=issue, raw=raw)
     if not isinstance(value, dict):
         issue = ParseIssue(
-            code="invalid_arguments", message=f"The arguments of {name} must be a JSON object, not {_kind(value)}."
+            code="invalid_arguments", message=f"The arguments of {name} must be a JSON object, not {json_kind(value)}."
         )
         return ToolCall(id=call_id, name=name, error=issue, raw=raw)
     return ToolCall(id=call_id, name=name, arguments=value)
@@ -270,18 +271,6 @@ def _parse_call(block: str, *, call_id: str) -> ToolCall:
 
 def _preview(text: str) -> str:
     return text if len(text) <= _RAW_PREVIEW else text[:_RAW_PREVIEW] + "..."
-
-
-def _kind(value: object) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "null" if value is None else type(value).__name__
 
 
 def _deepseek_v31(*, thinking: bool = False) -> ChatProtocol:

@@ -50,6 +50,7 @@ from typing import Any, Final
 
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import JsonLimitError, MessageError
+from agent_protocol.json_call import arguments_object, json_kind
 from agent_protocol.json_limits import loads_bounded
 from agent_protocol.template_json import tojson
 from agent_protocol.types import (
@@ -379,18 +380,18 @@ def _v3_segment(segment: str, *, closed: bool, ids: _Ids) -> list[ToolCall]:
         message = f"The tool calls are not valid JSON ({e.msg} at character {e.pos}). {usage}"
         return [_broken(ids, body, "invalid_json", message)]
     if not isinstance(payload, list):
-        return [_broken(ids, body, "invalid_json", f"The tool calls must be a JSON list, not {_kind(payload)}.")]
+        return [_broken(ids, body, "invalid_json", f"The tool calls must be a JSON list, not {json_kind(payload)}.")]
     return [_v3_item(item, ids) for item in payload]
 
 
 def _v3_item(item: Any, ids: _Ids) -> ToolCall:
     raw = json.dumps(item, ensure_ascii=False)
     if not isinstance(item, dict):
-        return _broken(ids, raw, "invalid_json", f"Each tool call must be a JSON object, not {_kind(item)}.")
+        return _broken(ids, raw, "invalid_json", f"Each tool call must be a JSON object, not {json_kind(item)}.")
     name = item.get("name")
     if not isinstance(name, str) or not name.strip():
         return _broken(ids, raw, "missing_name", 'The tool call has no "name" string.')
-    arguments, problem = _arguments(item.get("arguments", {}))
+    arguments, problem = arguments_object(item.get("arguments", {}), subject="The arguments")
     if problem is not None:
         return _broken(ids, raw, "invalid_arguments", problem, name)
     return ToolCall(id=ids.next(item.get("id")), name=name, arguments=arguments)
@@ -421,42 +422,10 @@ def _v11_call(piece: str, *, closed: bool, ids: _Ids) -> ToolCall:
             return _broken(ids, piece, "unclosed_tag", "The tool call was cut off inside its arguments.", name)
         message = f"The tool call's arguments are not valid JSON ({e.msg} at character {e.pos})."
         return _broken(ids, piece, "invalid_json", message, name)
-    arguments, problem = _arguments(arguments)
+    arguments, problem = arguments_object(arguments, subject="The arguments")
     if problem is not None:
         return _broken(ids, piece, "invalid_arguments", problem, name)
     return ToolCall(id=ids.next(written_id.strip()), name=name, arguments=arguments)
-
-
-def _arguments(value: Any) -> tuple[dict[str, Any], str | None]:
-    """Arguments are a JSON object; a string holding a JSON object is decoded once (a common model habit)."""
-    if isinstance(value, dict):
-        return value, None
-    if isinstance(value, str):
-        try:
-            decoded = loads_bounded(value) if value.strip() else {}
-        except JsonLimitError as e:
-            return {}, f'"arguments" is a string that holds JSON that cannot be read: {e}.'
-        except json.JSONDecodeError:
-            decoded = value
-        if isinstance(decoded, dict):
-            return decoded, None
-    return {}, f"The arguments must be a JSON object, not {_kind(value)}."
-
-
-def _kind(value: Any) -> str:
-    match value:
-        case bool():
-            return "a boolean"
-        case int() | float():
-            return "a number"
-        case str():
-            return "a string"
-        case list():
-            return "an array"
-        case None:
-            return "null"
-        case _:
-            return type(value).__name__
 
 
 def _mistral_v0_3() -> ChatProtocol:
