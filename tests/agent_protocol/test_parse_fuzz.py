@@ -14,26 +14,18 @@ sets it higher:
 from __future__ import annotations
 
 import json
-import os
 import re
 from functools import cache
 from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from agent_protocol import Action, MessageError, Qwen3Protocol, coerce_messages, get_protocol, list_protocols
 from agent_protocol.json_limits import MAX_JSON_DEPTH, check_json_value
-
-EXAMPLES = int(os.environ.get("AGENT_FUZZ_EXAMPLES", "200"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=os.environ.get("AGENT_FUZZ_RANDOM") != "1",  # CI is repeatable; set 1 to explore new seeds
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+from tests.support.hostile_text import BASE_TAGS, FUZZ, hostile_piece
 
 PROTOCOLS = list_protocols()
 _SLOT = "SLOT"
@@ -56,7 +48,7 @@ def call_frame(name: str) -> tuple[str, str, bool]:
 
 
 def _tags() -> list[str]:
-    found = {"<think>", "</think>", "<tool_call>", "</tool_call>", "<|im_end|>", "<|endoftext|>", "<|im_start|>"}
+    found = set(BASE_TAGS)
     for name in PROTOCOLS:
         protocol = get_protocol(name)
         before, after, _ = call_frame(name)
@@ -66,50 +58,13 @@ def _tags() -> list[str]:
 
 TAGS = _tags()
 FRAMES = sorted({call_frame(name) for name in PROTOCOLS})
-JSON_BITS = ['{"name": "calculator", "arguments": ', '{"name": ', '"arguments"', "{", "}", "[", "]", ":", ",",
-             '"', "\\", "null", "true", "1e999", "-0", "NaN", "Infinity", '"x"', "\n", " "]  # fmt: skip
-
-
-SIZES = st.sampled_from([1, 2, 99, 100, 101, 150, 999, 1500, 3000, 20000]) | st.integers(1, 3000)
-DIGITS = st.sampled_from([1, 19, 20, 4300, 4301, 5000, 20000]) | st.integers(1, 6000)
-
-
-@st.composite
-def hostile_piece(draw: st.DrawFn) -> str:
-    kind = draw(st.integers(0, 9))
-    n = draw(SIZES)
-    match kind:
-        case 0:
-            return draw(st.sampled_from(TAGS))
-        case 1:
-            return draw(st.sampled_from(JSON_BITS))
-        case 2:  # deep nesting, closed or not
-            opener = draw(st.sampled_from(["[", '{"a":', '[{"b":']))
-            return opener * n + draw(st.sampled_from(["", "1" + "]" * n, "}" * n]))
-        case 3:  # a number past CPython's 4,300-digit conversion limit, or just long
-            return draw(st.sampled_from(["", "-", "0.", "1e"])) + "9" * draw(DIGITS)
-        case 4:  # surrogate escapes (valid JSON, invalid text) and raw lone surrogates
-            return draw(st.sampled_from(['"\\ud800"', '"\\udfff\\ud83d"', "\\ud834", chr(0xD800), chr(0xDFFF)]))
-        case 5:
-            return "\x00" * draw(st.integers(1, 8))
-        case 6:  # a megabyte of one character, sometimes a bracket
-            return draw(st.sampled_from(["a", "[", "{", '"', "<", " "])) * draw(st.sampled_from([1, 1 << 10, 1 << 20]))
-        case 7:  # a well-formed call, so that the mix often holds real ones too
-            args = draw(st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3))
-            payload = json.dumps({"name": "calculator", "arguments": args})
-            return f"<tool_call>\n{payload}\n</tool_call>"
-        case 8:  # arguments as a string holding hostile JSON
-            inner = draw(st.sampled_from(["[" * n, "9" * (4000 + n), '{"a": "\\ud800"}', "{" * n + "}" * n]))
-            return json.dumps({"name": "calculator", "arguments": inner})
-        case _:
-            return draw(st.text(max_size=50))
 
 
 @st.composite
 def hostile_call(draw: st.DrawFn) -> str:
     """A `<tool_call>` block (closed or cut off) whose body is made of hostile pieces: most parsing happens
     only inside one, so the fuzzer should not have to find the tags by chance."""
-    body = "".join(draw(st.lists(hostile_piece(), min_size=1, max_size=4)))
+    body = "".join(draw(st.lists(hostile_piece(TAGS), min_size=1, max_size=4)))
     where = draw(st.sampled_from(["name", "arguments", "body"]))
     if where == "name":
         body = '{"name": ' + body + ', "arguments": {}}'
@@ -123,11 +78,13 @@ def hostile_call(draw: st.DrawFn) -> str:
 def hostile_framed_call(draw: st.DrawFn) -> str:
     """Some family's own call frame with hostile arguments, closed or cut off anywhere after them."""
     before, after, _ = draw(st.sampled_from(FRAMES))
-    body = "".join(draw(st.lists(hostile_piece(), min_size=1, max_size=4)))
+    body = "".join(draw(st.lists(hostile_piece(TAGS), min_size=1, max_size=4)))
     return before + body + after[: draw(st.integers(0, len(after)))]
 
 
-hostile_text = st.lists(hostile_piece() | hostile_call() | hostile_framed_call(), min_size=1, max_size=8).map("".join)
+hostile_text = st.lists(hostile_piece(TAGS) | hostile_call() | hostile_framed_call(), min_size=1, max_size=8).map(
+    "".join
+)
 
 
 def _check_action(action: Action) -> None:

@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from agent_protocol import HFTokenizer, MessageError, get_protocol
 from agent_protocol.protocols.deepseek_v31 import DeepSeekV31Protocol
 from tests.agent_protocol.golden import GoldenRender, cases, renders
-from tests.agent_protocol.test_parse_fuzz import FUZZ, hostile_piece
 from tests.support.calculator_episode import run_calculator_episode
 from tests.support.family_checks import compare_with_jinja, episode_text, render_golden, string_arguments
 from tests.support.family_tokenizers import load_family_tokenizer, tokenizer_path
 from tests.support.hf_jinja import render_official
+from tests.support.hostile_text import FUZZ, hostile_piece
 from tests.support.tool_shapes import TOOL_SHAPES
 
 STEM = "deepseek_v3.1"

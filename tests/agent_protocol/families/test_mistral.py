@@ -31,11 +31,11 @@ from agent_protocol import Action, ChatProtocol, HFTokenizer, MessageError, get_
 from agent_protocol.json_limits import check_json_value
 from agent_protocol.protocols.mistral import mistral_call_id
 from tests.agent_protocol.golden import FROZEN_TODAY, GoldenRender, cases, renders
-from tests.agent_protocol.test_parse_fuzz import FUZZ, hostile_piece
 from tests.support.byte_tokenizer import byte_level_tokenizer
 from tests.support.calculator_episode import run_calculator_episode
 from tests.support.family_checks import compare_with_jinja, object_arguments, render_golden
 from tests.support.hf_jinja import render_official
+from tests.support.hostile_text import FUZZ, hostile_piece
 from tests.support.tool_shapes import TOOL_SHAPES
 
 STEMS = {"mistral-v0.3": "mistral_v0.3", "mistral-small-3.2": "mistral_small_3.2"}
