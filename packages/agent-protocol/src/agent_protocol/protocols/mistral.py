@@ -120,7 +120,8 @@ def _valid_id(value: object) -> bool:
 
 class MistralProtocol(ChatProtocol):
     """What both Mistral formats share: `</s>` closing every assistant turn, no generation prompt, the
-    alternation rule, and feedback that is the body of the template (see the module docstring)."""
+    alternation rule, and feedback and generated turns that are the body of the template (see the module
+    docstring)."""
 
     end_of_turn = EOS
     stop_texts = (EOS,)
@@ -149,6 +150,10 @@ class MistralProtocol(ChatProtocol):
     ) -> str:
         msgs = feedback_messages(messages)
         return ("" if turn_closed else EOS) + self._render(msgs, 0, system=None, specs=[], opening=False)
+
+    def render_generation(self, message: MessageLike) -> str:
+        """The turn as the template writes it in history: no generation prompt comes before it."""
+        return self._render([generated_message(message)], 0, system=None, specs=[], opening=False)
 
     @abstractmethod
     def _render(
@@ -198,10 +203,6 @@ class MistralV3Protocol(MistralProtocol):
                     "(only user and assistant roles, with an optional initial system message)",
                 )
         return "".join(out)
-
-    def render_generation(self, message: MessageLike) -> str:
-        msg = generated_message(message)
-        return self._render([msg], 0, system=None, specs=[], opening=False)
 
     def parse_turn(self, text: str, *, call_id_prefix: str = "call") -> Action:
         body, closed = _strip_eos(text)
@@ -256,10 +257,6 @@ class MistralSmall32Protocol(MistralProtocol):
                 call_id = _checked_id(msg.tool_call_id, f"{where}.tool_call_id")
                 out.append(f"[TOOL_RESULTS]{call_id}[TOOL_CONTENT]{msg.content}[/TOOL_RESULTS]")
         return "".join(out)
-
-    def render_generation(self, message: MessageLike) -> str:
-        msg = generated_message(message)
-        return self._render([msg], 0, system=None, specs=[], opening=False)
 
     def parse_turn(self, text: str, *, call_id_prefix: str = "call") -> Action:
         body, closed = _strip_eos(text)
