@@ -14,11 +14,13 @@ from typing import Any, Final, Literal
 import msgspec
 
 from agent_protocol.errors import JsonLimitError, MessageError
+from agent_protocol.images import check_image_url
 from agent_protocol.json_limits import check_json_value, loads_bounded
 
 __all__ = [
     "ROLES",
     "Action",
+    "ImagePart",
     "IssueCode",
     "Message",
     "MessageLike",
@@ -75,9 +77,23 @@ class ToolCall(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         }
 
 
+class ImagePart(msgspec.Struct, frozen=True, kw_only=True):
+    """One image of a message: `url` the reference the client gave (a data URL, a ``file://`` URL or a path, see
+    `agent_protocol.images`), `offset` the character position in the message's text where it sits (images at
+    the same offset keep their order)."""
+
+    url: str
+    offset: int
+
+
 class Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One chat message. `content` is None where OpenAI allows null (an assistant turn with only tool
-    calls); chat formats treat None as empty text."""
+    calls); chat formats treat None as empty text.
+
+    A message with images (OpenAI ``image_url`` content parts) keeps its text in `content`, the text parts
+    joined, and its images in `images`, each with the position in that text where it sat; a text-only message
+    has none, so every text-only family reads `content` as before. Only a vision-language protocol accepts a
+    message with images (`coerce_messages(..., images=True)`)."""
 
     role: Role
     content: str | None = None
@@ -85,13 +101,28 @@ class Message(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
+    images: tuple[ImagePart, ...] = ()
+
+    def content_parts(self) -> list[dict[str, Any]]:
+        """The content as OpenAI parts: text and ``image_url`` parts in their order (no empty text part)."""
+        text = self.content or ""
+        parts: list[dict[str, Any]] = []
+        at = 0
+        for image in self.images:
+            if image.offset > at:
+                parts.append({"type": "text", "text": text[at : image.offset]})
+                at = image.offset
+            parts.append({"type": "image_url", "image_url": {"url": image.url}})
+        if at < len(text):
+            parts.append({"type": "text", "text": text[at:]})
+        return parts
 
     @classmethod
     def from_openai(cls, data: Mapping[str, Any], *, index: int = 0) -> Message:
         return _message_from_dict(data, f"messages[{index}]")
 
     def to_openai(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        out: dict[str, Any] = {"role": self.role, "content": self.content_parts() if self.images else self.content}
         if self.reasoning_content is not None:
             out["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
@@ -171,19 +202,36 @@ MessageLike = Message | Mapping[str, Any]
 ToolSpecLike = ToolSpec | Mapping[str, Any]
 
 
-def coerce_messages(messages: Iterable[MessageLike]) -> list[Message]:
-    """Accept Messages and OpenAI-style dicts alike; convert the dicts, naming the index of a bad one."""
+def coerce_messages(messages: Iterable[MessageLike], *, images: bool = False) -> list[Message]:
+    """Accept Messages and OpenAI-style dicts alike; convert the dicts, naming the index of a bad one.
+
+    `images`: whether the caller shows images to the model (a vision-language protocol). Left False, a message
+    with an image is refused with a MessageError naming the message and part and saying that the chat protocol
+    is text-only, so that no text-only family silently drops an image."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Iterable):
         raise MessageError("messages", f"must be a list of messages, got {type(messages).__name__}")
     out: list[Message] = []
     for index, item in enumerate(messages):
         if isinstance(item, Message):
-            out.append(item)
+            message = item
         elif isinstance(item, Mapping):
-            out.append(_message_from_dict(item, f"messages[{index}]"))
+            message = _message_from_dict(item, f"messages[{index}]")
         else:
             raise MessageError(f"messages[{index}]", f"must be a Message or a dict, got {type(item).__name__}")
+        if message.images and not images:
+            raise MessageError(f"messages[{index}].content[{_first_image_part(message)}]", _TEXT_ONLY)
+        out.append(message)
     return out
+
+
+_TEXT_ONLY: Final = (
+    "holds an image, and this chat protocol is text-only; use a vision-language protocol (qwen3-vl, qwen2.5-vl)"
+)
+
+
+def _first_image_part(message: Message) -> int:
+    """The index, among the message's OpenAI content parts, of its first image part."""
+    return next(k for k, part in enumerate(message.content_parts()) if part["type"] == "image_url")
 
 
 def coerce_tools(tools: Iterable[ToolSpecLike] | None) -> list[ToolSpec]:
@@ -208,7 +256,7 @@ def _message_from_dict(data: Mapping[str, Any], where: str) -> Message:
     role = data["role"]
     if role not in ROLES:
         raise MessageError(f"{where}.role", f"unknown role {role!r}; expected one of " + ", ".join(ROLES))
-    content = _content_text(data.get("content"), f"{where}.content")
+    content, images = _content(data.get("content"), f"{where}.content")
     if role in ("user", "system", "tool") and "content" not in data:
         raise MessageError(f"{where}.content", f"missing; a {role} message needs content")
     reasoning = _optional_str(data.get("reasoning_content"), f"{where}.reasoning_content")
@@ -229,23 +277,54 @@ def _message_from_dict(data: Mapping[str, Any], where: str) -> Message:
         tool_calls=tool_calls,
         tool_call_id=_optional_str(data.get("tool_call_id"), f"{where}.tool_call_id"),
         name=_optional_str(data.get("name"), f"{where}.name"),
+        images=images,
     )
 
 
-def _content_text(value: Any, where: str) -> str | None:
-    """OpenAI content is a string, null, or a list of parts; only text parts carry meaning here."""
+_PARTS: Final = '{"type": "text", "text": ...} and {"type": "image_url", "image_url": {"url": ...}}'
+
+
+def _content(value: Any, where: str) -> tuple[str | None, tuple[ImagePart, ...]]:
+    """OpenAI content: a string, null, or a list of text and image_url parts. The text parts are joined; each
+    image is kept with its position in that text."""
     if value is None:
-        return value
+        return value, ()
     if isinstance(value, str):
-        return _text(value, where)
-    if isinstance(value, Sequence) and not isinstance(value, (bytes, bytearray)):
-        texts: list[str] = []
-        for k, part in enumerate(value):
-            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise MessageError(f"{where}[{k}]", 'only {"type": "text", "text": "..."} parts are supported')
+        return _text(value, where), ()
+    if not isinstance(value, Sequence) or isinstance(value, (bytes, bytearray)):
+        raise MessageError(where, f"must be a string, null or a list of content parts, got {type(value).__name__}")
+    texts: list[str] = []
+    images: list[ImagePart] = []
+    offset = 0
+    for k, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind == "text" and isinstance(part.get("text"), str):
             texts.append(_text(part["text"], f"{where}[{k}].text"))
-        return "".join(texts)
-    raise MessageError(where, f"must be a string, null or a list of text parts, got {type(value).__name__}")
+            offset += len(texts[-1])
+        elif kind == "image_url":
+            images.append(ImagePart(url=_image_url(part, f"{where}[{k}]"), offset=offset))
+        elif kind == "text":
+            raise MessageError(f"{where}[{k}].text", "a text part needs a string text")
+        else:
+            got = f"a part of type {kind!r}" if isinstance(kind, str) else f"a {type(part).__name__}"
+            raise MessageError(f"{where}[{k}]", f"{got}; the supported parts are {_PARTS}")
+    return "".join(texts), tuple(images)
+
+
+def _image_url(part: Mapping[str, Any], where: str) -> str:
+    if "image_url" not in part:
+        raise MessageError(where, 'an image_url part needs "image_url": {"url": "..."}')
+    image_url = part["image_url"]
+    if isinstance(image_url, str):  # a bare string, as some clients send it
+        url: Any = image_url
+    elif isinstance(image_url, Mapping):
+        url = image_url.get("url")
+    else:
+        raise MessageError(f"{where}.image_url", f'must be an object {{"url": ...}}, got {type(image_url).__name__}')
+    try:
+        return check_image_url(url)
+    except ValueError as e:
+        raise MessageError(f"{where}.image_url.url", str(e)) from e
 
 
 def _optional_str(value: Any, where: str) -> str | None:

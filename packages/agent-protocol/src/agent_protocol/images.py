@@ -1,0 +1,276 @@
+"""Images in messages: what an image reference may be, the size an image has, and how many placeholder tokens a
+Qwen2-VL-style vision encoder gives it.
+
+An image travels as the reference the client wrote (OpenAI's ``image_url.url``): a ``data:image/...;base64,`` URL,
+a ``file://`` URL or a local path. `check_image_url` accepts or refuses one (a refusal is a `ValueError` whose
+message says what is wrong; `types` names the message and part). Remote ``http(s)`` URLs are refused: fetching
+them is a network and trust decision this layer does not make. Size limits are the serving layer's job.
+
+Token-in-token-out with images follows OpenRLHF's VLM path (`openrlhf.utils.vlm_utils`): the chat template writes
+one ``<|image_pad|>`` per image; the model's processor expands it into N pads (N from the image's size, see
+`VisionGrid`), and that expanded sequence is what training sees; an engine such as vLLM takes the sequence with
+each run of pads collapsed to one (`collapse_image_pads`, as `dedup_media_tokens` does) and expands it itself.
+`expand_image_pads` turns the first form into the second and records where each image's run sits.
+
+Pure Python (no PIL): `image_size` reads width and height from the PNG, JPEG, GIF, WebP or BMP header. This module
+knows no chat format and no tokenizer.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import re
+import struct
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import unquote, urlparse
+
+import msgspec
+
+__all__ = [
+    "ImageSpan",
+    "VisionGrid",
+    "check_image_url",
+    "collapse_image_pads",
+    "expand_image_pads",
+    "image_size",
+    "read_image",
+]
+
+_DATA_URL: Final = re.compile(r"data:(?P<mime>[^;,]*)(?P<params>(?:;[^;,]*)*),(?P<payload>.*)", re.S)
+
+
+class ImageSpan(msgspec.Struct, frozen=True, kw_only=True):
+    """Where one image's placeholder tokens sit in a token sequence: ``ids[start:end]`` are its pads (as many as
+    the model's processor gives it), `source` the image as the message referred to it."""
+
+    start: int
+    end: int
+    source: str
+
+
+def check_image_url(url: Any) -> str:
+    """`url` if it is an image reference this layer accepts, else ValueError saying why. A data URL must declare
+    an image type and hold base64 that decodes to an image (PNG, JPEG, GIF, WebP or BMP); a ``file://`` URL or
+    a path must name a file (whether it exists is checked where the image is read)."""
+    if not isinstance(url, str) or not url:
+        raise ValueError(f"image_url.url must be a non-empty string, got {type(url).__name__}")
+    if url.startswith("data:"):
+        _data_url_bytes(url)
+        return url
+    scheme = urlparse(url).scheme.lower()
+    if scheme == "file":
+        if not _file_path(url):
+            raise ValueError("a file:// image URL must name a file")
+        return url
+    if scheme in ("http", "https", "ftp"):
+        raise ValueError(f"{scheme} image URLs are not fetched; send the image as a data URL or a local path")
+    if len(scheme) > 1:  # "c:" in a Windows path is a drive, not a scheme
+        raise ValueError(f"unsupported image URL scheme {scheme!r}; use a data:image/... URL, file:// or a path")
+    return url
+
+
+def read_image(url: str) -> bytes:
+    """The bytes of the image `url` refers to (a data URL is decoded, a file read). Raises ValueError when it
+    cannot be read or is not an image of a known format."""
+    if url.startswith("data:"):
+        return _data_url_bytes(url)
+    path = Path(_file_path(url) if url.lower().startswith("file:") else url)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"image file {str(path)!r} cannot be read: {e.strerror or e}") from e
+    image_size(data)
+    return data
+
+
+def _file_path(url: str) -> str:
+    return unquote(urlparse(url).path)
+
+
+def _data_url_bytes(url: str) -> bytes:
+    match = _DATA_URL.fullmatch(url)
+    if match is None:
+        raise ValueError("not a data URL (expected data:image/<type>;base64,<data>)")
+    mime = match["mime"].strip().lower()
+    if not mime.startswith("image/"):
+        raise ValueError(f"a data URL of type {mime or 'text/plain'!r} is not an image")
+    if "base64" not in [p.strip().lower() for p in match["params"].split(";")]:
+        raise ValueError("an image data URL must be base64-encoded (data:image/<type>;base64,...)")
+    try:
+        data = base64.b64decode(re.sub(r"\s+", "", match["payload"]), validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ValueError(f"the data URL's base64 cannot be decoded ({e})") from e
+    image_size(data)
+    return data
+
+
+def image_size(data: bytes) -> tuple[int, int]:
+    """(width, height) of a PNG, JPEG, GIF, WebP or BMP image, read from its header, as PIL reports `Image.size`
+    (no EXIF rotation: OpenRLHF's loader applies none). ValueError for anything else or a truncated header."""
+    size = _header_size(data)
+    if size is None:
+        raise ValueError("the data is not a PNG, JPEG, GIF, WebP or BMP image (or its header is cut off)")
+    width, height = size
+    if width <= 0 or height <= 0:
+        raise ValueError(f"the image header gives an empty size {width}x{height}")
+    return size
+
+
+def _header_size(data: bytes) -> tuple[int, int] | None:
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24 and data[12:16] == b"IHDR":
+        w, h = struct.unpack(">II", data[16:24])
+        return int(w), int(h)
+    if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 10:
+        w, h = struct.unpack("<HH", data[6:10])
+        return int(w), int(h)
+    if data[:2] == b"BM" and len(data) >= 26:
+        w, h = struct.unpack("<ii", data[18:26])
+        return abs(int(w)), abs(int(h))
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return _webp_size(data)
+    if data[:2] == b"\xff\xd8":
+        return _jpeg_size(data)
+    return None
+
+
+def _webp_size(data: bytes) -> tuple[int, int] | None:
+    chunk = data[12:16]
+    if chunk == b"VP8 " and len(data) >= 30:
+        w, h = struct.unpack("<HH", data[26:30])
+        return int(w) & 0x3FFF, int(h) & 0x3FFF
+    if chunk == b"VP8L" and len(data) >= 25:
+        bits = int.from_bytes(data[21:25], "little")
+        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    if chunk == b"VP8X" and len(data) >= 30:
+        return int.from_bytes(data[24:27], "little") + 1, int.from_bytes(data[27:30], "little") + 1
+    return None
+
+
+#: JPEG start-of-frame markers (baseline, progressive, lossless, ...), which carry the frame size
+_SOF: Final = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    at = 2
+    while at + 4 <= len(data):
+        if data[at] != 0xFF:
+            return None
+        marker = data[at + 1]
+        if marker == 0xFF:  # fill byte
+            at += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # no length
+            at += 2
+            continue
+        (length,) = struct.unpack(">H", data[at + 2 : at + 4])
+        if marker in _SOF:
+            if at + 9 > len(data):
+                return None
+            h, w = struct.unpack(">HH", data[at + 5 : at + 9])
+            return int(w), int(h)
+        at += 2 + int(length)
+    return None
+
+
+class VisionGrid(msgspec.Struct, frozen=True, kw_only=True):
+    """How a Qwen2-VL-style image processor cuts an image into tokens: resized (`smart_resize`) to sides that
+    are multiples of ``patch_size * merge_size`` with a pixel count within [`min_pixels`, `max_pixels`], cut into
+    ``patch_size`` patches, and every ``merge_size x merge_size`` patches merged into one token. The defaults are
+    transformers' `Qwen2VLImageProcessor` defaults (Qwen2-VL, Qwen2.5-VL); a model directory's
+    ``preprocessor_config.json`` gives its own (`from_preprocessor_config`; Qwen3-VL uses patch 16)."""
+
+    patch_size: int = 14
+    merge_size: int = 2
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+
+    @classmethod
+    def from_preprocessor_config(cls, config: Mapping[str, Any]) -> VisionGrid:
+        """The grid a ``preprocessor_config.json`` describes: ``size.shortest_edge`` / ``size.longest_edge``
+        (transformers 4.5x+) or the older ``min_pixels`` / ``max_pixels`` keys, which win when both are given, as
+        in the image processor."""
+        size = config.get("size") or {}
+        default = cls()
+        return cls(
+            patch_size=int(config.get("patch_size", default.patch_size)),
+            merge_size=int(config.get("merge_size", default.merge_size)),
+            min_pixels=int(config.get("min_pixels") or size.get("shortest_edge") or default.min_pixels),
+            max_pixels=int(config.get("max_pixels") or size.get("longest_edge") or default.max_pixels),
+        )
+
+    def smart_resize(self, height: int, width: int) -> tuple[int, int]:
+        """(height, width) the image is resized to, by the rule of Qwen2-VL's `smart_resize`: sides rounded to
+        multiples of the factor, then scaled down (floor) above `max_pixels` or up (ceil) below `min_pixels`,
+        keeping the aspect ratio. ValueError for an aspect ratio beyond 200, which the processor refuses."""
+        if height <= 0 or width <= 0:
+            raise ValueError(f"an image must have a positive size, got {width}x{height}")
+        if max(height, width) / min(height, width) > 200:
+            raise ValueError(f"an image's aspect ratio must be at most 200, got {width}x{height}")
+        factor = self.patch_size * self.merge_size
+        h_bar = round(height / factor) * factor
+        w_bar = round(width / factor) * factor
+        if h_bar * w_bar > self.max_pixels:
+            beta = math.sqrt((height * width) / self.max_pixels)
+            h_bar = max(factor, math.floor(height / beta / factor) * factor)
+            w_bar = max(factor, math.floor(width / beta / factor) * factor)
+        elif h_bar * w_bar < self.min_pixels:
+            beta = math.sqrt(self.min_pixels / (height * width))
+            h_bar = math.ceil(height * beta / factor) * factor
+            w_bar = math.ceil(width * beta / factor) * factor
+        return h_bar, w_bar
+
+    def grid(self, width: int, height: int) -> tuple[int, int, int]:
+        """(t, h, w) patches of one image: the processor's ``image_grid_thw`` row (an image is one frame)."""
+        h_bar, w_bar = self.smart_resize(height, width)
+        return 1, h_bar // self.patch_size, w_bar // self.patch_size
+
+    def pads(self, width: int, height: int) -> int:
+        """How many ``<|image_pad|>`` tokens an image of this size stands for: its patches over ``merge_size**2``."""
+        t, h, w = self.grid(width, height)
+        return t * h * w // self.merge_size**2
+
+    def pads_for(self, url: str) -> int:
+        """`pads` for the image `url` refers to (read with `read_image`)."""
+        width, height = image_size(read_image(url))
+        return self.pads(width, height)
+
+
+def expand_image_pads(
+    ids: Sequence[int], *, pad_id: int, pads: Sequence[int], sources: Sequence[str]
+) -> tuple[list[int], list[ImageSpan]]:
+    """`ids` (a tokenized render with one `pad_id` per image, in order) with the k-th pad repeated ``pads[k]`` times,
+    as the model's processor expands them, and the span of each image's run (`sources[k]` its reference). Raises
+    ValueError when the number of pads in `ids` is not the number of images."""
+    if len(pads) != len(sources):
+        raise ValueError(f"got {len(pads)} pad counts for {len(sources)} images")
+    found = sum(1 for i in ids if i == pad_id)
+    if found != len(pads):
+        raise ValueError(f"the text holds {found} image placeholders for {len(pads)} images")
+    out: list[int] = []
+    spans: list[ImageSpan] = []
+    k = 0
+    for token in ids:
+        if token != pad_id:
+            out.append(token)
+            continue
+        if pads[k] < 1:
+            raise ValueError(f"image {k} must stand for at least one pad token, got {pads[k]}")
+        spans.append(ImageSpan(start=len(out), end=len(out) + pads[k], source=sources[k]))
+        out.extend([pad_id] * pads[k])
+        k += 1
+    return out, spans
+
+
+def collapse_image_pads(ids: Sequence[int], pad_ids: set[int] | frozenset[int]) -> list[int]:
+    """`ids` with each run of consecutive pad tokens collapsed to one: the prompt an engine that expands images
+    itself takes (vLLM), as OpenRLHF's `dedup_media_tokens` gives it."""
+    out: list[int] = []
+    for token in ids:
+        if token in pad_ids and out and out[-1] in pad_ids:
+            continue
+        out.append(token)
+    return out
