@@ -30,6 +30,7 @@ def test_known_names() -> None:
         "qwen3-coder",
         "qwen3-instruct-2507",
         "qwen3-thinking-2507",
+        "qwen3-vl",
     ]
 
 
