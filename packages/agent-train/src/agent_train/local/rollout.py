@@ -87,6 +87,13 @@ def summary_ranges(trajectory: Trajectory) -> list[list[tuple[int, int]]]:
     return ranges
 
 
+def _generation_cap(recipe: Recipe) -> int:
+    """The sampling cap of every generation: a turn's budget, or a summary's when that is larger (the session
+    gives each generation its own budget below this cap)."""
+    summary = recipe.compaction.summary_max_new_tokens if recipe.compaction is not None else 0
+    return max(recipe.max_new_tokens, summary)
+
+
 class Rollouts:
     """Samples groups of episodes of `recipe` on `engine` through `AgentRuntime`."""
 
@@ -97,7 +104,7 @@ class Rollouts:
         self.runtime = AgentRuntime(
             engine,
             recipe.make_session(engine.tokenizer),
-            sampling=msgspec.structs.replace(recipe.sampling, max_new_tokens=recipe.max_new_tokens, logprobs=True),
+            sampling=msgspec.structs.replace(recipe.sampling, max_new_tokens=_generation_cap(recipe), logprobs=True),
             max_context_tokens=self.max_length,
             engine_timeout_s=None,
         )
