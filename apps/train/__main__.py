@@ -1,6 +1,7 @@
 """apps/train: train an agent recipe, locally or with OpenRLHF on a Ray cluster.
 
     uv run apps/train                                   # train the demo agent on CPU (backend "local")
+    uv run apps/train --demo compaction                 # the compaction demo: a running total through summaries
     uv run apps/train -- --seed 1 --run-dir runs/seed1  # local trainer options go after `--`
     uv run apps/train --backend openrlhf --recipe recipes/calculator.py --pretrain Qwen/Qwen3-4B --dry-run
     uv run apps/train --backend openrlhf --recipe R --pretrain M --ray-address http://head:8265 -- --ckpt.save_steps 20
@@ -43,6 +44,9 @@ backends:
             Qwen3 model, SFT on expert episodes, RL through the OpenRLHF executor; prints held-out success
             before training, after SFT and after RL, and installs the model apps/serve serves by default;
             its options go after `--` (`uv run apps/train -- --help` lists them)
+            --demo compaction: the compaction demo instead (a running total over a list too long for the
+            context, carried through summaries; every segment trained), with its figures with compaction
+            off and with summary tokens masked (the ablation); served by `uv run apps/serve --demo compaction`
   openrlhf  build `python -m openrlhf.cli.train_ppo_ray` for the recipe, prepare its dataset, check the flags
             with OpenRLHF's own parser, then run it on a local Ray or submit it with --ray-address;
             arguments after `--` are appended to the OpenRLHF command verbatim (any OpenRLHF flag)
@@ -58,6 +62,7 @@ examples:
   uv run apps/train                                     # the demo agent, into runs/demo
   uv run apps/train -- --seed 1 --run-dir runs/seed1    # local trainer options after `--`
   uv run apps/train -- --resume                         # continue an interrupted run from its checkpoint
+  uv run apps/train --demo compaction                   # the compaction demo, into runs/compaction
   uv run apps/train --backend openrlhf --recipe recipes/calculator.py --pretrain Qwen/Qwen3-4B --dry-run
   uv run apps/train --backend openrlhf --recipe recipes/calculator.py --pretrain Qwen/Qwen3-4B \\
       --algo grpo --gpus-per-node 8 --ray-address http://127.0.0.1:8265 -- --logger.wandb.key "$WANDB_KEY"
@@ -98,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--backend", choices=["local", "openrlhf"], default="local", help="default: local")
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--demo",
+        choices=["calculator", "compaction"],
+        default="calculator",
+        help="local: which demo agent to train (default: calculator; compaction: a running total carried through "
+        "summaries)",
+    )
     commands = parser.add_subparsers(dest="command", metavar="{data}")
 
     run = parser.add_argument_group("openrlhf: what to train")
@@ -232,7 +244,7 @@ def run_openrlhf(args: argparse.Namespace, extra: list[str]) -> int:
 
 def openrlhf_only_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
     """The OpenRLHF options given a value other than their default (the local backend would silently ignore them)."""
-    shared = {"help", "backend", "verbose", "command"}
+    shared = {"help", "backend", "verbose", "command", "demo"}
     return [
         action.option_strings[0]
         for action in parser._actions  # argparse keeps no public list of a parser's options
@@ -240,14 +252,14 @@ def openrlhf_only_options(parser: argparse.ArgumentParser, args: argparse.Namesp
     ]
 
 
-def run_local(extra: list[str], verbose: bool = False) -> int:
+def run_local(extra: list[str], verbose: bool = False, demo: str = "calculator") -> int:
     from agent_train.local import cli  # torch, transformers and vLLM load from here on
 
     # every rollout logs at info level, and thousands of them would drown the trainer's progress bar and its
     # summary, so the local trainer logs warnings only unless --verbose
     if not verbose:
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    return cli.main(extra)
+    return cli.main(["--demo", demo, *extra] if demo != "calculator" else extra)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -270,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_data(args)
         if args.backend == "openrlhf":
             return run_openrlhf(args, extra)
-        return run_local(extra, args.verbose)
+        return run_local(extra, args.verbose, args.demo)
     except (LaunchError, DatasetError, RecipeError) as e:
         print(f"apps/train: error: {e}", file=sys.stderr)
         return 2

@@ -37,6 +37,7 @@ __all__ = [
     "episode_pieces",
     "episode_text",
     "train_demo_tokenizer",
+    "train_piece_tokenizer",
 ]
 
 logger = structlog.get_logger(__name__)
@@ -116,15 +117,22 @@ def train_demo_tokenizer(
 ) -> Tokenizer:
     """Train the demo tokenizer on `episodes` expert episodes of the training split (see the module docstring).
     `vocab_size` bounds the learned vocabulary; the added tokens come on top."""
-    if vocab_size < 257:
-        raise ValueError(f"vocab_size must leave room for the 256 byte symbols and merges, got {vocab_size}")
     problems = generate_problems("train", episodes, seed=seed)
     texts = [piece for problem in problems for piece in episode_pieces(problem, protocol, tools)]
+    return train_piece_tokenizer(texts, vocab_size=vocab_size)
+
+
+def train_piece_tokenizer(texts: Sequence[str], *, vocab_size: int = 1024, split_digits: bool = True) -> Tokenizer:
+    """A demo tokenizer (see the module docstring) trained on `texts`: the pieces of episodes a session tokenizes
+    one by one (any demo task's; the added tokens are cut out of them here). With `split_digits` every digit is
+    its own pre-token; without, every run of digits is one, so frequent numbers become single tokens."""
+    if vocab_size < 257:
+        raise ValueError(f"vocab_size must leave room for the 256 byte symbols and merges, got {vocab_size}")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
+            pre_tokenizers.Split(Regex(r"\p{N}" if split_digits else r"\p{N}+"), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -147,7 +155,7 @@ def train_demo_tokenizer(
     logger.info(
         "demo_tokenizer_trained",
         vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
-        episodes=episodes,
-        mean_episode_tokens=round(sum(len(tokenizer.encode(t).ids) for t in texts[:400]) * 4 / min(len(texts), 400), 1),
+        pieces=len(texts),
+        mean_piece_tokens=round(sum(len(tokenizer.encode(t).ids) for t in texts[:1600]) / min(len(texts), 1600), 1),
     )
     return tokenizer

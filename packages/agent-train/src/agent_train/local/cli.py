@@ -4,11 +4,14 @@
     uv run apps/train -- --seed 1 --run-dir runs/s1   # options after `--` come here
     uv run apps/train -- --resume                     # continue runs/demo from its last checkpoint
     uv run apps/train -- --estimator rloo --dynamic-filtering   # another OpenRLHF estimator, DAPO's filter
+    uv run apps/train --demo compaction               # the compaction demo, into runs/compaction, and its ablation
     python -m agent_train.local.cli --preset ci       # the same, without the app
 
-`main(argv)` parses the options, runs `train_local`, prints the three held-out figures and where everything
-went, and (unless ``--no-install``) installs the final model as the demo model that `apps/serve` serves when no
-model is named (see `agent_train.demo.build`). It configures no logging: the app does, and run as a module the
+`main(argv)` parses the options, runs `train_local`, prints the held-out figures and where everything went, and
+(unless ``--no-install``) installs the final model as the demo model that `apps/serve` serves when no model is
+named (see `agent_train.demo.build`; the compaction demo's is served with ``apps/serve --demo compaction``). For
+the compaction demo it also runs the ablation (`agent_train.local.ablation`: RL again from the same SFT model with
+summary tokens masked) unless ``--no-ablation``. It configures no logging: the app does, and run as a module the
 library's defaults apply. This module knows options and printing; the training is `trainer.py`'s.
 """
 
@@ -22,9 +25,18 @@ import msgspec
 
 from agent_runtime.torch_warnings import ignore_pynvml_deprecation
 from agent_train.errors import TrainError
-from agent_train.local.config import ESTIMATORS, GROUP_ESTIMATORS, PRESETS, check_config, preset
+from agent_train.local.config import ESTIMATORS, GROUP_ESTIMATORS, PRESETS, check_config
+from agent_train.local.demos import DEMOS, get_demo
 
 __all__ = ["build_parser", "main"]
+
+_FIGURES = (
+    ("compaction_off", "compaction off"),
+    ("before", "before"),
+    ("after_sft", "after SFT"),
+    ("after_rl", "after RL"),
+    ("after_rl_masked", "after RL, summaries masked"),
+)
 
 
 def _estimators_help() -> str:
@@ -51,7 +63,17 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_estimators_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--run-dir", default="runs/demo", help="metrics, plot, checkpoints (default: runs/demo)")
+    parser.add_argument(
+        "--demo",
+        choices=list(DEMOS),
+        default="calculator",
+        help="which demo agent: "
+        + "; ".join(f"{name}: {demo.summary}" for name, demo in DEMOS.items())
+        + " (default: calculator)",
+    )
+    parser.add_argument(
+        "--run-dir", help="metrics, plot, checkpoints (default: runs/demo; runs/compaction for --demo compaction)"
+    )
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default", help="default: the full demo run")
     parser.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint when there is one")
     parser.add_argument("--seed", type=int, help="overrides the preset's seed")
@@ -74,6 +96,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="rollout rounds per RL step at most when dynamic filtering refills (default 3)",
     )
     parser.add_argument(
+        "--mask-summaries",
+        action="store_true",
+        default=None,
+        help="compaction: summary turns get loss mask 0 in RL (the ablation; off by default)",
+    )
+    parser.add_argument(
+        "--no-mask-overlong",
+        dest="mask_overlong",
+        action="store_false",
+        default=None,
+        help="compaction: also train on episodes the token budget ended (by default they are left out of the loss)",
+    )
+    parser.add_argument(
+        "--no-ablation",
+        action="store_true",
+        help="compaction demo: skip the ablation run (RL again from the SFT model with summaries masked)",
+    )
+    parser.add_argument(
         "--stop-after", type=int, metavar="STEPS", help="checkpoint and stop after STEPS steps (continue with --resume)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -85,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    config = preset(args.preset)
+    demo = get_demo(args.demo)
+    config = demo.presets[args.preset]
+    run_dir = args.run_dir or ("runs/demo" if demo.name == "calculator" else f"runs/{demo.name}")
     overrides = {
         "seed": args.seed,
         "sft_steps": args.sft_steps,
@@ -95,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rl_estimator": args.estimator,
         "rl_dynamic_filtering": args.dynamic_filtering,
         "rl_filter_rounds": args.filter_rounds,
+        "rl_mask_summaries": args.mask_summaries,
+        "rl_mask_overlong": args.mask_overlong,
     }
     config = msgspec.structs.replace(config, **{k: v for k, v in overrides.items() if v is not None})
     try:
@@ -105,19 +149,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ignore_pynvml_deprecation()
     from agent_train.demo.build import install_demo_model  # torch, transformers and vLLM load from here on
+    from agent_train.local.ablation import run_ablation
     from agent_train.local.trainer import train_local
 
     try:
         result = train_local(
-            config, args.run_dir, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after
+            config, run_dir, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after
         )
+        if result.finished and demo.name == "compaction" and not args.no_ablation and not config.rl_mask_summaries:
+            result = run_ablation(result, progress=not args.no_progress)
     except TrainError as e:
         print(f"apps/train: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(
-            f"\ninterrupted; {args.run_dir}/checkpoint holds the last checkpoint (if one was written): continue with "
-            f"`uv run apps/train -- --resume --run-dir {args.run_dir}` and the same options",
+            f"\ninterrupted; {run_dir}/checkpoint holds the last checkpoint (if one was written): continue with "
+            f"`uv run apps/train -- --resume --run-dir {run_dir}` and the same options",
             file=sys.stderr,
         )
         return 130
@@ -125,16 +172,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not result.finished:
         print(f"paused after {args.stop_after} steps; continue with --resume --run-dir {result.run_dir}")
         return 0
+    shown = [(label, figures[key]) for key, label in _FIGURES if key in figures]
     print(
         f"held-out success ({result.eval_episodes} problems, greedy): "
-        f"before {figures.get('before', 0.0):.1%} | after SFT {figures.get('after_sft', 0.0):.1%} | "
-        f"after RL {figures.get('after_rl', 0.0):.1%}   (seed {config.seed}, {result.elapsed_s / 60:.1f} min)"
+        + " | ".join(f"{label} {value:.1%}" for label, value in shown)
+        + f"   (seed {config.seed}, {result.elapsed_s / 60:.1f} min)"
     )
     print(f"{'model:':<12}{result.model_dir}")
     for name, path in result.files.items():
         print(f"{name + ':':<12}{path}")
     if not args.no_install:
-        print(f"installed as the demo model: {install_demo_model(result.model_dir, summary=result.files['summary'])}")
+        installed = install_demo_model(result.model_dir, summary=result.files["summary"], demo=demo.name)
+        print(f"installed as the {demo.name} demo model: {installed}")
     return 0
 
 

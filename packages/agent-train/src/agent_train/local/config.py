@@ -41,6 +41,7 @@ class LocalTrainConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Hyperparameters of one local training run (see the module docstring for the phases)."""
 
     seed: int = 0
+    demo: str = "calculator"  # which demo agent (`agent_train.local.demos`): "calculator" or "compaction"
     # tokenizer and model
     vocab_size: int = 1024
     tokenizer_episodes: int = 3000
@@ -82,7 +83,7 @@ class LocalTrainConfig(msgspec.Struct, frozen=True, kw_only=True):
     checkpoint_every: int = 20
 
 
-PRESETS: Final[dict[str, LocalTrainConfig]] = {
+PRESETS: Final[dict[str, LocalTrainConfig]] = {  # the calculator demo's; every demo's: `agent_train.local.demos`
     "default": LocalTrainConfig(),
     "ci": LocalTrainConfig(
         rl_steps=20,

@@ -3,7 +3,10 @@
     plot_metrics(read_metrics(run_dir / "metrics.jsonl"), run_dir / "learning_curve.png")
 
 Top panel: held-out success (greedy, one point per evaluation) and the mean reward of each RL step's sampled
-episodes (faint) with its 10-step moving average; a dashed line marks where SFT ends and RL begins. Bottom panel:
+episodes (faint) with its 10-step moving average; a dashed line marks where SFT ends and RL begins. A compacting
+run's extra figures are single marks at the last step: the final model with compaction off (``compaction_off``)
+and, for a run that has one, the ablation's final model (``after_rl_masked``, from `plot_metrics`'s `extra`).
+Bottom panel:
 the SFT loss. Uses matplotlib's Agg backend (no display needed). This module knows metric records and matplotlib;
 nothing about training.
 """
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 __all__ = ["plot_metrics"]
 
@@ -28,14 +31,28 @@ def _moving_average(values: Sequence[float], window: int) -> list[float]:
     return out
 
 
-def plot_metrics(records: Sequence[dict[str, Any]], path: str | Path, *, title: str = "demo agent") -> Path:
-    """Draw the records of a metrics file into `path` (PNG); returns the path."""
+_MARKS: Final = {
+    "compaction_off": ("x", "tab:red", "final model, compaction off"),
+    "after_rl_masked": ("s", "tab:purple", "after RL with summary tokens masked (ablation)"),
+}
+
+
+def plot_metrics(
+    records: Sequence[dict[str, Any]],
+    path: str | Path,
+    *,
+    title: str = "demo agent",
+    extra: Sequence[dict[str, Any]] = (),
+) -> Path:
+    """Draw the records of a metrics file into `path` (PNG); returns the path. `extra` are evaluation records of
+    another run drawn as marks (the ablation's ``after_rl_masked``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    evals = [r for r in records if r.get("kind") == "eval"]
+    evals = [r for r in records if r.get("kind") == "eval" and r.get("label") not in _MARKS]
+    marks = [r for r in [*records, *extra] if r.get("kind") == "eval" and r.get("label") in _MARKS]
     rl = [r for r in records if r.get("kind") == "rl"]
     sft = [r for r in records if r.get("kind") == "sft"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=[2, 1])
@@ -51,6 +68,10 @@ def plot_metrics(records: Sequence[dict[str, Any]], path: str | Path, *, title: 
             if record.get("label") in ("before", "after_sft", "after_rl"):
                 top.annotate(f"{record['success']:.0%}", (record["step"], record["success"]),
                              textcoords="offset points", xytext=(0, 8), ha="center", fontsize=9)  # fmt: skip
+    for record in marks:
+        marker, color, text = _MARKS[record["label"]]
+        label = f"{text}: {record['success']:.0%}"
+        top.plot([record["step"]], [record["success"]], marker, color=color, ms=8, label=label)
     if sft:
         bottom.plot([r["step"] for r in sft], [r["loss"] for r in sft], color="tab:green", lw=1, label="SFT loss")
         boundary = max(r["step"] for r in sft)

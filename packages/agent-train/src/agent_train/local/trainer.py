@@ -26,8 +26,10 @@ pieces of `agent_train.local` together; each step's mechanics live in its own mo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import random
+import shutil
 import threading
 import time
 from collections.abc import Coroutine
@@ -40,16 +42,14 @@ import structlog
 import torch
 from tqdm import tqdm  # type: ignore[import-untyped]
 
-from agent_demo.expert import ExpertPolicy
-from agent_demo.recipe import make_recipe
-from agent_demo.tokenizer import train_demo_tokenizer
 from agent_protocol import HFTokenizer
 from agent_runtime import Recipe
 from agent_runtime.engines.hf import HFEngine
 from agent_train.demo.model import build_demo_model, load_demo_model, save_model_dir
 from agent_train.errors import TrainError
-from agent_train.local.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+from agent_train.local.checkpoint import Checkpoint, TrainerState, load_checkpoint, save_checkpoint
 from agent_train.local.config import LocalTrainConfig, check_config
+from agent_train.local.demos import Demo, get_demo
 from agent_train.local.evaluate import EvalResult, evaluate
 from agent_train.local.metrics import MetricsWriter, read_metrics
 from agent_train.local.plot import plot_metrics
@@ -84,13 +84,24 @@ def train_local(
     progress: bool = True,
     recipe: Recipe | None = None,
     stop_after: int | None = None,
+    branch_from: str | Path | None = None,
 ) -> TrainResult:
     """Train the demo agent (see the module docstring). Blocking; safe to call from inside an event loop.
 
     `resume` continues from ``run_dir/checkpoint`` when there is one (with the same config). `stop_after` pauses
-    the run once that many steps (SFT + RL) are done: it checkpoints and returns with ``finished=False``."""
+    the run once that many steps (SFT + RL) are done: it checkpoints and returns with ``finished=False``.
+    `branch_from` starts RL from another run's SFT model (its ``rl_start``), with RL options of this config (the
+    ablation of a compacting run: ``rl_mask_summaries``)."""
     return _run_sync(
-        train_local_async(config, run_dir, resume=resume, progress=progress, recipe=recipe, stop_after=stop_after)
+        train_local_async(
+            config,
+            run_dir,
+            resume=resume,
+            progress=progress,
+            recipe=recipe,
+            stop_after=stop_after,
+            branch_from=branch_from,
+        )
     )
 
 
@@ -132,9 +143,18 @@ class _Run:
     """The state one run carries between its phases."""
 
     def __init__(
-        self, config: LocalTrainConfig, run_dir: Path, recipe: Recipe, progress: bool, stop_after: int | None
+        self,
+        config: LocalTrainConfig,
+        run_dir: Path,
+        recipe: Recipe | None,
+        progress: bool,
+        stop_after: int | None,
+        branch_from: Path | None = None,
     ) -> None:
         self.config = config
+        self.demo: Demo = get_demo(config.demo)
+        recipe = recipe or self.demo.make_recipe()
+        self.branch_from = branch_from
         self.stop_after = stop_after
         self.run_dir = run_dir
         self.recipe = recipe
@@ -149,6 +169,8 @@ class _Run:
     def start(self, resume: bool) -> None:
         config = self.config
         checkpoint = load_checkpoint(self.checkpoint_dir) if resume else None
+        if checkpoint is None and self.branch_from is not None:
+            checkpoint = self.branch(self.branch_from)
         if checkpoint is not None:
             if checkpoint.state.config != config:
                 raise TrainError(
@@ -162,9 +184,7 @@ class _Run:
         else:
             torch.manual_seed(config.seed)
             tools = self.recipe.environment().tools
-            self.raw_tokenizer = train_demo_tokenizer(
-                self.protocol, tools, vocab_size=config.vocab_size, episodes=config.tokenizer_episodes, seed=config.seed
-            )
+            self.raw_tokenizer = self.demo.tokenizer(self.protocol, tools, config)
             self.model = build_demo_model(self.raw_tokenizer, config.model, seed=config.seed)
             self.state = TrainerState(config=config)
             self.optimizer_state = None
@@ -179,7 +199,7 @@ class _Run:
         )
         self.metrics = MetricsWriter(
             self.run_dir / "metrics.jsonl",
-            keep_until_step=self.state.step if checkpoint is not None else None,
+            keep_until_step=self.state.step if checkpoint is not None else None,  # resumed or branched
             elapsed_s=self.state.elapsed_s,
         )
         rows = list(self.recipe.rows("train"))
@@ -190,6 +210,24 @@ class _Run:
         self.held_out = held_out[: config.eval_size]
         total = config.sft_steps + config.rl_steps
         self.bar = tqdm(total=total, initial=self.state.step, disable=not self.progress, desc="train", unit="step")
+
+    def branch(self, source: Path) -> Checkpoint:
+        """Start this run where run `source` started RL (its ``rl_start`` checkpoint: the SFT model, the same RNG
+        state, so the same prompts are drawn), with this run's configuration, which may differ from the source's
+        in RL fields only (``rl_*``): the ablation of a compacting run trains the same SFT model another way."""
+        checkpoint = load_checkpoint(source / "rl_start")
+        if checkpoint is None:
+            raise TrainError(f"{source / 'rl_start'} holds no checkpoint; branch from a run that finished SFT")
+        theirs, ours = msgspec.structs.asdict(checkpoint.state.config), msgspec.structs.asdict(self.config)
+        differ = sorted(key for key in ours if ours[key] != theirs.get(key) and not key.startswith("rl_"))
+        if differ:
+            raise TrainError(f"a branch may change RL options only; {', '.join(differ)} differ from {source}'s")
+        checkpoint.state.config = self.config
+        shutil.copytree(source / "sft", self.run_dir / "sft", dirs_exist_ok=True)
+        kept = [r for r in read_metrics(source / "metrics.jsonl") if int(r.get("step", 0)) <= checkpoint.state.step]
+        (self.run_dir / "metrics.jsonl").write_bytes(b"".join(msgspec.json.encode(r) + b"\n" for r in kept))
+        logger.info("local_train_branched", source=str(source), step=checkpoint.state.step)
+        return checkpoint
 
     def should_pause(self) -> bool:
         """True once `stop_after` steps are done; the caller checkpoints and stops."""
@@ -204,10 +242,10 @@ class _Run:
         if "torch" in saved:
             torch.set_rng_state(saved["torch"])
 
-    def save(self) -> None:
+    def save(self, path: Path | None = None) -> None:
         self.state.elapsed_s = self.metrics.elapsed_s
         save_checkpoint(
-            self.checkpoint_dir,
+            path or self.checkpoint_dir,
             model=self.model,
             tokenizer=self.raw_tokenizer,
             state=self.state,
@@ -217,8 +255,8 @@ class _Run:
 
     # -- evaluation ----------------------------------------------------------------------------------------
 
-    async def evaluate(self, label: str | None = None) -> EvalResult:
-        result, _ = await evaluate(self.engine, self.recipe, self.held_out)
+    async def evaluate(self, label: str | None = None, recipe: Recipe | None = None) -> EvalResult:
+        result, _ = await evaluate(self.engine, recipe or self.recipe, self.held_out)
         record = self.metrics.write("eval", step=self.state.step, label=label, **msgspec.structs.asdict(result))
         if label is not None:
             self.state.figures[label] = result.success
@@ -230,7 +268,7 @@ class _Run:
 
     async def sft(self) -> None:
         config = self.config
-        policy = ExpertPolicy(self.tokenizer, self.protocol)
+        policy = self.demo.expert(self.tokenizer, self.protocol)
         rows = self.train_rows[: config.sft_episodes]
         trajectories = await expert_trajectories(self.recipe, self.tokenizer, rows, policy)
         examples: list[SFTExample] = sft_examples(trajectories, min_reward=config.sft_min_reward)
@@ -265,6 +303,7 @@ class _Run:
         self.state.phase = "rl"
         self.optimizer, self.optimizer_state = None, None
         self.save()
+        self.save(self.run_dir / "rl_start")  # where a branch of this run (`branch_from`) starts
 
     async def rl(self) -> None:
         config = self.config
@@ -388,11 +427,21 @@ class _Run:
             "overlong": round(sum(r.overlong for r in episodes) / count, 3),
         }
 
+    async def without_compaction(self) -> None:
+        """The final model on the held-out problems with compaction off (the budget ends an episode that
+        outgrows its context): what summaries are worth. Only for a recipe that compacts."""
+        if self.recipe.compaction is None or "compaction_off" in self.state.figures:
+            return
+        await self.evaluate("compaction_off", dataclasses.replace(self.recipe, compaction=None))
+        self.save()
+
     def finish(self) -> TrainResult:
         self.bar.close()
         files = {
             "metrics": self.metrics.path,
-            "plot": plot_metrics(read_metrics(self.metrics.path), self.run_dir / "learning_curve.png"),
+            "plot": plot_metrics(
+                read_metrics(self.metrics.path), self.run_dir / "learning_curve.png", title=self.demo.plot_title
+            ),
             "checkpoint": self.checkpoint_dir,
         }
         result = TrainResult(
@@ -410,6 +459,7 @@ class _Run:
             "figures": result.figures,
             "eval_episodes": result.eval_episodes,
             "seed": self.config.seed,
+            "demo": self.config.demo,
             "elapsed_s": round(result.elapsed_s, 1),
             "model_dir": str(result.model_dir),
             "config": msgspec.to_builtins(self.config),
@@ -428,6 +478,7 @@ async def train_local_async(
     progress: bool = True,
     recipe: Recipe | None = None,
     stop_after: int | None = None,
+    branch_from: str | Path | None = None,
 ) -> TrainResult:
     """`train_local` for callers already in an event loop (the engine's worker thread does the heavy work, but the
     optimizer steps run on the loop's thread)."""
@@ -435,7 +486,7 @@ async def train_local_async(
         config = check_config(config or LocalTrainConfig())
     except ValueError as e:
         raise TrainError(str(e)) from None
-    run = _Run(config, Path(run_dir), recipe or make_recipe(), progress, stop_after)
+    run = _Run(config, Path(run_dir), recipe, progress, stop_after, None if branch_from is None else Path(branch_from))
     run.run_dir.mkdir(parents=True, exist_ok=True)
     run.start(resume)  # raises before anything is started when the checkpoint does not fit the config
     try:
@@ -445,6 +496,8 @@ async def train_local_async(
             await run.sft()
         if run.state.phase == "rl" and not run.should_pause():
             await run.rl()
+        if run.state.phase == "done":
+            await run.without_compaction()
         return run.finish()
     finally:
         run.bar.close()
