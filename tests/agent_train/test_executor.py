@@ -19,6 +19,7 @@ from agent_runtime.recipe import Compaction
 from agent_train import AGENT_FUNC_PATH, extra_log_keys
 from agent_train.executor import AgentExecutor, as_tokenizer
 from agent_train.local_rollout_engine import LocalRolloutEngine
+from agent_train.openrlhf_segments import SEGMENTS_KEY
 from agent_train.task import encode_task
 from tests.agent_runtime.test_session import QUESTION, answer, call
 from tests.agent_train.conftest import calculator_recipe
@@ -184,7 +185,7 @@ def test_max_length_bounds_every_turn_and_the_episode(tokenizer: HFTokenizer, hf
     assert too_long["action_ranges"] == [] and too_long["extra_logs"]["agent_error_context_exhausted"] == 1
 
 
-def test_compaction_trains_the_last_segment(tokenizer: HFTokenizer, hf_tokenizer: Any) -> None:
+def test_compaction_returns_every_segment(tokenizer: HFTokenizer, hf_tokenizer: Any) -> None:
     recipe = calculator_recipe(compaction=Compaction(compact_at_tokens=1))  # compact after the first tool turn
     summary = "I computed 17 * 23 = 391 with the calculator; left to do: answer.<|im_end|>"
     script = [call("17 * 23"), summary, answer("391")]
@@ -201,9 +202,19 @@ def test_compaction_trains_the_last_segment(tokenizer: HFTokenizer, hf_tokenizer
     assert sample.extra_logs["agent_trained_tokens"] == sum(last.loss_mask)
     assert sample.reward == pytest.approx(1.1)  # the episode's reward, earned across both segments
 
-    # the same through OpenRLHF's entry point
+    assert rollout.segments == [*rollout.segments[:-1], sample] and len(rollout.segments) == 2
+    assert rollout.segments[0].observation_tokens == first.ids  # the summary turn ends it, trained (loss mask 1)
+    assert rollout.segments[0].action_ranges == first.action_ranges and len(first.action_ranges) == 2
+    assert rollout.segments[0].reward == sample.reward  # the episode's reward on every segment
+
+    # the same through OpenRLHF's entry point: the last segment as OpenRLHF's dict, the earlier ones under a key
+    # that only the segment extension reads (OpenRLHF alone trains the last segment, as before)
     out = execute(AgentExecutor(recipe), LocalRolloutEngine(ScriptedEngine(tokenizer, script)), hf_tokenizer)
+    assert set(out) == {*OPENRLHF_KEYS, SEGMENTS_KEY}
     assert out["observation_tokens"] == last.ids
+    (earlier,) = out[SEGMENTS_KEY]
+    assert set(earlier) == OPENRLHF_KEYS and earlier["observation_tokens"] == first.ids
+    assert earlier["action_ranges"] == first.action_ranges and earlier["reward"] == out["reward"]
 
 
 def test_hf_engine_rollout_is_what_the_model_generated(tiny_hf_engine: Any, hf_tokenizer: Any) -> None:

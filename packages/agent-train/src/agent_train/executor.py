@@ -34,7 +34,8 @@ from agent_protocol import HFTokenizer, Tokenizer, load_tokenizer
 from agent_runtime import AgentRuntime, AssistantEvent, LLMEngine, SamplingParams, Trajectory
 from agent_runtime.recipe import Recipe, load_recipe
 from agent_train.openrlhf_engine import OpenRLHFEngine
-from agent_train.sample import RolloutSample, sample_from_trajectory
+from agent_train.openrlhf_segments import episode_record
+from agent_train.sample import RolloutSample, segment_samples
 from agent_train.task import decode_task
 
 __all__ = ["AgentExecutor", "Rollout", "as_tokenizer"]
@@ -43,10 +44,12 @@ logger = structlog.get_logger(__name__)
 
 
 class Rollout(msgspec.Struct, frozen=True, kw_only=True):
-    """One episode: the full `trajectory` (every segment) and the `sample` OpenRLHF trains from it."""
+    """One episode: the full `trajectory`, one record per segment (`segments`, in order) and the last of them
+    (`sample`, what OpenRLHF trains without the segment extension)."""
 
     trajectory: Trajectory
     sample: RolloutSample
+    segments: list[RolloutSample] = msgspec.field(default_factory=list)
 
 
 class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is untyped
@@ -84,7 +87,7 @@ class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is unt
         rollout = await self.rollout(
             prompt, label, engine, max_length=int(max_length), with_logprobs=engine.with_logprobs
         )
-        return rollout.sample.to_openrlhf()
+        return episode_record(rollout.segments)
 
     async def rollout(
         self,
@@ -112,7 +115,7 @@ class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is unt
         result = await runtime.run(task.prompt, task=task.row, keep_events=True)
         turns = [event for event in result.events if isinstance(event, AssistantEvent)]
         truncated = bool(turns) and turns[-1].finish_reason == "length"
-        sample = sample_from_trajectory(
+        segments = segment_samples(
             result.trajectory,
             prompt=prompt,
             label=label,
@@ -120,7 +123,7 @@ class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is unt
             with_logprobs=with_logprobs,
             truncated=truncated,
         )
-        return Rollout(trajectory=result.trajectory, sample=sample)
+        return Rollout(trajectory=result.trajectory, sample=segments[-1], segments=segments)
 
 
 def as_tokenizer(source: Any) -> Tokenizer:

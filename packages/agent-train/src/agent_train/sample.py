@@ -33,8 +33,10 @@ from agent_runtime import Trajectory
 from agent_runtime.outcomes import ERROR_CODES as OUTCOME_ERROR_CODES
 
 __all__ = [
+    "BUDGET_STOPS",
     "ERROR_CODES",
     "RolloutSample",
+    "ended_by_budget",
     "extra_log_keys",
     "extra_logs",
     "mean_logs",
@@ -44,6 +46,9 @@ __all__ = [
 
 ERROR_CODES: Final[tuple[str, ...]] = tuple(sorted(code for code in OUTCOME_ERROR_CODES if code != "output_truncated"))
 """The error codes that get their own `agent_error_<code>` count; any other code counts as `agent_error_other`."""
+
+BUDGET_STOPS: Final[tuple[str, ...]] = ("context_exhausted", "max_steps")
+"""The stop reasons of an episode that ran out of budget (its context, its steps) instead of ending on its own."""
 
 _COUNTS: Final = (
     "agent_turns",
@@ -58,7 +63,8 @@ _COUNTS: Final = (
 
 
 class RolloutSample(msgspec.Struct, frozen=True, kw_only=True):
-    """One OpenRLHF rollout record; `to_openrlhf()` gives the exact dict `execute` returns."""
+    """One OpenRLHF rollout record; `to_openrlhf()` gives OpenRLHF's dict for it. `overlong` marks a record of an
+    episode that `ended_by_budget` (every segment of it); it is not part of OpenRLHF's dict."""
 
     prompt: Any
     label: Any
@@ -71,6 +77,7 @@ class RolloutSample(msgspec.Struct, frozen=True, kw_only=True):
     extra_logs: dict[str, float] = msgspec.field(default_factory=dict)
     images: Any = None
     mm_train_inputs: Any = None
+    overlong: bool = False
 
     def to_openrlhf(self) -> dict[str, Any]:
         return {
@@ -129,6 +136,15 @@ def extra_logs(trajectory: Trajectory, rewards: RewardPipeline | None) -> dict[s
             score = breakdown.result.get(name, breakdown.process.get(name, 0.0))
             logs[f"agent_reward_{_key(name)}"] = float(score)
     return logs
+
+
+def ended_by_budget(trajectory: Trajectory, *, truncated: bool) -> bool:
+    """Whether the episode ran out of budget without answering: it stopped for one of `BUDGET_STOPS`, or its last
+    turn was cut by the length limit, and it gave no final answer. These are SUPO's over-long rollouts, which
+    the OpenRLHF segment extension can mask from the loss."""
+    if trajectory.final_answer is not None:
+        return False
+    return trajectory.stop_reason in BUDGET_STOPS or truncated
 
 
 def sample_from_trajectory(
@@ -193,6 +209,7 @@ def _record(
         rollout_log_probs=log_probs,
         truncated=truncated,
         extra_logs=dict(logs),
+        overlong=ended_by_budget(trajectory, truncated=truncated),
     )
 
 
