@@ -103,7 +103,7 @@ def test_sizes_and_no_kl(tmp_path: Path, recipe: Recipe) -> None:
 
 def test_local_run_and_cluster_submission(tmp_path: Path, recipe: Recipe) -> None:
     local = plan_launch(config(tmp_path), recipe)
-    assert local.command[1:3] == ["-m", "openrlhf.cli.train_ppo_ray"]
+    assert local.command[1:3] == ["-m", "agent_train.openrlhf_main"]  # OpenRLHF's train_ppo_ray, with segments
     assert local.env["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] == "0"
     text = format_command(local)
     assert text.startswith(f"AGENT_RECIPE={RECIPE} RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 ")
@@ -119,8 +119,17 @@ def test_local_run_and_cluster_submission(tmp_path: Path, recipe: Recipe) -> Non
         "env_vars": {"AGENT_RECIPE": str(RECIPE), "AGENT_ENGINE_TIMEOUT_S": "300.0"},
         "working_dir": str(tmp_path),
     }
-    assert remote.command[cut + 1 :] == ["python3", "-m", "openrlhf.cli.train_ppo_ray", *remote.train_args]
+    assert remote.command[cut + 1 :] == ["python3", "-m", "agent_train.openrlhf_main", *remote.train_args]
     check_plan(remote)
+
+
+def test_overlong_masking_is_on_unless_turned_off(tmp_path: Path, recipe: Recipe) -> None:
+    assert "AGENT_MASK_OVERLONG" not in plan_launch(config(tmp_path), recipe).env  # the extension's default: on
+    off = plan_launch(config(tmp_path, mask_overlong=False), recipe)
+    assert off.env["AGENT_MASK_OVERLONG"] == "0"
+    remote = plan_launch(config(tmp_path, mask_overlong=False, ray_address="http://head:8265"), recipe)
+    runtime_env = json.loads(remote.command[remote.command.index("--runtime-env-json") + 1])
+    assert runtime_env["env_vars"]["AGENT_MASK_OVERLONG"] == "0"  # read by the trainer, on the cluster
 
 
 def test_prepare_data_writes_the_prompt_dataset(tmp_path: Path, recipe: Recipe) -> None:

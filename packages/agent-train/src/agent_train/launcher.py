@@ -6,7 +6,10 @@
     check_plan(plan)                      # OpenRLHF's own argument parser and checks, before anything starts
     print(format_command(plan)); run_plan(plan)
 
-The command is `python -m openrlhf.cli.train_ppo_ray` with openrlhf 0.11's dotted flags:
+The command is `python -m agent_train.openrlhf_main`, which is OpenRLHF's `python -m openrlhf.cli.train_ppo_ray`
+with agent-train's segment extension installed in every process (`openrlhf_segments`: every segment of a compacted
+episode is a training sample with the episode's advantage; over-long episodes are masked unless `mask_overlong` is
+off, ``AGENT_MASK_OVERLONG=0``), with openrlhf 0.11's dotted flags:
 
 - the agent: ``--train.agent_func_path`` is agent-train's `openrlhf_agent.py`, and ``AGENT_RECIPE`` (set in the
   local environment, or in the Ray job's runtime environment) names the recipe; the data is the prepared JSONL
@@ -50,6 +53,7 @@ from agent_train.dataset import INPUT_KEY, LABEL_KEY, prepare_jsonl_dataset, pre
 from agent_train.errors import LaunchError
 from agent_train.openrlhf_args import CheckedArguments, check_arguments
 from agent_train.openrlhf_presets import ALGORITHMS, IS_CORRECTION_FLAGS, Algorithm
+from agent_train.openrlhf_segments import MASK_OVERLONG_ENV
 
 __all__ = [
     "AGENT_FUNC_PATH",
@@ -71,7 +75,7 @@ logger = structlog.get_logger(__name__)
 Mode = Literal["hybrid", "async"]
 
 MODES: Final[tuple[str, ...]] = ("hybrid", "async")
-TRAIN_MODULE: Final = "openrlhf.cli.train_ppo_ray"
+TRAIN_MODULE: Final = "agent_train.openrlhf_main"
 AGENT_FUNC_PATH: Final = str(Path(__file__).resolve().with_name("openrlhf_agent.py"))
 """The installed file to pass as ``--train.agent_func_path`` (see `openrlhf_agent.py`)."""
 
@@ -117,12 +121,13 @@ class LaunchConfig(msgspec.Struct, frozen=True, kw_only=True):
     engine_timeout_s: float | None = None
     extra_args: tuple[str, ...] = ()
     is_correction: bool = False
+    mask_overlong: bool = True
     critic_nodes: int | None = None
     critic_gpus_per_node: int | None = None
 
 
 class LaunchPlan(msgspec.Struct, frozen=True, kw_only=True):
-    """A launch, fully decided: `train_args` are the flags after ``-m openrlhf.cli.train_ppo_ray``, `command`
+    """A launch, fully decided: `train_args` are OpenRLHF's flags (after ``-m agent_train.openrlhf_main``), `command`
     the whole process to start, `env` the variables the run (and its Ray workers) need."""
 
     train_args: list[str]
@@ -253,6 +258,8 @@ def plan_launch(config: LaunchConfig, recipe: Recipe) -> LaunchPlan:
     env = {"AGENT_RECIPE": _recipe_source(config.recipe)}
     if config.engine_timeout_s:
         env["AGENT_ENGINE_TIMEOUT_S"] = str(config.engine_timeout_s)
+    if not config.mask_overlong:
+        env[MASK_OVERLONG_ENV] = "0"
     if config.ray_address:
         runtime_env: dict[str, object] = {"env_vars": env}
         if config.working_dir:
