@@ -7,16 +7,21 @@ OpenRLHF calls `execute` once per rollout, inside its vLLM rollout actor, and tr
 The episode is not re-implemented here: `execute` wraps OpenRLHF's rollout engine in `OpenRLHFEngine` and runs
 the recipe's session with `AgentRuntime`, the same loop `apps/serve` runs, so prompt rendering, token-in-token-out
 transcripts, parsing, tools, rewards, budgets and compaction are the serving code's, byte for byte. The finished
-`Trajectory` becomes OpenRLHF's record through `sample_from_trajectory` (the last segment is trained; see
-`sample.py`).
+`Trajectory` becomes one record per segment (`segment_samples`, see `sample.py`), and OpenRLHF gets them as one
+dict (`openrlhf_segments.episode_record`): the last segment's, the earlier ones under ``agent_segments`` for the
+segment extension the launcher installs, which trains every segment with the episode's advantage; an episode that
+ran out of budget without answering carries ``agent_overlong``. A plain episode's dict is OpenRLHF's own format,
+nothing added.
 
 `max_length` is OpenRLHF's `--data.max_len`, the most tokens a trained sequence holds: it caps the session's
 context, so each turn gets at most what is left of it (OpenRLHF's own executor does the same), the episode ends
-cleanly (``context_exhausted``) when nothing is left, and a compacting recipe compacts against it. A model,
+cleanly (``context_exhausted``) when nothing is left, and a compacting recipe compacts against it: OpenRLHF
+passes the same `max_length` to every sample, so every sample of a group compacts at the same token threshold
+(the recipe's `compact_at_tokens`, else 3/4 of it). A model,
 tool or engine failure never raises out of `execute`: it is recorded, scored and counted in `extra_logs`.
 
 `rollout()` is the same episode for callers outside OpenRLHF (the local trainer): it takes any `LLMEngine` and
-returns the whole `Trajectory` with the OpenRLHF record. OpenRLHF constructs its executor with no arguments;
+returns the whole `Trajectory` with its segment records. OpenRLHF constructs its executor with no arguments;
 `agent_train/openrlhf_agent.py` is that no-argument class, reading the recipe from ``AGENT_RECIPE``.
 This module imports OpenRLHF (for the base class), hence torch; the package root does not import it.
 """

@@ -5,18 +5,20 @@ OpenRLHF's agent contract (`AgentExecutorBase.execute`) returns one dict per rol
 token (0.0 outside actions; None when vLLM was not asked for logprobs), `reward` and `scores`, `truncated`, and
 `extra_logs`, plus the prompt fields it echoes. `RolloutSample` is that dict as a typed record.
 
-Which tokens are trained: the trajectory's last segment. Without compaction that is the whole episode. After a
-compaction, the earlier segments were generated under contexts that no longer exist in the last one; OpenRLHF
-takes one sequence per rollout and computes every token's logprob from the tokens before it in that sequence,
-so concatenating segments would train tokens on contexts they were never sampled from. Training only the last
-segment (the one that earned the final answer, under the summary it was really sampled with) keeps every trained
-token exact; the earlier segments, the summary turns included, are not trained by the OpenRLHF backend and are
-counted in `agent_untrained_tokens`.
+Which tokens are trained: every segment, each as a record of its own (`segment_samples`). Without compaction that
+is the one record of the whole episode. After a compaction, each earlier segment (ending with its summary turn)
+was generated under a context that no longer exists in the next one; OpenRLHF computes every token's logprob from
+the tokens before it in its sequence, so each segment is a sequence of its own, exact on its own, and every
+record carries the episode's reward (the advantage is the episode's, see `openrlhf_segments`).
+`sample_from_trajectory` is the last record alone, what plain OpenRLHF trains. `overlong` marks the records of an
+episode that `ended_by_budget` (SUPO's over-long rollouts, masked from the loss by default).
 
 `extra_logs` carries one float per key, and the keys are the same for every episode of a run (OpenRLHF stacks
 each key over the batch and rejects a key that some samples lack): counts of turns, generations, tool calls,
-compactions and errors by code, whether the episode gave a final answer, trained and untrained action tokens,
-and each reward strategy's unweighted score. This module knows trajectories and numbers; it runs nothing.
+compactions and errors by code, whether the episode gave a final answer, the action tokens of the last segment
+(`agent_trained_tokens`) and of the earlier ones (`agent_untrained_tokens`: trained too where the segment
+extension or the local trainer runs), and each reward strategy's unweighted score. This module knows
+trajectories and numbers; it runs nothing.
 """
 
 from __future__ import annotations
