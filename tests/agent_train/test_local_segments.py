@@ -58,7 +58,7 @@ def test_a_compacted_episode_is_one_record_per_segment_each_with_its_episodes_ad
     compacting: tuple[Recipe, ScriptedEngine],
 ) -> None:
     recipe, engine = compacting
-    rows = _rows(recipe, 4, lambda row: row["count"] >= 9)  # long lists: they compact
+    rows = _rows(recipe, 4, lambda row: row["count"] >= 8)  # long lists: they compact
     records = _collect(recipe, engine, rows)
     by_episode: dict[int, list[RolloutRecord]] = {}
     for record in records:
@@ -130,7 +130,7 @@ def test_episodes_the_budget_ended_are_left_out_of_the_loss_unless_asked(
 ) -> None:
     recipe, engine = compacting
     plain = running_total.make_recipe(compaction=False)  # no compaction: a long list runs out of context
-    rows = _rows(recipe, 2, lambda row: row["count"] >= 11)
+    rows = _rows(recipe, 2, lambda row: row["count"] >= 8)
     records = _collect(plain, engine, rows)
     assert records and all(r.overlong and r.stop_reason == "context_exhausted" for r in records)
     advantages = episode_advantages(records, "reinforce")

@@ -3,21 +3,25 @@ small for the whole episode, so the agent must carry its state (the total so far
 summaries. Its `Recipe` is `load_recipe("agent_demo.running_total")`.
 
     problem = generate_totals("test", 1)[0]
-    problem.question     # "Add up, one number at a time: 41 7 93 28 55 16 72 30 64 12"
-    problem.answer       # "418"
+    problem.question     # "Add up one at a time: 471938256"
+    problem.answer       # "45"
 
-A solved episode: ``calculator("41 + 7")``, then ``"48 + 93"``, ... one call per number, each adding the next
-number to the tool's last result, then ``The answer is 418.``. Each step costs about 30 tokens of context and the
-recipe's context holds `MAX_CONTEXT_TOKENS`, so the session (a `CompactableSession`: the recipe sets `compaction`)
-asks for a summary once the next turn would pass `COMPACT_AT_TOKENS`, and the episode continues in a new context
-from the question and the summary (`RESUME_TEMPLATE`). The summary that carries the episode on is
-``Total 169. Left: 55 16 72 30 64 12.`` (``Left: none.`` when every number is added): the last result and the
-numbers after the last one added. Held-out lists are long enough to need at least `MIN_HELD_OUT_COMPACTIONS`
-compactions; without compaction the budget ends them (``context_exhausted``) before the answer.
+A solved episode: ``calculator("4 + 7")``, then ``"11 + 1"``, ... one call per number, each adding the next number
+to the tool's last result, then ``The answer is 45.``. Each step costs about 20 tokens of context and the recipe's
+context holds `MAX_CONTEXT_TOKENS`, so the session (a `CompactableSession`: the recipe sets `compaction`) asks for a
+summary once the next turn would pass `COMPACT_AT_TOKENS`, and the episode continues in a new context from the
+question and the summary (`RESUME_TEMPLATE`). The summary that carries the episode on is ``Total 12. Left:
+38256.`` (``Left: none.`` when every number is added): the last result and the numbers after the last one added.
+Held-out lists are long enough to need at least `MIN_HELD_OUT_COMPACTIONS` compactions; without compaction the
+budget ends them (``context_exhausted``) before the answer.
 
-Numbers are distinct two-digit ones, so "the number after the one just added" is never ambiguous. The split is a
-stable hash of the list, as in `agent_demo.task`: one list in ten is held out. This module knows the task, its text
-and its recipe; the scripted expert is `agent_demo.running_total_expert`.
+The numbers are distinct digits 1-9 written together, so each is one token of the demo tokenizer and "the number
+after the one just added" is the next token after its only occurrence: one lookup, which a model of a few million
+parameters learns in minutes. (Distinct two-digit numbers, one token of a digit each, left the tiny model matching
+numbers by their last digit, and two-digit numbers as single tokens left it with a thousand rare tokens to learn:
+0% after 150-200 SFT steps both ways.) The split is a stable hash of the list, as in `agent_demo.task`: one list in
+ten is held out. This module knows the task, its text and its recipe; the scripted expert is
+`agent_demo.running_total_expert`.
 """
 
 from __future__ import annotations
@@ -49,31 +53,31 @@ __all__ = [
     "total_rows",
 ]
 
-QUESTION_PREFIX: Final = "Add up, one number at a time: "
+QUESTION_PREFIX: Final = "Add up one at a time: "
 COMPACTION_INSTRUCTION: Final = "Context full. Summarize: the total so far and the numbers left."
 RESUME_TEMPLATE: Final = "So far: {summary}"
-MAX_CONTEXT_TOKENS: Final = 192
-COMPACT_AT_TOKENS: Final = 150
+MAX_CONTEXT_TOKENS: Final = 160
+COMPACT_AT_TOKENS: Final = 118
 MAX_NEW_TOKENS: Final = 24
 SUMMARY_MAX_NEW_TOKENS: Final = 40
 MAX_COMPACTIONS: Final = 6
-TRAIN_LENGTHS: Final = (5, 12)  # numbers per list, inclusive
-HELD_OUT_LENGTHS: Final = (10, 12)
+TRAIN_LENGTHS: Final = (4, 9)  # numbers per list, inclusive
+HELD_OUT_LENGTHS: Final = (8, 9)
 MIN_HELD_OUT_COMPACTIONS: Final = 2
 TRAIN_SIZE: Final = 4000
 HELD_OUT_SIZE: Final = 500
 _HELD_OUT_BUCKETS: Final = 10
-_NUMBERS: Final = re.compile(r"[0-9]+")
+_DIGITS: Final = re.compile(r"[1-9]+")
 
 
 class TotalProblem(msgspec.Struct, frozen=True, kw_only=True):
-    """A list of distinct two-digit numbers to add up."""
+    """A list of distinct digits 1-9 to add up."""
 
     numbers: tuple[int, ...]
 
     @property
     def question(self) -> str:
-        return QUESTION_PREFIX + " ".join(map(str, self.numbers))
+        return QUESTION_PREFIX + "".join(map(str, self.numbers))
 
     @property
     def value(self) -> int:
@@ -85,7 +89,7 @@ class TotalProblem(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def split(self) -> Split:
-        digest = hashlib.blake2b(" ".join(map(str, self.numbers)).encode(), digest_size=8).digest()
+        digest = hashlib.blake2b("".join(map(str, self.numbers)).encode(), digest_size=8).digest()
         return "test" if int.from_bytes(digest, "little") % _HELD_OUT_BUCKETS == 0 else "train"
 
     def row(self) -> dict[str, Any]:
@@ -94,7 +98,7 @@ class TotalProblem(msgspec.Struct, frozen=True, kw_only=True):
 
 def summary_text(total: int, left: Iterable[int]) -> str:
     """The summary that carries an episode into its next context: the total so far and the numbers left."""
-    rest = " ".join(map(str, left))
+    rest = "".join(map(str, left))
     return f"Total {total}. Left: {rest or 'none'}."
 
 
@@ -103,15 +107,15 @@ def parse_numbers(question: str) -> tuple[int, ...] | None:
     text = question.strip()
     if not text.startswith(QUESTION_PREFIX):
         return None
-    words = text[len(QUESTION_PREFIX) :].split(" ")
-    if not words or not all(_NUMBERS.fullmatch(word) for word in words):
+    digits = text[len(QUESTION_PREFIX) :]
+    if not _DIGITS.fullmatch(digits):
         return None
-    return tuple(int(word) for word in words)
+    return tuple(int(digit) for digit in digits)
 
 
 def generate_totals(split: Split, count: int, *, seed: int = 0) -> list[TotalProblem]:
-    """`count` distinct lists of `split`, reproducible from `seed` (training lists have 5 to 12 numbers, held-out
-    ones 10 to 12: long enough for two compactions at least)."""
+    """`count` distinct lists of `split`, reproducible from `seed` (training lists have 4 to 9 numbers, held-out
+    ones 8 or 9: long enough for two compactions at least)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if count < 0:
@@ -121,7 +125,7 @@ def generate_totals(split: Split, count: int, *, seed: int = 0) -> list[TotalPro
     seen: set[tuple[int, ...]] = set()
     problems: list[TotalProblem] = []
     while len(problems) < count:
-        problem = TotalProblem(numbers=tuple(rng.sample(range(10, 100), rng.randint(low, high))))
+        problem = TotalProblem(numbers=tuple(rng.sample(range(1, 10), rng.randint(low, high))))
         if problem.split != split or problem.numbers in seen:
             continue
         seen.add(problem.numbers)

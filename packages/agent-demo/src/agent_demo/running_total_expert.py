@@ -8,11 +8,11 @@ compacts exactly where the session's threshold asks a model to.
 It reads only the current context, as a model must: the question (the list), the summary this context resumed
 from if any, its own calls in this context and the last tool result. Its turns:
 
-- the first call of an episode adds the first two numbers (``41 + 7``); each later one adds the number after the
-  last one added to the tool's last result (``48 + 93``); the first call of a resumed context adds the first
+- the first call of an episode adds the first two numbers (``4 + 7``); each later one adds the number after the
+  last one added to the tool's last result (``11 + 1``); the first call of a resumed context adds the first
   number the summary lists as left to its total;
-- the summary, when the last user turn is the compaction instruction: ``Total 169. Left: 55 16 72 30 64 12.``;
-- the answer, once the last number is added (or the summary left none): ``The answer is 418.``;
+- the summary, when the last user turn is the compaction instruction: ``Total 12. Left: 38256.``;
+- the answer, once the last number is added (or the summary left none): ``The answer is 45.``;
 - anything it cannot read (not this task, a failed tool call): a short refusal that ends the episode.
 
 `episode_pieces` is the text of an expert episode in the pieces a session tokenizes one by one, compacting every
@@ -49,7 +49,7 @@ _END: Final = "<|im_end|>"
 _CALL: Final = re.compile(r'"expression": "(?P<total>[0-9]+) \+ (?P<added>[0-9]+)"')
 _TOOL_RESPONSE: Final = re.compile(r"<tool_response>\n(?P<content>.*?)\n</tool_response>", re.DOTALL)
 _RESUMED: Final = re.compile(
-    re.escape(RESUME_TEMPLATE.format(summary="")) + r"Total (?P<total>[0-9]+)\. Left: (?P<left>[0-9 ]+|none)\."
+    re.escape(RESUME_TEMPLATE.format(summary="")) + r"Total (?P<total>[0-9]+)\. Left: (?P<left>[1-9]+|none)\."
 )
 
 
@@ -73,7 +73,7 @@ def _state(context: str) -> tuple[tuple[int, ...], int, int] | None:
         return numbers, int(results[-1]), numbers.index(added) + 1
     resumed = _RESUMED.search(context)
     if resumed is not None:
-        left = [] if resumed["left"] == "none" else [int(n) for n in resumed["left"].split()]
+        left = [] if resumed["left"] == "none" else [int(n) for n in resumed["left"]]
         return numbers, int(resumed["total"]), len(numbers) - len(left)
     return numbers, numbers[0], 1
 
@@ -146,12 +146,9 @@ def train_running_total_tokenizer(
     episodes: int = 3000,
     seed: int = 0,
 ) -> Tokenizer:
-    """The compaction demo's tokenizer: `agent_demo.tokenizer`'s design, trained on `episodes` expert episodes
-    of this task (training lists), except that a run of digits is one pre-token, so every two-digit number of a
-    list is one token. The model's work is copying (the next number after the last one added, the numbers left
-    into a summary), and one token per number makes each copy one lookup; with a token per digit a tiny model
-    matched numbers by their last digit and copied the commonest ones (0% success after 150 SFT steps)."""
+    """The compaction demo's tokenizer: `agent_demo.tokenizer`'s design (every digit its own token), trained on
+    `episodes` expert episodes of this task (training lists)."""
     rng = random.Random(f"running-total-corpus:{seed}")
     problems = generate_totals("train", episodes, seed=seed)
     texts = [piece for problem in problems for piece in episode_pieces(problem, protocol, tools, rng)]
-    return train_piece_tokenizer(texts, vocab_size=vocab_size, split_digits=False)
+    return train_piece_tokenizer(texts, vocab_size=vocab_size)

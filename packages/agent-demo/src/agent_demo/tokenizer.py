@@ -122,17 +122,16 @@ def train_demo_tokenizer(
     return train_piece_tokenizer(texts, vocab_size=vocab_size)
 
 
-def train_piece_tokenizer(texts: Sequence[str], *, vocab_size: int = 1024, split_digits: bool = True) -> Tokenizer:
+def train_piece_tokenizer(texts: Sequence[str], *, vocab_size: int = 1024) -> Tokenizer:
     """A demo tokenizer (see the module docstring) trained on `texts`: the pieces of episodes a session tokenizes
-    one by one (any demo task's; the added tokens are cut out of them here). With `split_digits` every digit is
-    its own pre-token; without, every run of digits is one, so frequent numbers become single tokens."""
+    one by one (any demo task's; the added tokens are cut out of them here)."""
     if vocab_size < 257:
         raise ValueError(f"vocab_size must leave room for the 256 byte symbols and merges, got {vocab_size}")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(r"\p{N}" if split_digits else r"\p{N}+"), behavior="isolated"),
+            pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
