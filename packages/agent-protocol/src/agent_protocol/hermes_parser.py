@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 from typing import Final
 
+from agent_protocol.broken_call import raw_preview
 from agent_protocol.chatml import strip_end_marker
 from agent_protocol.errors import JsonLimitError
 from agent_protocol.json_call import arguments_object, json_kind
@@ -37,7 +38,6 @@ THINK_OPEN: Final = "<think>"
 THINK_CLOSE: Final = "</think>"
 CALL_OPEN: Final = "<tool_call>"
 CALL_CLOSE: Final = "</tool_call>"
-_RAW_PREVIEW: Final = 200
 
 
 def parse_hermes_turn(text: str, *, reasoning_open: bool = False, call_id_prefix: str = "call") -> Action:
@@ -98,7 +98,7 @@ def split_tool_calls(content: str, *, call_id_prefix: str = "call") -> tuple[str
 
 
 def _parse_call_body(body: str, *, closed: bool, call_id: str) -> ToolCall:
-    raw = body if len(body) <= _RAW_PREVIEW else body[:_RAW_PREVIEW] + "..."
+    raw = raw_preview(body)
     try:
         payload = loads_bounded(body)
     except JsonLimitError as e:

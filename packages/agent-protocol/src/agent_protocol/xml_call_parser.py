@@ -37,6 +37,7 @@ from bisect import bisect_left
 from collections.abc import Mapping
 from typing import Any, Final
 
+from agent_protocol.broken_call import raw_preview
 from agent_protocol.errors import JsonLimitError
 from agent_protocol.json_limits import check_json_value, loads_bounded
 from agent_protocol.types import ParseIssue, ToolCall
@@ -51,7 +52,6 @@ PARAMETER_OPEN: Final = "<parameter="
 PARAMETER_CLOSE: Final = "</parameter>"
 _SPACE: Final = " \t\n\r"
 _NAME_FORBIDDEN: Final = frozenset("{}<>\"' \t\n\r")  # a stray template token or prose, not a function name
-_RAW_PREVIEW: Final = 200
 _STRING_TYPES: Final = ("string", "str", "text", "varchar", "char", "enum")
 _INTEGER_PREFIXES: Final = ("int", "uint", "long", "short", "unsigned")
 
@@ -179,7 +179,7 @@ def _read_call(
     name = tags.name_at(function_at, FUNCTION_OPEN)
     if name is None:
         issue = ParseIssue(code="unclosed_tag", message="The tool call was cut off before its function name ended.")
-        return ToolCall(id=call_id, name="", error=issue, raw=_preview(text[start:])), None
+        return ToolCall(id=call_id, name="", error=issue, raw=raw_preview(text[start:])), None
     properties = schemas.get(name) or {}
     body_start = function_at + len(FUNCTION_OPEN) + len(name) + 1
     raw_values, body_end, closer = _read_parameters(tags, body_start, set(properties) or None)
@@ -189,7 +189,7 @@ def _read_call(
         after = _skip_space(text, end)
         if closer == FUNCTION_CLOSE and text.startswith(CALL_CLOSE, after):
             end = after + len(CALL_CLOSE)
-    raw = _preview(text[start:end])
+    raw = raw_preview(text[start:end])
     if not _valid_name(name):
         issue = ParseIssue(
             code="missing_name",
@@ -299,10 +299,6 @@ def _valid_name(name: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def _preview(raw: str) -> str:
-    return raw if len(raw) <= _RAW_PREVIEW else raw[:_RAW_PREVIEW] + "..."
 
 
 # -- values ---------------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Final
 
+from agent_protocol.broken_call import raw_preview
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import JsonLimitError, MessageError
 from agent_protocol.json_call import json_kind
@@ -79,7 +80,6 @@ TOOL_SEP: Final = "<｜tool▁sep｜>"
 OUTPUT_BEGIN: Final = "<｜tool▁output▁begin｜>"
 OUTPUT_END: Final = "<｜tool▁output▁end｜>"
 
-_RAW_PREVIEW: Final = 200
 _CALL_FORMAT: Final = (
     f"Write each call as {CALL_BEGIN}NAME{TOOL_SEP}{{JSON arguments}}{CALL_END}, all of them between "
     f"{CALLS_BEGIN} and {CALLS_END}."
@@ -231,14 +231,14 @@ def _split_tool_calls(body: str, *, call_id_prefix: str) -> tuple[str, list[Tool
             code="unclosed_tag" if cut_off and not section.strip() else "invalid_json",
             message=f"{CALLS_BEGIN} holds no call. {_CALL_FORMAT}",
         )
-        return body[:begin], [ToolCall(id=f"{call_id_prefix}_0", name="", error=issue, raw=_preview(section))]
+        return body[:begin], [ToolCall(id=f"{call_id_prefix}_0", name="", error=issue, raw=raw_preview(section))]
     calls = [_parse_call(block, call_id=f"{call_id_prefix}_{k}") for k, block in enumerate(blocks)]
     return body[:begin], calls
 
 
 def _parse_call(block: str, *, call_id: str) -> ToolCall:
     end = block.find(CALL_END)
-    raw = _preview(block)
+    raw = raw_preview(block)
     if end < 0:
         issue = ParseIssue(code="unclosed_tag", message=f"The tool call was cut off before {CALL_END}.")
         name = block.split(TOOL_SEP, 1)[0] if TOOL_SEP in block else ""
@@ -267,10 +267,6 @@ def _parse_call(block: str, *, call_id: str) -> ToolCall:
         )
         return ToolCall(id=call_id, name=name, error=issue, raw=raw)
     return ToolCall(id=call_id, name=name, arguments=value)
-
-
-def _preview(text: str) -> str:
-    return text if len(text) <= _RAW_PREVIEW else text[:_RAW_PREVIEW] + "..."
 
 
 def _deepseek_v31(*, thinking: bool = False) -> ChatProtocol:

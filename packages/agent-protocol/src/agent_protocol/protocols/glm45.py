@@ -58,6 +58,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
+from agent_protocol.broken_call import broken_call
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import MessageError
 from agent_protocol.hermes_parser import split_reasoning
@@ -65,10 +66,8 @@ from agent_protocol.json_limits import loads_bounded
 from agent_protocol.template_json import tojson
 from agent_protocol.types import (
     Action,
-    IssueCode,
     Message,
     MessageLike,
-    ParseIssue,
     ToolCall,
     ToolSpec,
     ToolSpecLike,
@@ -251,15 +250,10 @@ def _render_assistant(msg: Message, *, show_reasoning: bool) -> str:
     return "".join(out)
 
 
-def _issue_call(call_id: str, name: str, body: str, code: IssueCode, message: str) -> ToolCall:
-    raw = body if len(body) <= 200 else body[:200] + "..."
-    return ToolCall(id=call_id, name=name, raw=raw, error=ParseIssue(code=code, message=message))
-
-
 def _unclosed_call(body: str, call_id: str) -> ToolCall:
     name = body.split("\n", 1)[0].split("<", 1)[0].strip() if "\n" in body else ""
     message = "The tool call was cut off before </tool_call>; nothing in it was run."
-    return _issue_call(call_id, name, body, "unclosed_tag", message)
+    return broken_call(call_id, body, "unclosed_tag", message, name=name)
 
 
 def _parse_call(body: str, call_id: str) -> ToolCall:
@@ -267,16 +261,16 @@ def _parse_call(body: str, call_id: str) -> ToolCall:
     newline = body.find("\n")
     if newline < 0:
         message = f"The tool call cannot be read: the function name must be on its own line. {_FORMAT_HINT}"
-        return _issue_call(call_id, "", body, "invalid_arguments", message)
+        return broken_call(call_id, body, "invalid_arguments", message)
     name = body[:newline].strip()
     try:
         arguments = _arguments(body[newline + 1 :])
     except ValueError as e:  # JsonLimitError included
         message = f"The tool call cannot be read: {e}. {_FORMAT_HINT}"
-        return _issue_call(call_id, name, body, "invalid_arguments", message)
+        return broken_call(call_id, body, "invalid_arguments", message, name=name)
     if not name:
         message = f"The tool call has no function name on its first line. {_FORMAT_HINT}"
-        return _issue_call(call_id, "", body, "missing_name", message)
+        return broken_call(call_id, body, "missing_name", message)
     return ToolCall(id=call_id, name=name, arguments=arguments)
 
 

@@ -54,6 +54,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import date
 from typing import Any, Final, Literal, NamedTuple
 
+from agent_protocol.broken_call import raw_preview
 from agent_protocol.chat_protocol import ChatProtocol, generated_message
 from agent_protocol.errors import JsonLimitError, MessageError
 from agent_protocol.json_limits import loads_bounded
@@ -86,7 +87,6 @@ GENERATION_PROMPT: Final = f"{START}assistant"
 _CHANNEL_TAGS: Final = (f"{CHANNEL}analysis{MESSAGE}", f"{CHANNEL}final{MESSAGE}")
 _HARMONY_ROLES: Final = ("system", "developer", "user", "assistant", "tool")
 _EFFORTS: Final = ("low", "medium", "high")
-_RAW_PREVIEW: Final = 200
 
 
 # -- rendering -----------------------------------------------------------------------------------------------
@@ -410,7 +410,7 @@ def _split_messages(text: str) -> tuple[list[_Piece], list[ParseIssue]]:
 
 def _function_call(piece: _Piece, call_id: str) -> ToolCall:
     name = (piece.header.recipient or "").removeprefix("functions.")
-    raw = piece.text if len(piece.text) <= _RAW_PREVIEW else piece.text[:_RAW_PREVIEW] + "..."
+    raw = raw_preview(piece.text)
 
     def broken(code: IssueCode, message: str) -> ToolCall:
         return ToolCall(id=call_id, name=name, error=_issue(code, message), raw=raw)

@@ -40,6 +40,7 @@ from collections.abc import Iterable, Sequence
 from datetime import date
 from typing import Any, Final
 
+from agent_protocol.broken_call import raw_preview
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import JsonLimitError, MessageError
 from agent_protocol.json_limits import MAX_JSON_DEPTH, check_json_value, loads_bounded
@@ -85,7 +86,6 @@ _REFUSED_PARALLEL: Final = (
 _CALL_START: Final = re.compile(r'\{\s*"name"\s*:')
 _END_MARKERS: Final = (EOT, EOM, END_OF_TEXT)
 _DECODER: Final = json.JSONDecoder()
-_RAW_PREVIEW: Final = 200
 _FORMAT_HINT: Final = 'Write {"name": <function-name>, "parameters": <args-json-object>} and nothing else.'
 
 
@@ -268,8 +268,7 @@ def _decode_issue(error: json.JSONDecodeError, *, cut_off: bool) -> ParseIssue:
 
 
 def _broken(call_id: str, raw: str, issue: ParseIssue, name: str = "") -> ToolCall:
-    preview = raw if len(raw) <= _RAW_PREVIEW else raw[:_RAW_PREVIEW] + "..."
-    return ToolCall(id=call_id, name=name, error=issue, raw=preview)
+    return ToolCall(id=call_id, name=name, error=issue, raw=raw_preview(raw))
 
 
 def _call_from_object(value: dict[str, Any], call_id: str, raw: str) -> ToolCall:

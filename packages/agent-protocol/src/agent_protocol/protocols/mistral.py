@@ -48,6 +48,7 @@ from collections.abc import Iterable, Sequence
 from datetime import date
 from typing import Any, Final
 
+from agent_protocol.broken_call import broken_call
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import JsonLimitError, MessageError
 from agent_protocol.json_call import arguments_object, json_kind
@@ -58,7 +59,6 @@ from agent_protocol.types import (
     IssueCode,
     Message,
     MessageLike,
-    ParseIssue,
     ToolCall,
     ToolSpec,
     ToolSpecLike,
@@ -75,7 +75,6 @@ CALL_ID: Final = "[CALL_ID]"
 ARGS: Final = "[ARGS]"
 CALL_ID_LENGTH: Final = 9
 _ID_ALPHABET: Final = string.ascii_letters + string.digits
-_RAW_PREVIEW: Final = 200
 _SMALL_3_2_SYSTEM: Final = (
     "You are Mistral Small 3, a Large Language Model (LLM) created by Mistral AI, a French startup headquartered "
     "in Paris.\nYour knowledge base was last updated on 2023-10-01. The current date is {today}.\n\nWhen you're not "
@@ -348,12 +347,8 @@ def _strip_eos(text: str) -> tuple[str, bool]:
     return (text[: -len(EOS)], True) if text.endswith(EOS) else (text, False)
 
 
-def _preview(text: str) -> str:
-    return text if len(text) <= _RAW_PREVIEW else text[:_RAW_PREVIEW] + "..."
-
-
 def _broken(ids: _Ids, raw: str, code: IssueCode, message: str, name: str = "") -> ToolCall:
-    return ToolCall(id=ids.next(), name=name, raw=_preview(raw), error=ParseIssue(code=code, message=message))
+    return broken_call(ids.next(), raw, code, message, name=name)
 
 
 def _v3_segment(segment: str, *, closed: bool, ids: _Ids) -> list[ToolCall]:
