@@ -134,10 +134,14 @@ class TokenTranscript:
             if not 0 <= image.start < image.end <= len(ids):
                 raise ValueError(f"image span ({image.start}, {image.end}) is outside the {len(ids)} ids appended")
         start = len(self.ids)
-        self.images.extend(ImageSpan(start=start + i.start, end=start + i.end, source=i.source) for i in images)
-        self.ids.extend(int(i) for i in ids)
-        self.loss_mask.extend([mask] * len(ids))
-        self.logprobs.extend(logprobs if logprobs is not None else [None] * len(ids))
+        if images:
+            self.images.extend(ImageSpan(start=start + i.start, end=start + i.end, source=i.source) for i in images)
+        # `map(int, ...)` keeps the stream plain ints (numpy or torch ids become ints) at C speed: an int is its
+        # own `int()`, so generated ids cost no Python-level step per token.
+        self.ids.extend(map(int, ids))
+        count = len(self.ids) - start
+        self.loss_mask.extend([mask] * count)
+        self.logprobs.extend(logprobs if logprobs is not None else [None] * count)
         span = Span(kind=kind, start=start, end=len(self.ids))
         self.spans.append(span)
         return span
