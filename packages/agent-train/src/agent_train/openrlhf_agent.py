@@ -1,6 +1,6 @@
 """The file to pass as OpenRLHF's ``--train.agent_func_path``; users never copy glue code.
 
-    AGENT_RECIPE=recipes/calculator.py python -m openrlhf.cli.train_ppo_ray \\
+    AGENT_RECIPE=recipes/calculator.py python -m agent_train.openrlhf_main \\
         --train.agent_func_path "$(python -c 'import agent_train; print(agent_train.AGENT_FUNC_PATH)')" ...
 
 OpenRLHF imports this file by path in every vLLM rollout actor and constructs `AgentExecutor()` with no
