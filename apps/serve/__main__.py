@@ -22,6 +22,7 @@ import structlog
 import uvicorn
 
 from agent_demo.recipe import make_recipe as demo_recipe
+from agent_demo.running_total import make_recipe as running_total_recipe
 from agent_protocol import list_protocols
 from agent_runtime import LLMEngine, RuntimeAgentError
 from agent_runtime.engines import make_engine
@@ -51,6 +52,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a Hugging Face model directory or model id. Omitted: the project's demo agent (agent_demo), its model "
         "built first if missing (agent_train.demo). With --engine openai: the local directory whose tokenizer the "
         "remote model uses.",
+    )
+    parser.add_argument(
+        "--demo",
+        choices=("calculator", "compaction"),
+        default="calculator",
+        help="without --model: which demo agent to serve: calculator (default) or compaction (a running total "
+        "carried through summaries; compaction events show on the web page), its model built first if missing",
     )
     parser.add_argument(
         "--engine",
@@ -231,7 +239,7 @@ def serving_recipe(args: argparse.Namespace) -> Recipe:
     if args.recipe is not None:
         return load_recipe(args.recipe)
     if args.model is None:
-        return demo_recipe()
+        return running_total_recipe() if args.demo == "compaction" else demo_recipe()
     recipe = recipe_for_model(model_directory(args.model), context_length=args.context_length)
     logger.info(
         "recipe_derived", model=args.model, protocol=recipe.protocol, max_context_tokens=recipe.max_context_tokens,
@@ -240,12 +248,12 @@ def serving_recipe(args: argparse.Namespace) -> Recipe:
     return recipe
 
 
-def demo_model_dir() -> Path:
+def demo_model_dir(demo: str = "calculator") -> Path:
     """The demo model's directory, built first when missing (training it needs agent-train; apps sit above it)."""
     from agent_train.demo.build import ensure_demo_model
 
     try:
-        return ensure_demo_model()
+        return ensure_demo_model(demo=demo)
     except Exception as e:  # the build failed (its error names the build log); nothing is served
         raise SystemExit(f"apps/serve: the demo model could not be built: {e}") from e
 
@@ -317,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_format, args.log_level)
     try:
         recipe = serving_recipe(args)
-        model = args.model or str(demo_model_dir())
+        model = args.model or str(demo_model_dir(args.demo))
         logger.info("engine_loading", engine=args.engine, model=model, recipe=recipe.name)
         engine = build_engine(args, model)
     except (RecipeError, RuntimeAgentError, OSError) as e:

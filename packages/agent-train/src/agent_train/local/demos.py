@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+import msgspec
 from tokenizers import Tokenizer
 
 from agent_demo import running_total, running_total_expert
@@ -58,10 +59,9 @@ class Demo:
 _COMPACTION_DEFAULT: Final = LocalTrainConfig(
     demo="compaction",
     tokenizer_episodes=2000,
-    sft_episodes=1500,
-    sft_steps=300,
-    sft_batch_size=32,
-    rl_steps=40,
+    sft_episodes=2000,
+    sft_steps=500,
+    rl_steps=30,
     rl_prompts=8,
     rl_group_size=8,
     eval_size=200,
@@ -89,17 +89,8 @@ DEMOS: Final[dict[str, Demo]] = {
         expert=running_total_expert.RunningTotalExpert,
         presets={
             "default": _COMPACTION_DEFAULT,
-            "ci": LocalTrainConfig(
-                demo="compaction",
-                tokenizer_episodes=2000,
-                sft_episodes=1500,
-                sft_steps=300,
-                rl_steps=20,
-                rl_prompts=8,
-                rl_group_size=8,
-                eval_size=100,
-                sft_eval_every=1000,
-                eval_every=10,
+            "ci": msgspec.structs.replace(
+                _COMPACTION_DEFAULT, sft_steps=400, rl_steps=12, eval_size=100, sft_eval_every=1000, eval_every=6
             ),
         },
     ),
