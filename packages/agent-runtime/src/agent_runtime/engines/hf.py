@@ -5,19 +5,44 @@ Generation is a hand-written incremental decoding loop over the model's KV cache
 - sampling: temperature (below 1e-5 is greedy, as in vLLM), then top-k, then top-p, then a draw from a
   `torch.Generator` owned by the request (seeded with `SamplingParams.seed`, or randomly), so a seeded request
   gives the same ids however it was batched, up to float rounding between batch shapes;
-- logprobs: `log_softmax` of the model's raw logits, before temperature, top-k and top-p. This is vLLM's default
-  (`logprobs_mode="raw_logprobs"`), so rollouts from this engine and from vLLM carry comparable numbers;
+- logprobs: the raw log-softmax of the model's logits at the sampled id, before temperature, top-k and top-p.
+  This is vLLM's default (`logprobs_mode="raw_logprobs"`), so rollouts from this engine and from vLLM carry
+  comparable numbers. They are computed only for the requests that ask (`SamplingParams.logprobs`), and only at
+  the sampled id (its logit minus the logsumexp), not as a log-softmax over the vocabulary;
 - stop: the model's eos ids (`generation_config.eos_token_id`, else `config.eos_token_id`) plus the request's
   `stop_token_ids`; the stop token is kept in the ids, as vLLM returns it;
 - length: a prompt must leave room in `context_length` (else `ContextBudgetExceeded`); `max_new_tokens` is
-  clamped to the room left, and `finish_reason` is "length" when the limit ended the generation.
+  clamped to the room left, and `finish_reason` is "length" when the limit ended the generation;
+- prompt ids: copied once into an `array('q')` (a C loop) and range-checked with one vectorised min/max, not a
+  Python scan per id; the model's input is built from that buffer without another per-id conversion.
 
-Concurrency: one worker thread owns the model. Requests that arrive together (within `batch_wait_s` of each
-other, at most `max_batch_size`) run as one left-padded batch with an attention mask and per-row position ids,
-so a batched row computes what it would alone; the test suite checks greedy batched == unbatched. A batch runs
-until its longest row is done: rows do not join a running batch (no continuous batching; use vLLM for that).
-If a batch fails, each request is retried alone, so one bad request cannot fail its neighbours. The event loop
-only awaits a future, so it is never blocked, and the engine can be shared by several event loops.
+Prefix cache: an agent's next prompt is its previous prompt + the generated ids + the feedback ids (token-in,
+token-out), so re-prefilling the whole history every turn is wasted work. When a generation ends, the keys and
+values of its sequence (the prompt and every generated id but the last, which was never fed to the model) are
+kept, per layer, keyed by those ids. A new request continues from the longest kept sequence that is a prefix of
+its prompt and prefills only the rest (at least its last id, whose logits start the generation). The kept
+sequence it extended is dropped, since the new one covers it. Kept sequences are evicted least recently used
+first, beyond `prefix_cache_sequences` sequences or `prefix_cache_tokens` tokens (memory per token: layers x 2 x
+kv_heads x head_dim x the dtype's bytes; 2 KiB on the calculator demo's model, 144 KiB on Qwen3-8B in bfloat16);
+0 for either turns the cache off. Every kept sequence is dropped when the weights change (a parameter's version
+counter or storage moved: an optimizer step, `load_state_dict`, `param.data = ...`), so a trainer that shares
+the engine's model never continues from stale keys; `clear_prefix_cache()` does it by hand. The cache is used
+only when the model's `DynamicCache` is made of plain `DynamicLayer`s (full attention, transformers >= 4.56):
+sliding-window and linear-attention layers do not keep a prefix that can be cut and resumed, so such models
+(and older transformers) always prefill in full. A prefix is not exact arithmetic: it was computed in another
+batch shape, so logits can differ from a full prefill by float rounding (as batched rows already do); the tests
+check that greedy ids are the same with and without the cache.
+
+Concurrency: one worker thread owns the model and the prefix cache. Requests that arrive together (within
+`batch_wait_s` of each other, at most `max_batch_size`) run as one batch. Each row is laid out as its kept
+prefix (left-padded to the longest prefix in the batch, straight from the kept tensors into the batch's cache)
+followed by the rest of its prompt (left-padded to the longest rest), with an attention mask over both and
+per-row position ids, so a batched row computes what it would alone; the test suite checks greedy batched ==
+unbatched, cached == uncached. A batch runs until its longest row is done: rows do not join a running batch (no
+continuous batching; use vLLM for that); a finished row's later positions are masked out, so its kept sequence
+is exactly its own. If a batch fails, each request is retried alone, so one bad request cannot fail its
+neighbours. The event loop only awaits a future, so it is never blocked, and the engine can be shared by
+several event loops.
 
 This module knows nothing about chat formats; it imports torch and transformers, so import it only when the
 `hf` extra is installed (`agent_runtime.engines.make_engine("hf", ...)` does that lazily).
@@ -25,6 +50,7 @@ This module knows nothing about chat formats; it imports torch and transformers,
 
 from __future__ import annotations
 
+import array
 import asyncio
 import collections
 import concurrent.futures
@@ -60,10 +86,75 @@ _GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature this small means gre
 
 @dataclass(eq=False, slots=True)
 class _Request:
-    prompt: list[int]
+    prompt: array.array[int]
     sampling: SamplingParams
     budget: int
     future: concurrent.futures.Future[Generation]
+
+
+@dataclass(eq=False, slots=True)
+class _Prefix:
+    """A finished sequence's keys and values: `ids` are its prompt and all its generated ids but the last; `keys`
+    and `values` hold one `[1, kv_heads, len(ids), head_dim]` tensor per layer."""
+
+    ids: array.array[int]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+
+class PrefixCache:
+    """The kept sequences of an `HFEngine`, least recently used first, within `max_sequences` sequences and
+    `max_tokens` tokens. Only the engine's worker thread touches it; `hits`, `misses` and `reused_tokens` count
+    the requests that continued from a kept prefix, those that did not, and the prompt ids they did not prefill."""
+
+    def __init__(self, *, max_sequences: int, max_tokens: int) -> None:
+        self.max_sequences = max_sequences
+        self.max_tokens = max_tokens
+        self.tokens = 0
+        self.hits = 0
+        self.misses = 0
+        self.reused_tokens = 0
+        self._entries: collections.OrderedDict[_Prefix, None] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def longest_prefix(self, prompt: array.array[int]) -> _Prefix | None:
+        """The longest kept sequence that `prompt` starts with (marked as just used), or None."""
+        best: _Prefix | None = None
+        size = len(prompt)
+        for entry in self._entries:
+            n = len(entry.ids)
+            # cheap rejections first: too long, shorter than the best so far, a different last id
+            if n > size or (best is not None and n <= len(best.ids)) or prompt[n - 1] != entry.ids[-1]:
+                continue
+            if prompt[:n] == entry.ids:  # one memcmp-like comparison of two int64 buffers
+                best = entry
+        if best is None:
+            self.misses += 1
+        else:
+            self._entries.move_to_end(best)
+            self.hits += 1
+        return best
+
+    def add(self, entry: _Prefix, *, extends: _Prefix | None) -> None:
+        """Keep `entry`, drop `extends` (the kept prefix it grew from), then evict down to the bounds."""
+        if extends is not None and extends in self._entries:
+            self._drop(extends)
+        if len(entry.ids) > self.max_tokens or self.max_sequences == 0:
+            return
+        self._entries[entry] = None
+        self.tokens += len(entry.ids)
+        while len(self._entries) > self.max_sequences or self.tokens > self.max_tokens:
+            self._drop(next(iter(self._entries)))
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.tokens = 0
+
+    def _drop(self, entry: _Prefix) -> None:
+        del self._entries[entry]
+        self.tokens -= len(entry.ids)
 
 
 class HFEngine(LLMEngine):
@@ -83,7 +174,14 @@ class HFEngine(LLMEngine):
         stop_token_ids: Sequence[int] | None = None,
         max_batch_size: int = 8,
         batch_wait_s: float = 0.005,
+        prefix_cache_sequences: int = 256,
+        prefix_cache_tokens: int = 131_072,
     ) -> None:
+        if prefix_cache_sequences < 0 or prefix_cache_tokens < 0:
+            raise ValueError(
+                f"prefix_cache_sequences and prefix_cache_tokens must be >= 0 (0 turns the cache off), got "
+                f"{prefix_cache_sequences} and {prefix_cache_tokens}"
+            )
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
         if batch_wait_s < 0:
@@ -103,6 +201,12 @@ class HFEngine(LLMEngine):
         self.batch_sizes: collections.Counter[int] = collections.Counter()
         # transformers renamed `past_key_values` to `cache` in the forward signature of its 5.x models
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        #: the kept sequences whose keys and values a new request continues from (see the module docstring)
+        self.prefix_cache = PrefixCache(max_sequences=prefix_cache_sequences, max_tokens=prefix_cache_tokens)
+        #: whether requests use `prefix_cache` (off when a bound is 0 or the model's cache cannot be resumed)
+        self.prefix_caching = prefix_cache_sequences > 0 and prefix_cache_tokens > 0 and _prefix_resumable(model)
+        self._parameters = list(model.parameters())
+        self._weights_seen: tuple[tuple[int, int], ...] | None = self._weights_version()
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._worker: threading.Thread | None = None
@@ -121,6 +225,8 @@ class HFEngine(LLMEngine):
         stop_token_ids: Sequence[int] | None = None,
         max_batch_size: int = 8,
         batch_wait_s: float = 0.005,
+        prefix_cache_sequences: int = 256,
+        prefix_cache_tokens: int = 131_072,
     ) -> HFEngine:
         """Load a model directory (or a Hugging Face id already in the local cache). `dtype` is "auto" (the
         checkpoint's), a name such as "bfloat16", or a `torch.dtype`. The tokenizer is the directory's
@@ -153,23 +259,31 @@ class HFEngine(LLMEngine):
             stop_token_ids=stop_token_ids,
             max_batch_size=max_batch_size,
             batch_wait_s=batch_wait_s,
+            prefix_cache_sequences=prefix_cache_sequences,
+            prefix_cache_tokens=prefix_cache_tokens,
         )
         log.info(
             "hf_engine_loaded",
             dtype=str(model.dtype),
             context_length=engine.context_length,
             stop_token_ids=list(engine.stop_token_ids),
+            prefix_cache=engine.prefix_caching,
             seconds=round(time.perf_counter() - started, 3),
         )
         return engine
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
-        prompt = [int(i) for i in prompt_ids]
+        try:  # one C loop over the ids; a PromptView is listed first (array's own iteration is slower)
+            prompt = array.array("q", prompt_ids if isinstance(prompt_ids, list) else list(prompt_ids))
+        except (TypeError, OverflowError) as e:
+            raise ValueError(f"hf: prompt ids must be ints in the model's vocabulary of {self.vocab_size}: {e}") from e
         _check_sampling(sampling)
         if not prompt:
             raise ValueError("hf: prompt_ids is empty; the model needs at least one token to continue")
-        bad = next((i for i in prompt if not 0 <= i < self.vocab_size), None)
-        if bad is not None:
+        ids = torch.frombuffer(prompt, dtype=torch.long)  # a view of the array: no copy
+        low, high = torch.aminmax(ids)
+        if int(low) < 0 or int(high) >= self.vocab_size:
+            bad = int(ids[(ids < 0) | (ids >= self.vocab_size)][0])
             raise ValueError(f"hf: prompt id {bad} is outside the model's vocabulary of {self.vocab_size}")
         budget = self.max_new_tokens_for(len(prompt), sampling.max_new_tokens)
         request = _Request(prompt, sampling, budget, concurrent.futures.Future())
@@ -181,6 +295,11 @@ class HFEngine(LLMEngine):
                 self._worker.start()
             self._queue.put(request)
         return await asyncio.wrap_future(request.future)
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every kept sequence, from the worker thread before its next batch (for a change of weights the
+        engine cannot see, such as a new `model` object)."""
+        self._weights_seen = None
 
     async def close(self) -> None:
         with self._lock:
@@ -247,19 +366,39 @@ class HFEngine(LLMEngine):
         for request, generation in zip(batch, results, strict=True):
             request.future.set_result(generation)
 
+    def _weights_version(self) -> tuple[tuple[int, int], ...]:
+        # a parameter's version counter moves on every in-place write, its data pointer on `param.data = ...`
+        return tuple((p._version, p.data_ptr()) for p in self._parameters)
+
     @torch.inference_mode()
     def _generate_batch(self, batch: list[_Request]) -> list[Generation]:
-        rows, width = len(batch), max(len(r.prompt) for r in batch)
+        rows = len(batch)
+        prefixes: list[_Prefix | None] = [None] * rows
+        if self.prefix_caching:
+            weights = self._weights_version()
+            if weights != self._weights_seen:
+                self.prefix_cache.clear()
+                self._weights_seen = weights
+            prefixes = [self.prefix_cache.longest_prefix(r.prompt) for r in batch]
+        # a row reuses its kept prefix, except for the prompt's last id: its logits start the generation
+        reused = [0 if p is None else min(len(p.ids), len(r.prompt) - 1) for p, r in zip(prefixes, batch, strict=True)]
+        self.prefix_cache.reused_tokens += sum(reused)
+        past = max(reused)
+        width = max(len(r.prompt) - n for r, n in zip(batch, reused, strict=True))
+        # row layout: [pad][kept prefix][pad][rest of the prompt]; the prefix part lives only in the cache
         input_ids = torch.zeros((rows, width), dtype=torch.long)
-        mask = torch.zeros((rows, width), dtype=torch.long)
-        for row, request in enumerate(batch):  # left padding: every row's last prompt token is at the end
-            input_ids[row, width - len(request.prompt) :] = torch.tensor(request.prompt, dtype=torch.long)
-            mask[row, width - len(request.prompt) :] = 1
+        mask = torch.zeros((rows, past + width), dtype=torch.long)
+        for row, (request, n) in enumerate(zip(batch, reused, strict=True)):
+            rest = torch.frombuffer(request.prompt, dtype=torch.long)[n:]
+            input_ids[row, width - len(rest) :] = rest
+            mask[row, past - n : past] = 1
+            mask[row, past + width - len(rest) :] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # each row counts its positions from its first real token
-        cache = _new_cache(self.model)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]  # each row counts from its first real token
+        cache = self._batch_cache(prefixes, reused, past)
         stops = [frozenset(self.stop_token_ids) | frozenset(r.sampling.stop_token_ids) for r in batch]
         generators = [_generator(r.sampling, self.device) for r in batch]
+        wants_logprobs = [r.sampling.logprobs for r in batch]
         ids: list[list[int]] = [[] for _ in batch]
         logprobs: list[list[float]] = [[] for _ in batch]
         finish: list[FinishReason] = ["length"] * rows
@@ -274,29 +413,39 @@ class HFEngine(LLMEngine):
                 logits_to_keep=1,
                 **{self._cache_kwarg: cache},
             )
-            if step_ids is input_ids and cache.get_seq_length() != width:
+            if step_ids is input_ids and cache.get_seq_length() != past + width:
                 raise EngineError(f"hf: the model ignored its KV cache (passed as `{self._cache_kwarg}`)")
             logits = out.logits[:, -1, :].float()
-            raw_logprobs = torch.log_softmax(logits, dim=-1)
-            next_ids: list[int] = []
-            for row, request in enumerate(batch):
-                if done[row]:
-                    next_ids.append(0)  # a finished row keeps the batch rectangular; its outputs are ignored
-                    continue
-                token = _sample(logits[row], request.sampling, generators[row])
+            live = [row for row in range(rows) if not done[row]]
+            greedy = logits.argmax(-1).tolist() if any(generators[row] is None for row in live) else []
+            tokens = [0] * rows  # a finished row keeps the batch rectangular; its outputs are ignored
+            for row in live:
+                generator = generators[row]
+                if generator is None:
+                    tokens[row] = greedy[row]
+                else:
+                    tokens[row] = _sample(logits[row], batch[row].sampling, generator)
+            asking = [row for row in live if wants_logprobs[row]]
+            if asking:
+                chosen = logits[asking, [tokens[row] for row in asking]]
+                values = (chosen - torch.logsumexp(logits[asking], dim=-1)).tolist()
+                for row, value in zip(asking, values, strict=True):
+                    logprobs[row].append(value)
+            for row in live:
+                token = tokens[row]
                 ids[row].append(token)
-                if request.sampling.logprobs:
-                    logprobs[row].append(float(raw_logprobs[row, token]))
                 if token in stops[row]:
                     done[row], finish[row] = True, "stop"
-                elif len(ids[row]) >= request.budget:
+                elif len(ids[row]) >= batch[row].budget:
                     done[row] = True
-                next_ids.append(token)
             if all(done):
                 break
-            step_ids = torch.tensor(next_ids, dtype=torch.long, device=self.device).unsqueeze(1)
-            mask = torch.cat([mask, mask.new_ones((rows, 1))], dim=1)
+            step_ids = torch.tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(1)
+            # a row that is done feeds a token that is not its own: masked, so its keys stay exactly its sequence
+            mask = torch.cat([mask, torch.tensor([[0 if d else 1] for d in done], device=self.device)], dim=1)
             positions = positions[:, -1:] + 1
+        if self.prefix_caching:
+            self._keep(batch, prefixes, ids, cache, mask)
         return [
             Generation(
                 ids=ids[row],
@@ -306,6 +455,42 @@ class HFEngine(LLMEngine):
             )
             for row, request in enumerate(batch)
         ]
+
+    def _batch_cache(self, prefixes: list[_Prefix | None], reused: list[int], past: int) -> Any:
+        """A new cache holding each row's kept prefix, left-padded to `past` positions (the mask hides the pad)."""
+        cache = _new_cache(self.model)
+        if past == 0:
+            return cache
+        template = next(p for p in prefixes if p is not None)
+        for layer, (first_keys, first_values) in enumerate(zip(template.keys, template.values, strict=True)):
+            keys = first_keys.new_zeros((len(prefixes), first_keys.shape[1], past, first_keys.shape[3]))
+            values = first_values.new_zeros((len(prefixes), first_values.shape[1], past, first_values.shape[3]))
+            for row, (prefix, n) in enumerate(zip(prefixes, reused, strict=True)):
+                if prefix is not None:
+                    keys[row, :, past - n :] = prefix.keys[layer][0, :, :n]
+                    values[row, :, past - n :] = prefix.values[layer][0, :, :n]
+            cache.update(keys, values, layer)
+        return cache
+
+    def _keep(
+        self,
+        batch: list[_Request],
+        prefixes: list[_Prefix | None],
+        ids: list[list[int]],
+        cache: Any,
+        mask: torch.Tensor,
+    ) -> None:
+        """Keep each row's sequence (its prompt and generated ids but the last) from the batch's cache."""
+        layers = cache.layers
+        for row, (request, generated) in enumerate(zip(batch, ids, strict=True)):
+            positions = mask[row].nonzero().squeeze(1)
+            sequence = request.prompt + array.array("q", generated[:-1])
+            if len(positions) != len(sequence):  # the layout above went wrong: keep nothing rather than garbage
+                raise EngineError(f"hf: {len(positions)} cached positions for a sequence of {len(sequence)} ids")
+            whole = len(batch) == 1 and len(positions) == mask.shape[1]  # the cache is this row alone: no copy
+            keys = [lay.keys if whole else lay.keys[row : row + 1].index_select(2, positions) for lay in layers]
+            values = [lay.values if whole else lay.values[row : row + 1].index_select(2, positions) for lay in layers]
+            self.prefix_cache.add(_Prefix(sequence, keys, values), extends=prefixes[row])
 
 
 def _check_sampling(sampling: SamplingParams) -> None:
@@ -329,6 +514,16 @@ def _model_eos_ids(model: Any) -> tuple[int, ...]:
         if found:
             break
     return tuple(found)
+
+
+def _prefix_resumable(model: Any) -> bool:
+    """Whether the model's `DynamicCache` is all plain `DynamicLayer`s, whose keys and values can be cut to a
+    prefix and resumed (not sliding-window, linear-attention or pre-4.56 caches)."""
+    layer_class = getattr(transformers.cache_utils, "DynamicLayer", None)
+    layers = getattr(_new_cache(model), "layers", None)
+    if layer_class is None or not layers:
+        return False
+    return all(type(layer) is layer_class for layer in layers)
 
 
 def _new_cache(model: Any) -> Any:
