@@ -184,7 +184,7 @@ def test_logprobs_are_computed_only_for_the_requests_that_ask(
     assert asked.logprobs is not None and len(asked.logprobs) == len(asked.ids)
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("logsumexp over the vocabulary without a request for logprobs")
+        raise AssertionError("a log-softmax over the vocabulary without a request for logprobs")
 
     monkeypatch.setattr(torch, "logsumexp", refuse)
     monkeypatch.setattr(torch, "log_softmax", refuse)

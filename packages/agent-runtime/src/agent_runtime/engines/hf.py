@@ -7,8 +7,7 @@ Generation is a hand-written incremental decoding loop over the model's KV cache
   gives the same ids however it was batched, up to float rounding between batch shapes;
 - logprobs: the raw log-softmax of the model's logits at the sampled id, before temperature, top-k and top-p.
   This is vLLM's default (`logprobs_mode="raw_logprobs"`), so rollouts from this engine and from vLLM carry
-  comparable numbers. They are computed only for the requests that ask (`SamplingParams.logprobs`), and only at
-  the sampled id (its logit minus the logsumexp), not as a log-softmax over the vocabulary;
+  comparable numbers. They are computed only for the rows of a step whose request asks (`SamplingParams.logprobs`);
 - stop: the model's eos ids (`generation_config.eos_token_id`, else `config.eos_token_id`) plus the request's
   `stop_token_ids`; the stop token is kept in the ids, as vLLM returns it;
 - length: a prompt must leave room in `context_length` (else `ContextBudgetExceeded`); `max_new_tokens` is
@@ -426,9 +425,9 @@ class HFEngine(LLMEngine):
                 else:
                     tokens[row] = _sample(logits[row], batch[row].sampling, generator)
             asking = [row for row in live if wants_logprobs[row]]
-            if asking:
-                chosen = logits[asking, [tokens[row] for row in asking]]
-                values = (chosen - torch.logsumexp(logits[asking], dim=-1)).tolist()
+            if asking:  # the asking rows only (torch.logsumexp is far slower than log_softmax on a CPU row)
+                chosen = torch.tensor([[tokens[row]] for row in asking], device=self.device)
+                values = torch.log_softmax(logits[asking], dim=-1).gather(1, chosen).squeeze(1).tolist()
                 for row, value in zip(asking, values, strict=True):
                     logprobs[row].append(value)
             for row in live:

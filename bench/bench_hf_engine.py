@@ -1,0 +1,181 @@
+"""How long does an `HFEngine` turn take at N tokens of history? This tree's engine side by side with a baseline
+commit's, on the tests' tiny random-weight Qwen3 (CPU, float32), interleaved in one run.
+
+- Turn at N tokens of history: one episode's previous turn (a prompt of about N tokens, greedy) is generated
+  untimed; the timed turn's prompt is that prompt + its generated ids + a tool response's feedback ids, as the
+  runtime sends it (token-in, token-out). `--new-tokens` greedy ids, logprobs asked (the runtime's default). The
+  engine under test starts each repeat with an empty prefix cache, so what it reuses is the previous turn only.
+- Batch of 8 turns: the same for 8 episodes whose timed turns arrive together (one batch).
+- Reject a bad 32k prompt: `generate` on 32,000 ids whose last id is outside the vocabulary, which both engines
+  refuse before the model runs: the cost of checking a prompt's ids (median of 20 calls).
+
+Both engines share one model object (the same weights). The baseline's `engines/hf.py` is read from a temporary
+git worktree of `--baseline` (default ee63069, main before issue 17) and imported by path; the rest of the
+package is this tree's (the engine's imports, `engines/base.py` and `errors.py`, did not change in between).
+Each repeat runs both sides, in alternating order; reported: min and median per side, and baseline / this tree
+(above 1: this tree is faster). Every timed turn's ids must be equal on both sides, or the script fails.
+
+    uv run python bench/bench_hf_engine.py [--baseline ee63069] [--histories 1000 3000] [--new-tokens 32]
+        [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import logging
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import structlog
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE = Path("packages/agent-runtime/src/agent_runtime/engines/hf.py")
+DEFAULT_BASELINE = "ee63069"
+WORDS = ["the", "model", "reads", "a", "passage", "about", "tokenizers", "rollouts", "rewards", "engines", "budget"]
+FEEDBACK = "<|im_end|>\n<|im_start|>user\n<tool_response>\n413\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+CHECK_REPEATS = 20
+
+
+def baseline_module(ref: str) -> ModuleType:
+    """The baseline commit's `engines/hf.py`, imported by path from a temporary worktree (removed afterwards)."""
+    with tempfile.TemporaryDirectory(prefix="bench-hf-") as scratch:
+        tree = Path(scratch) / "tree"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), ref], check=True)
+        try:
+            spec = importlib.util.spec_from_file_location("baseline_hf_engine", tree / ENGINE)
+            if spec is None or spec.loader is None:
+                raise RuntimeError(f"cannot import {tree / ENGINE}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module  # its dataclasses look their module up there
+            spec.loader.exec_module(module)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
+    return module
+
+
+def opening(engine: Any, tokens: int, seed: int) -> list[int]:
+    """A user message of about `tokens` ids in Qwen3's chat format (a different word order for each seed)."""
+    head = engine.tokenize("<|im_start|>user\n")
+    tail = engine.tokenize("<|im_end|>\n<|im_start|>assistant\n")
+    words = " ".join(WORDS[(i * 7 + seed) % len(WORDS)] for i in range(tokens))
+    return head + engine.tokenize(words)[: tokens - len(head) - len(tail)] + tail
+
+
+def prepare(engine: Any, openings: Sequence[list[int]], sampling: Any) -> list[list[int]]:
+    """Run every episode's previous turn (untimed) and return the timed turns' prompts."""
+    from agent_runtime import SamplingParams
+
+    before = SamplingParams(max_new_tokens=sampling.max_new_tokens, temperature=0.0)
+
+    async def previous() -> list[Any]:
+        return list(await asyncio.gather(*(engine.generate(p, before) for p in openings)))
+
+    feedback = engine.tokenize(FEEDBACK)
+    return [p + g.ids + feedback for p, g in zip(openings, asyncio.run(previous()), strict=True)]
+
+
+def timed_turns(engine: Any, openings: Sequence[list[int]], sampling: Any) -> tuple[float, list[list[int]]]:
+    if hasattr(engine, "clear_prefix_cache"):
+        engine.clear_prefix_cache()
+    prompts = prepare(engine, openings, sampling)
+
+    async def turns() -> list[Any]:
+        return list(await asyncio.gather(*(engine.generate(p, sampling) for p in prompts)))
+
+    started = time.perf_counter()
+    generations = asyncio.run(turns())
+    return time.perf_counter() - started, [g.ids for g in generations]
+
+
+def reject_time(engine: Any, bad_prompt: list[int], sampling: Any) -> float:
+    async def once() -> float:
+        started = time.perf_counter()
+        try:
+            await engine.generate(bad_prompt, sampling)
+        except ValueError:
+            return time.perf_counter() - started
+        raise RuntimeError("the engine accepted an out-of-vocabulary id")
+
+    return statistics.median(asyncio.run(once()) for _ in range(CHECK_REPEATS))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline", default=DEFAULT_BASELINE, help="the commit whose engines/hf.py is the baseline")
+    parser.add_argument("--histories", type=int, nargs="+", default=[1000, 3000])
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    sys.path.insert(0, str(ROOT))
+    from agent_runtime import SamplingParams
+    from agent_runtime.engines.hf import HFEngine
+    from tests.support.qwen3_tokenizer import qwen3_tokenizer_path
+    from tests.support.tiny_qwen3 import tiny_qwen3_path
+
+    baseline_class = baseline_module(args.baseline).HFEngine
+    subject = HFEngine.from_pretrained(tiny_qwen3_path(qwen3_tokenizer_path()), device="cpu", dtype="float32")
+    baseline = baseline_class(subject.model, subject.tokenizer)
+    sides = {"baseline": baseline, "this tree": subject}
+    sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0)
+
+    cases: dict[str, Callable[[Any], float]] = {}
+    outputs: dict[str, dict[str, list[list[int]]]] = {}
+
+    def turn_case(name: str, openings: list[list[int]]) -> None:
+        def case(engine: Any) -> float:
+            seconds, ids = timed_turns(engine, openings, sampling)
+            outputs.setdefault(name, {}).setdefault(engine_name(engine), ids)
+            if outputs[name][engine_name(engine)] != ids:
+                raise RuntimeError(f"{name}: {engine_name(engine)} gave different ids on a repeat")
+            return seconds
+
+        cases[name] = case
+
+    def engine_name(engine: Any) -> str:
+        return next(name for name, side in sides.items() if side is engine)
+
+    for history in args.histories:
+        turn_case(f"turn at {history} tokens of history", [opening(subject, history, 0)])
+    turn_case("batch of 8 turns at 1000 tokens", [opening(subject, 1000, seed) for seed in range(8)])
+    bad = [*(opening(subject, 1000, 0) * 32)[:31_999], subject.vocab_size]
+    cases["reject a bad 32k prompt"] = lambda engine: reject_time(engine, bad, sampling)
+
+    times: dict[str, dict[str, list[float]]] = {name: {side: [] for side in sides} for name in cases}
+    for repeat in range(args.repeats):
+        order = list(sides) if repeat % 2 == 0 else list(reversed(sides))
+        for name, case in cases.items():
+            for side in order:
+                times[name][side].append(case(sides[side]))
+        print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr)
+    for name, by_side in outputs.items():
+        if by_side["baseline"] != by_side["this tree"]:
+            raise RuntimeError(f"{name}: this tree's ids differ from the baseline's")
+
+    print(f"tiny Qwen3, CPU float32, {args.new_tokens} new greedy tokens per turn, {args.repeats} repeats interleaved")
+    print(f"baseline: {args.baseline} engines/hf.py; ids equal on both sides for every timed turn\n")
+    print("| case | baseline min / median | this tree min / median | baseline / this tree (min, median) |")
+    print("|---|---:|---:|---:|")
+    for name, by_side in times.items():
+        old, new = by_side["baseline"], by_side["this tree"]
+        print(
+            f"| {name} | {min(old) * 1e3:.1f} / {statistics.median(old) * 1e3:.1f} ms "
+            f"| {min(new) * 1e3:.1f} / {statistics.median(new) * 1e3:.1f} ms "
+            f"| {min(old) / min(new):.2f}x, {statistics.median(old) / statistics.median(new):.2f}x |"
+        )
+    for engine in sides.values():
+        asyncio.run(engine.close())
+
+
+if __name__ == "__main__":
+    main()
