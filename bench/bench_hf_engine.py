@@ -1,11 +1,14 @@
 """How long does an `HFEngine` turn take at N tokens of history? This tree's engine side by side with a baseline
-commit's, on the tests' tiny random-weight Qwen3 (CPU, float32), interleaved in one run.
+commit's, on the tests' tiny random-weight Qwen3 (CPU, float32) unless said otherwise, interleaved in one run.
 
 - Turn at N tokens of history: one episode's previous turn (a prompt of about N tokens, greedy) is generated
   untimed; the timed turn's prompt is that prompt + its generated ids + a tool response's feedback ids, as the
   runtime sends it (token-in, token-out). `--new-tokens` greedy ids, logprobs asked (the runtime's default). The
   engine under test starts each repeat with an empty prefix cache, so what it reuses is the previous turn only.
 - Batch of 8 turns: the same for 8 episodes whose timed turns arrive together (one batch).
+- 64 episodes x 4 turns on a model of the calculator demo's shape (vocabulary 1024, so a decode step is cheap
+  and the prefill weighs more), all started at once with the local trainer's batching (up to 256 rows, 50 ms
+  wait): a rollout as `apps/train` runs it, without the environment.
 - Reject a bad 32k prompt: `generate` on 32,000 ids whose last id is outside the vocabulary, which both engines
   refuse before the model runs: the cost of checking a prompt's ids (median of 20 calls).
 
@@ -108,6 +111,35 @@ def reject_time(engine: Any, bad_prompt: list[int], sampling: Any) -> float:
     return statistics.median(asyncio.run(once()) for _ in range(CHECK_REPEATS))
 
 
+def demo_shaped_model() -> Any:
+    """A random Qwen3 of the calculator demo's shape (`DemoModelSpec`: vocab 1024, width 192, 4 layers), whose
+    small vocabulary makes a decode step cheap, so the prefill is a larger share of a turn than on the tiny
+    Qwen3. initializer_range 0.3 (the tiny Qwen3's) keeps greedy free of near-ties."""
+    import torch
+    import transformers
+
+    config = transformers.Qwen3Config(
+        vocab_size=1024, hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=6,
+        num_key_value_heads=2, head_dim=32, max_position_embeddings=1024, initializer_range=0.3,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.Qwen3ForCausalLM(config).eval()
+
+
+async def rollout(engine: Any, episodes: int, turns: int, sampling: Any) -> list[list[int]]:
+    """`episodes` concurrent token-in-token-out episodes of `turns` turns (a 200-id opening, 20 feedback ids)."""
+
+    async def episode(index: int) -> list[int]:
+        prompt = [(index * 37 + i * 11) % 1000 + 1 for i in range(200)]
+        for turn in range(turns):
+            generation = await engine.generate(prompt, sampling)
+            prompt = prompt + generation.ids + [(turn * 13 + i) % 1000 + 1 for i in range(20)]
+        return prompt
+
+    return list(await asyncio.gather(*(episode(i) for i in range(episodes))))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", default=DEFAULT_BASELINE, help="the commit whose engines/hf.py is the baseline")
@@ -125,45 +157,60 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     baseline_class = baseline_module(args.baseline).HFEngine
     subject = HFEngine.from_pretrained(tiny_qwen3_path(qwen3_tokenizer_path()), device="cpu", dtype="float32")
-    baseline = baseline_class(subject.model, subject.tokenizer)
-    sides = {"baseline": baseline, "this tree": subject}
+    engines = {"baseline": baseline_class(subject.model, subject.tokenizer), "this tree": subject}
+    demo_model = demo_shaped_model()
+    demo_options: dict[str, Any] = {"max_batch_size": 256, "batch_wait_s": 0.05}  # the local trainer's
+    demo_engines = {
+        "baseline": baseline_class(demo_model, subject.tokenizer, **demo_options),
+        "this tree": HFEngine(demo_model, subject.tokenizer, **demo_options),
+    }
     sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0)
 
-    cases: dict[str, Callable[[Any], float]] = {}
+    cases: dict[str, Callable[[str], float]] = {}
     outputs: dict[str, dict[str, list[list[int]]]] = {}
 
+    def record(name: str, side: str, ids: list[list[int]]) -> None:
+        if outputs.setdefault(name, {}).setdefault(side, ids) != ids:
+            raise RuntimeError(f"{name}: the {side} gave different ids on a repeat")
+
     def turn_case(name: str, openings: list[list[int]]) -> None:
-        def case(engine: Any) -> float:
-            seconds, ids = timed_turns(engine, openings, sampling)
-            outputs.setdefault(name, {}).setdefault(engine_name(engine), ids)
-            if outputs[name][engine_name(engine)] != ids:
-                raise RuntimeError(f"{name}: {engine_name(engine)} gave different ids on a repeat")
+        def case(side: str) -> float:
+            seconds, ids = timed_turns(engines[side], openings, sampling)
+            record(name, side, ids)
             return seconds
 
         cases[name] = case
 
-    def engine_name(engine: Any) -> str:
-        return next(name for name, side in sides.items() if side is engine)
+    def rollout_case(side: str) -> float:
+        engine = demo_engines[side]
+        if hasattr(engine, "clear_prefix_cache"):
+            engine.clear_prefix_cache()
+        started = time.perf_counter()
+        ids = asyncio.run(rollout(engine, 64, 4, sampling))
+        seconds = time.perf_counter() - started
+        record("rollout", side, ids)
+        return seconds
 
     for history in args.histories:
         turn_case(f"turn at {history} tokens of history", [opening(subject, history, 0)])
     turn_case("batch of 8 turns at 1000 tokens", [opening(subject, 1000, seed) for seed in range(8)])
+    cases["64 episodes x 4 turns, demo-shaped model"] = rollout_case
     bad = [*(opening(subject, 1000, 0) * 32)[:31_999], subject.vocab_size]
-    cases["reject a bad 32k prompt"] = lambda engine: reject_time(engine, bad, sampling)
+    cases["reject a bad 32k prompt"] = lambda side: reject_time(engines[side], bad, sampling)
 
-    times: dict[str, dict[str, list[float]]] = {name: {side: [] for side in sides} for name in cases}
+    times: dict[str, dict[str, list[float]]] = {name: {side: [] for side in engines} for name in cases}
     for repeat in range(args.repeats):
-        order = list(sides) if repeat % 2 == 0 else list(reversed(sides))
+        order = list(engines) if repeat % 2 == 0 else list(reversed(engines))
         for name, case in cases.items():
             for side in order:
-                times[name][side].append(case(sides[side]))
+                times[name][side].append(case(side))
         print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr)
     for name, by_side in outputs.items():
         if by_side["baseline"] != by_side["this tree"]:
             raise RuntimeError(f"{name}: this tree's ids differ from the baseline's")
 
-    print(f"tiny Qwen3, CPU float32, {args.new_tokens} new greedy tokens per turn, {args.repeats} repeats interleaved")
-    print(f"baseline: {args.baseline} engines/hf.py; ids equal on both sides for every timed turn\n")
+    print(f"CPU float32, {args.new_tokens} new greedy tokens per turn (logprobs asked), {args.repeats} repeats")
+    print(f"interleaved; baseline: {args.baseline} engines/hf.py; ids equal on both sides for every timed case\n")
     print("| case | baseline min / median | this tree min / median | baseline / this tree (min, median) |")
     print("|---|---:|---:|---:|")
     for name, by_side in times.items():
@@ -173,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"| {min(new) * 1e3:.1f} / {statistics.median(new) * 1e3:.1f} ms "
             f"| {min(old) / min(new):.2f}x, {statistics.median(old) / statistics.median(new):.2f}x |"
         )
-    for engine in sides.values():
+    for engine in [*engines.values(), *demo_engines.values()]:
         asyncio.run(engine.close())
 
 
