@@ -6,7 +6,9 @@ events in the stream the web page draws.
 
 Held-out problems need two compactions at least (`agent_demo.running_total`), greedy, CI_SIZE of them. The claim:
 after RL > after SFT > before, masking summaries costs success, and with compaction off the budget ends every
-episode. Margins (see the agent-train README, "The compaction demo", for the runs they were measured on):
+episode. Margins, from the one run measured so far (the default preset, seed 0, 200 problems: before 0%, after SFT
+34% (47% at SFT step 400, where the ci preset stops), after RL 89.5% (80.5% after 10 RL steps), summaries masked
+34.5% (32.5% after 10 steps), compaction off 0%); the ci preset itself and seeds 1-2 are not measured yet:
 
 - SFT: at least MIN_SFT_GAIN over the untrained model (0%);
 - RL: at least MIN_RL_GAIN over SFT;
@@ -32,8 +34,8 @@ from agent_train.local.trainer import TrainResult, train_local
 
 SEED = 0
 MIN_SFT_GAIN = 0.10
-MIN_RL_GAIN = 0.05
-MIN_MASK_COST = 0.03
+MIN_RL_GAIN = 0.15
+MIN_MASK_COST = 0.15
 
 
 @pytest.fixture(scope="module")
