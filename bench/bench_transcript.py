@@ -3,8 +3,8 @@
 A 64-turn episode (two tools, reasoning on most turns) that grows to about 32k tokens, rendered by each model
 family's protocol and tokenized by that family's real tokenizer (Qwen3: rebuilt offline, tests/support/
 qwen3_tokenizer.py; gpt-oss, Llama 3, DeepSeek-V3: the official files in tests/data/tokenizers). GLM-4.5 and
-Mistral have no tokenizer here: their rows use the Qwen3 tokenizer as a stand-in (timings comparable, ids not
-theirs; marked). Before each generation:
+Mistral have no tokenizer here: their rows use the Qwen3 tokenizer with the family's control tokens added as
+special tokens, a stand-in (timings comparable, ids not theirs; marked). Before each generation:
 
   (a) TokenTranscript: append the generated ids as they are, tokenize only the feedback delta;
   (b) what many frameworks do: re-render the whole conversation with the official Jinja template (Hugging Face
@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agent_protocol import ChatProtocol, HFTokenizer, TokenTranscript, get_protocol  # noqa: E402
+from examples.family_smoke import family_tokenizer as stand_in_tokenizer  # noqa: E402
 from tests.support.family_tokenizers import load_family_tokenizer  # noqa: E402
 from tests.support.hf_jinja import render_official  # noqa: E402
 from tests.support.qwen3_tokenizer import qwen3_tokenizer_path  # noqa: E402
@@ -97,7 +98,13 @@ def for_template(family: Family, messages: list[dict[str, Any]]) -> list[dict[st
     return out
 
 
-def family_tokenizer(family: Family) -> HFTokenizer:
+def family_tokenizer(family: Family, protocol: ChatProtocol) -> HFTokenizer:
+    """The family's own tokenizer; for a stand-in, Qwen3's with the family's control tokens added as special
+    tokens (each one id, as in the family's real vocabulary), so that piecewise and whole encodings cut alike."""
+    if family.stand_in:
+        tokenizer, _ = stand_in_tokenizer(protocol)
+        assert isinstance(tokenizer, HFTokenizer)
+        return tokenizer
     if family.tokenizer == "qwen3":
         return HFTokenizer.from_file(qwen3_tokenizer_path())
     return load_family_tokenizer(family.tokenizer)
@@ -161,7 +168,7 @@ def make_episode(turns: int, seed: int = 0) -> list[dict[str, Any]]:
 
 def run(family: Family, turns: int, repeats: int) -> dict[str, Any]:
     protocol = get_protocol(family.protocol, **family.options)
-    tokenizer = family_tokenizer(family)
+    tokenizer = family_tokenizer(family, protocol)
     backend = tokenizer.backend
     messages = make_episode(turns)
     official = for_template(family, messages)
