@@ -86,3 +86,14 @@ def test_every_request_carries_the_protocols_stop_tokens(tokenizer: HFTokenizer)
     assert sampling.stop_token_ids == (7, *wanted)  # the caller's own first, then the protocol's
     qwen3 = Conversation(get_protocol("qwen3"), tokenizer, max_new_tokens=8)
     assert qwen3.stop_token_ids == (tokenizer.token_to_id("<|im_end|>"), tokenizer.token_to_id("<|endoftext|>"))
+
+
+def test_a_summary_gets_its_own_budget_not_the_turn_limit() -> None:
+    from agent_runtime.conversation import TurnRequest
+
+    base = SamplingParams(max_new_tokens=24, temperature=0.5)
+    turn = TurnRequest(prompt_ids=[1, 2], max_new_tokens=100)
+    summary = TurnRequest(prompt_ids=[1, 2], max_new_tokens=100, purpose="summary")
+    assert turn.sampling(base).max_new_tokens == 24  # a turn: the recipe's limit
+    assert summary.sampling(base).max_new_tokens == 100  # a summary: its budget (already within the context)
+    assert summary.sampling(base).temperature == 0.5

@@ -66,12 +66,13 @@ class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
     stop_token_ids: tuple[int, ...] = ()
 
     def sampling(self, base: SamplingParams | None = None) -> SamplingParams:
-        """`base` with `max_new_tokens` clamped to this turn's budget and the protocol's stop tokens added."""
+        """`base` with `max_new_tokens` clamped to this turn's budget and the protocol's stop tokens added. A
+        summary's budget is its own (`summary_max_new_tokens`, within the context), not capped by the turn limit
+        of `base`: a recipe with short turns would otherwise cut every summary short."""
         base = base or SamplingParams()
         stops = base.stop_token_ids + tuple(i for i in self.stop_token_ids if i not in base.stop_token_ids)
-        return msgspec.structs.replace(
-            base, max_new_tokens=min(base.max_new_tokens, self.max_new_tokens), stop_token_ids=stops
-        )
+        budget = self.max_new_tokens if self.purpose == "summary" else min(base.max_new_tokens, self.max_new_tokens)
+        return msgspec.structs.replace(base, max_new_tokens=budget, stop_token_ids=stops)
 
 
 class Reply(msgspec.Struct, frozen=True, kw_only=True):
