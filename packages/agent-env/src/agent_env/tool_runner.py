@@ -34,9 +34,14 @@ a semaphore made elsewhere) cannot be used from it: such a tool is a shared one.
 a fresh loop per call (about half a millisecond). Not contained: ``os._exit``, a crash in C code, or a shared
 tool's own background task raising SystemExit.
 
-Valid calls in one turn run concurrently. A runner holds no per-episode state, so one runner (and its
-tools) can serve many concurrent episodes. The hung-call count of a tool lives with the tool object (in a
-weak map here), so it is shared by every runner and episode that uses that tool.
+Valid calls in one turn run concurrently. What a common turn costs: a single call runs without a task group,
+and a shared tool's coroutine starts eagerly (`asyncio.Task(..., eager_start=True)`): one that finishes without
+awaiting (the calculator) is answered at once, with no trip through the event loop and no timer; one that awaits
+is waited for under its timeout like every other call. A call's logger is bound only where it logs.
+
+A runner holds no per-episode state, so one runner (and its tools) can serve many concurrent episodes. The
+hung-call count of a tool lives with the tool object (in a weak map here), so it is shared by every runner and
+episode that uses that tool.
 
 This module knows tools and observations; it knows nothing about episodes, steps or chat formats.
 """
@@ -165,6 +170,8 @@ class ToolRunner:
     async def run(self, calls: Sequence[ToolCall], context: ToolContext | None = None) -> list[Observation]:
         """Answer every call, in call order; runnable calls run concurrently."""
         base = context if context is not None else ToolContext()
+        if len(calls) == 1:  # nothing to run beside it: no task group (max_calls_per_step is at least 1)
+            return [await self.run_one(calls[0], _for_call(base, calls[0].id))]
         answers: list[Observation | None] = [None] * len(calls)
         async with asyncio.TaskGroup() as group:  # run_one never raises, so no sibling is ever cancelled
             tasks: dict[int, asyncio.Task[Observation]] = {}
@@ -178,7 +185,7 @@ class ToolRunner:
                         hint=f"Make at most {self.max_calls_per_step} tool calls in one turn.",
                     )
                     continue
-                tasks[index] = group.create_task(self.run_one(call, replace(base, call_id=call.id)))
+                tasks[index] = group.create_task(self.run_one(call, _for_call(base, call.id)))
         for index, task in tasks.items():
             answers[index] = task.result()
         return [answer for answer in answers if answer is not None]
@@ -191,7 +198,6 @@ class ToolRunner:
         if target is None:
             return self._unknown(call)
         started = time.perf_counter()
-        log = logger.bind(tool=call.name, call_id=call.id, episode_id=context.episode_id, step=context.step)
         try:
             arguments = target.parse_arguments(dict(call.arguments))
         except ArgumentError as e:
@@ -203,20 +209,27 @@ class ToolRunner:
                 hint=_arguments_hint(target),
             )
         except Exception as e:
-            log.warning("tool_validation_raised", error=repr(e))
+            _log(call, context).warning("tool_validation_raised", error=repr(e))
             return self._failure(call, "tool_error", f"argument check failed: {type(e).__name__}: {e}", started)
         timeout = target.timeout_s if target.timeout_s is not None else self.default_timeout_s
         clock = WorkClock()
-        task = asyncio.get_running_loop().create_task(_invoke(target, arguments, context, clock))
-        task.add_done_callback(_consume_outcome)
-        try:
-            done = await _wait_own_time(task, clock, timeout)
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
+        loop = asyncio.get_running_loop()
+        work = _invoke(target, arguments, context, clock)
+        task = (
+            asyncio.Task(work, loop=loop, eager_start=True) if target.event_loop == "shared" else loop.create_task(work)
+        )
+        if task.done():  # a shared tool that finished in its first step, within this call: nothing to wait for
+            done = True
+        else:
+            task.add_done_callback(_consume_outcome)
+            try:
+                done = await _wait_own_time(task, clock, timeout)
+            except asyncio.CancelledError:
+                task.cancel()
+                raise
         overrun = time.perf_counter() - started - timeout
         if target.event_loop == "shared" and overrun > _STALL_REPORT_S:
-            log.warning(
+            _log(call, context).warning(
                 "tool_stalled_the_event_loop",
                 overrun_s=round(overrun, 3),
                 timeout_s=timeout,
@@ -225,26 +238,28 @@ class ToolRunner:
         if not done:
             task.cancel()
             await asyncio.wait({task}, timeout=_CANCEL_GRACE_S)
-            log.warning("tool_timed_out", timeout_s=timeout)
+            _log(call, context).warning("tool_timed_out", timeout_s=timeout)
             return self._failure(call, "timeout", f"{call.name} did not finish within {timeout:g} s", started)
         try:
             result = task.result()
         except ToolError as e:
-            log.info("tool_failed", code=e.code, error=_short(e.message))
+            _log(call, context).info("tool_failed", code=e.code, error=_short(e.message))
             return self._failure(call, e.code, _short(e.message), started, hint=e.hint)
         except ThreadLimitError as e:
-            log.warning("tool_unavailable", error=str(e))
+            _log(call, context).warning("tool_unavailable", error=str(e))
             message = _short(f"{call.name} was not started: {e}")
             return self._failure(call, "tool_unavailable", message, started, hint=_UNAVAILABLE_HINT)
         except ContainedBaseException as e:
-            log.warning("tool_raised_base_exception", error_type=type(e.original).__name__, error=_short(str(e)))
+            _log(call, context).warning(
+                "tool_raised_base_exception", error_type=type(e.original).__name__, error=_short(str(e))
+            )
             if isinstance(e.original, asyncio.CancelledError):
                 return self._failure(call, "tool_error", f"{call.name} was cancelled", started)
             return self._failure(call, "tool_error", _short(str(e)), started)
         except asyncio.CancelledError:
             return self._failure(call, "tool_error", f"{call.name} was cancelled", started)
         except Exception as e:
-            log.warning("tool_raised", error_type=type(e).__name__, error=_short(str(e)))
+            _log(call, context).warning("tool_raised", error_type=type(e).__name__, error=_short(str(e)))
             return self._failure(call, "tool_error", _short(f"{type(e).__name__}: {e}"), started)
         try:
             text = render_result(result)
@@ -254,7 +269,7 @@ class ToolRunner:
         limit = target.max_output_chars if target.max_output_chars is not None else self.max_output_chars
         text, cut = truncate(text, limit)
         elapsed = time.perf_counter() - started
-        log.debug("tool_succeeded", elapsed_s=round(elapsed, 4), truncated=cut)
+        _log(call, context).debug("tool_succeeded", elapsed_s=round(elapsed, 4), truncated=cut)
         return Observation(
             tool_call_id=call.id,
             name=call.name,
@@ -290,6 +305,18 @@ class ToolRunner:
             hint=hint,
             elapsed_s=time.perf_counter() - started,
         )
+
+
+def _for_call(base: ToolContext, call_id: str) -> ToolContext:
+    """`base` for one call (`dataclasses.replace` costs tens of microseconds; a plain ToolContext is rebuilt)."""
+    if type(base) is ToolContext:
+        return ToolContext(episode_id=base.episode_id, step=base.step, call_id=call_id, state=base.state)
+    return replace(base, call_id=call_id)
+
+
+def _log(call: ToolCall, context: ToolContext) -> Any:
+    """The logger bound to one call, built only when something is logged (a bind costs microseconds)."""
+    return logger.bind(tool=call.name, call_id=call.id, episode_id=context.episode_id, step=context.step)
 
 
 def _arguments_hint(target: ToolBase) -> str:
