@@ -117,17 +117,20 @@ class Environment(ABC):
         if not isinstance(action, Action):
             raise TypeError(f"step() takes an agent_protocol Action, got {type(action).__name__}")
         self.step_count += 1
-        log = logger.bind(episode_id=self.episode_id, step=self.step_count)
         try:
             result = await self.transition(action)
         except Exception as e:
-            log.error("environment_step_failed", error_type=type(e).__name__, error=str(e))
+            logger.bind(episode_id=self.episode_id, step=self.step_count).error(
+                "environment_step_failed", error_type=type(e).__name__, error=str(e)
+            )
             result = StepResult(done=True, stop_reason="environment_error", info={"error": f"{type(e).__name__}: {e}"})
+        # One copy per step (the step number, and the max_steps ending); nothing is logged on this path: binding a
+        # logger for a filtered-out debug event cost more than the rest of the bookkeeping.
         if not result.done and self.step_count >= self.max_steps:
-            result = msgspec.structs.replace(result, done=True, stop_reason="max_steps")
-        result = msgspec.structs.replace(result, step=self.step_count)
+            result = msgspec.structs.replace(result, done=True, stop_reason="max_steps", step=self.step_count)
+        else:
+            result = msgspec.structs.replace(result, step=self.step_count)
         self.done = result.done
-        log.debug("environment_stepped", done=result.done, stop_reason=result.stop_reason)
         return result
 
     @abstractmethod

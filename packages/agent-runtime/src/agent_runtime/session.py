@@ -260,7 +260,6 @@ class AgentSession:
             self.stage = "environment"
             await self.contain(reset_error)
             return ids
-        logger.bind(episode_id=self.episode_id).debug("session_reset", prompt_tokens=len(ids))
         if not conversation.fits(0):
             limit = self.max_context_tokens
             await self._fail_with("context_exhausted", f"the prompt has {len(ids)} tokens; the context holds {limit}")
