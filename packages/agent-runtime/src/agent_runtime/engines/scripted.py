@@ -5,6 +5,9 @@ tokenizer, and it applies the same stop and length rules a real engine does.
 A script is a list of steps, consumed in order; each is a completion text (tokenized once, here), a list of
 ids (used as is), or an exception instance (raised, to test a dead engine). A `policy` callable can be given
 instead, to answer each prompt by looking at it (for many concurrent episodes).
+
+`calls` records every prompt received, for assertions: a `PromptView` as it came (O(1): views never change), any
+other sequence copied. `record=False` keeps nothing (benchmarks, long runs whose memory should not grow).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class ScriptedEngine(LLMEngine):
         stop_token_ids: Sequence[int] | None = None,
         logprob: float | None = None,
         delay_s: float = 0.0,
+        record: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
         self.context_length = context_length
@@ -45,7 +49,8 @@ class ScriptedEngine(LLMEngine):
         self._policy = policy
         self._logprob = logprob
         self._delay_s = delay_s
-        self.calls: list[Sequence[int]] = []  # every prompt received, for assertions
+        self._record = record
+        self.calls: list[Sequence[int]] = []  # every prompt received, for assertions (when recording)
 
     @property
     def remaining(self) -> int:
@@ -60,7 +65,8 @@ class ScriptedEngine(LLMEngine):
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
         budget = self.max_new_tokens_for(len(prompt_ids), sampling.max_new_tokens)
-        self.calls.append(prompt_ids if isinstance(prompt_ids, PromptView) else list(prompt_ids))  # views never change
+        if self._record:
+            self.calls.append(prompt_ids if isinstance(prompt_ids, PromptView) else list(prompt_ids))
         if self._delay_s:
             await asyncio.sleep(self._delay_s)
         if self._policy is not None:
