@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
+from agent_protocol import list_protocols
 from agent_runtime.serving import ServeConfig
 from tests.support.calculator_recipe import CALCULATOR_RECIPE_FILE, calculator_recipe
 from tests.support.serve_process import APP, ServeProcess, free_port
@@ -100,7 +101,7 @@ def test_a_model_of_an_unknown_family_is_refused_at_startup(tiny_qwen3_dir: Path
     assert result.returncode == 1
     (failure,) = [json.loads(line) for line in result.stderr.splitlines() if '"startup_failed"' in line]
     assert str(other) in failure["error"] and "model_type 'llama'" in failure["error"]
-    assert "qwen3, qwen3-instruct-2507, qwen3-thinking-2507" in failure["error"] and "--recipe" in failure["error"]
+    assert ", ".join(list_protocols()) in failure["error"] and "--recipe" in failure["error"]
 
 
 def test_the_limits_given_on_the_command_line_reach_the_server() -> None:
