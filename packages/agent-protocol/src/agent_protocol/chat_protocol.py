@@ -101,11 +101,14 @@ class ChatProtocol(ABC):
         return self.parse_assistant_text(text, call_id_prefix=call_id_prefix).to_message()
 
 
-def feedback_messages(messages: Sequence[MessageLike], *, system_refused: str | None = None) -> list[Message]:
+def feedback_messages(
+    messages: Sequence[MessageLike], *, system_refused: str | None = None, images: bool = False
+) -> list[Message]:
     """The messages of a `render_feedback` call, checked the way every family needs: at least one, and none an
     assistant turn (the turn is generated, not fed back). `system_refused`: the family's reason for refusing a
-    system message too (its template renders system messages only at the top); None: system messages pass."""
-    msgs = coerce_messages(messages)
+    system message too (its template renders system messages only at the top); None: system messages pass.
+    `images`: the family renders images (see `coerce_messages`)."""
+    msgs = coerce_messages(messages, images=images)
     if not msgs:
         raise MessageError("messages", "feedback needs at least one tool result or user message")
     carried = "tool, user or system" if system_refused is None else "tool or user"
@@ -117,9 +120,9 @@ def feedback_messages(messages: Sequence[MessageLike], *, system_refused: str | 
     return msgs
 
 
-def generated_message(message: MessageLike) -> Message:
+def generated_message(message: MessageLike, *, images: bool = False) -> Message:
     """The message of a `render_generation` call, which must be an assistant turn: only those are generated."""
-    (msg,) = coerce_messages([message])
+    (msg,) = coerce_messages([message], images=images)
     if msg.role != "assistant":
         raise MessageError("message.role", f"only assistant turns are generated, not {msg.role}")
     return msg

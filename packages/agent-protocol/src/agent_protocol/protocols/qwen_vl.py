@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-from agent_protocol.chat_protocol import ChatProtocol
+from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.chatml import (
     GENERATION_PROMPT,
     IM_END,
@@ -97,22 +97,14 @@ class QwenVLProtocol(ChatProtocol):
     def render_feedback(
         self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
     ) -> str:
-        msgs = _shown(coerce_messages(messages, images=True))
-        if not msgs:
-            raise MessageError("messages", "feedback needs at least one tool result or user message")
-        for index, message in enumerate(msgs):
-            if message.role in ("assistant", "system"):
-                raise MessageError(
-                    f"messages[{index}].role",
-                    "feedback carries tool or user messages (the Qwen3-VL template renders a system message only "
-                    "at the top)",
-                )
+        refused = (
+            "feedback carries tool or user messages (the Qwen3-VL template renders a system message only at the top)"
+        )
+        msgs = _shown(feedback_messages(messages, system_refused=refused, images=True))
         return feedback_opening(turn_closed=turn_closed) + "".join(_render_body(msgs)) + self.generation_prompt
 
     def render_generation(self, message: MessageLike) -> str:
-        (msg,) = _shown(coerce_messages([message], images=True))
-        if msg.role != "assistant":
-            raise MessageError("message.role", f"only assistant turns are generated, not {msg.role}")
+        (msg,) = _shown([generated_message(message, images=True)])
         return (msg.content or "") + _tool_calls(msg) + IM_END
 
     def parse_turn(self, text: str, *, call_id_prefix: str = "call") -> Action:
