@@ -16,7 +16,9 @@
 
 The protocol, the environment factory, the reward pipeline, budgets, compaction and the dataset are all here;
 `make_session()` turns them into the `AgentSession` (or `CompactableSession`) that serving and training run. A
-recipe file may instead define `make_recipe()` returning a Recipe. This module knows sessions and how to import
+recipe file may instead define `make_recipe()` returning a Recipe. A recipe may name an agent program written
+against the OpenAI API instead (`agent=AgentProgram(fn)`, see `agent_runtime.agent_program`), trained through a
+per-episode proxy. This module knows sessions and how to import
 a file; it knows nothing about OpenRLHF or HTTP.
 """
 
@@ -31,8 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent_env import Environment, RewardPipeline
+from agent_env import Environment, FunctionCallEnvironment, RewardPipeline
 from agent_protocol import ChatProtocol, Tokenizer, get_protocol
+from agent_runtime.agent_program import AgentProgram
 from agent_runtime.compaction import DEFAULT_COMPACTION_INSTRUCTION, DEFAULT_RESUME_TEMPLATE, CompactableSession
 from agent_runtime.engines.base import SamplingParams
 from agent_runtime.session import AgentSession
@@ -63,10 +66,15 @@ class Recipe:
 
     `dataset` is a JSONL path (rows with "prompt" as a string or a message list, and "answer"/"label"/"references"
     for rewards), a directory holding `<split>.jsonl` files, or a callable `split -> rows`.
+
+    `agent` makes this an agent-program recipe (`AgentProgram`): training runs that program against a per-episode
+    OpenAI endpoint of the policy (`agent_runtime.proxy`) instead of this recipe's session, and scores it with
+    `rewards`. `environment` then only matters where the recipe's own session runs (serving's agent mode, the
+    local trainer's evaluation); it defaults to no tools.
     """
 
     name: str
-    environment: Callable[[], Environment]
+    environment: Callable[[], Environment] = FunctionCallEnvironment
     protocol: str | ChatProtocol = "qwen3"
     protocol_options: Mapping[str, Any] = field(default_factory=dict)
     rewards: RewardPipeline | None = None
@@ -77,6 +85,7 @@ class Recipe:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     dataset: DatasetSource = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    agent: AgentProgram | None = None
 
     def chat_protocol(self) -> ChatProtocol:
         if isinstance(self.protocol, ChatProtocol):

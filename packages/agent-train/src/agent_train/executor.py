@@ -20,6 +20,10 @@ passes the same `max_length` to every sample, so every sample of a group compact
 (the recipe's `compact_at_tokens`, else 3/4 of it). A model,
 tool or engine failure never raises out of `execute`: it is recorded, scored and counted in `extra_logs`.
 
+A recipe that names an agent program (`Recipe.agent`) runs that program instead, against a per-episode OpenAI
+endpoint on the same engine (`agent_train.program_rollout`, `agent_runtime.proxy`); its segments (one per
+conversation continued token-exactly, a new one at each prefix break) come back the way a compacted episode's do.
+
 `rollout()` is the same episode for callers outside OpenRLHF (the local trainer): it takes any `LLMEngine` and
 returns the whole `Trajectory` with its segment records. OpenRLHF constructs its executor with no arguments;
 `agent_train/openrlhf_agent.py` is that no-argument class, reading the recipe from ``AGENT_RECIPE``.
@@ -110,6 +114,14 @@ class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is unt
         per-turn `max_new_tokens`."""
         task = decode_task(prompt, label)
         base = sampling or msgspec.structs.replace(self.recipe.sampling, max_new_tokens=self.recipe.max_new_tokens)
+        if self.recipe.agent is not None:  # imported here: the proxy needs the serving app and the openai client
+            from agent_train.program_rollout import program_samples
+
+            episode, samples = await program_samples(
+                self.recipe, task, engine, prompt=prompt, label=label, sampling=base, max_length=max_length,
+                with_logprobs=with_logprobs, engine_timeout_s=self.engine_timeout_s,
+            )  # fmt: skip
+            return Rollout(trajectory=episode.trajectory, sample=samples[-1], segments=samples)
         runtime = AgentRuntime(
             engine,
             self._definition,

@@ -1,0 +1,30 @@
+"""Recipe: the plain OpenAI-client agent of `agent.py`, trained on the demo's calculator task.
+
+    uv run apps/train --backend openrlhf --recipe examples/any_agent/recipe.py --pretrain Qwen/Qwen3-4B --dry-run
+
+The agent is the program (`AgentProgram(calculator_agent)`): in rollouts it runs against a per-episode endpoint of
+the policy, and its answer is scored by the demo's reward (the number after "The answer is"). Everything else is
+the demo recipe's (`agent_demo.recipe`): its chat format, budgets and dataset, and its environment, whose
+calculator has the same schema as the program's, so that the local trainer's evaluation and SFT (which run the
+recipe's own session) and the program's rollouts show the model the same prompt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from agent_demo.recipe import make_recipe as demo_recipe
+from agent_runtime import Recipe
+from agent_runtime.agent_program import AgentProgram
+from examples.any_agent.agent import calculator_agent
+
+__all__ = ["make_recipe", "recipe"]
+
+
+def make_recipe() -> Recipe:
+    demo = demo_recipe()
+    program = AgentProgram(calculator_agent, timeout_s=120.0, max_episode_tokens=256, model_name=demo.name)
+    return dataclasses.replace(demo, name="any-agent-calculator", agent=program)
+
+
+recipe = make_recipe()

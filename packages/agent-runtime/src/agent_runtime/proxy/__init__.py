@@ -1,0 +1,34 @@
+"""agent_runtime.proxy: train an agent written against the OpenAI API, token-exact.
+
+    from agent_runtime.proxy import run_program
+    episode = await run_program(recipe, engine, ProgramTask(prompt=row["prompt"], row=row), sampling=sampling)
+
+A recipe with `agent=AgentProgram(fn)` (`agent_runtime.agent_program`) names an async function
+``agent(client, task) -> answer``. Each episode gets its own in-process tools-mode endpoint on the rollout engine
+(`endpoint.py`, `episode_engine.py`); every request is recorded by its transcript (`request_log.py`): sampled ids
+kept as sampled, feedback tokenized alone, loss mask on generated tokens only. A client that rewrites its
+history opens a new segment, with the reason (`prefix_break.py`). `episode.py` runs the program under its budgets
+and scores it.
+
+A separate import from `agent_runtime`: it needs the `serve` extra (Starlette) and the `openai` client.
+"""
+
+from agent_runtime.proxy.endpoint import EpisodeEndpoint
+from agent_runtime.proxy.episode import ProgramEpisode, ProgramOutcome, run_program
+from agent_runtime.proxy.episode_engine import EpisodeEngine
+from agent_runtime.proxy.prefix_break import BREAK_REASONS, BreakReason, PrefixBreak, diagnose
+from agent_runtime.proxy.request_log import RequestLog, Segment
+
+__all__ = [
+    "BREAK_REASONS",
+    "BreakReason",
+    "EpisodeEndpoint",
+    "EpisodeEngine",
+    "PrefixBreak",
+    "ProgramEpisode",
+    "ProgramOutcome",
+    "RequestLog",
+    "Segment",
+    "diagnose",
+    "run_program",
+]

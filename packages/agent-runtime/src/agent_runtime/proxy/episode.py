@@ -1,0 +1,214 @@
+"""`run_program`: one episode of an agent program (`AgentProgram`) against the rollout engine, as a `Trajectory`.
+
+    episode = await run_program(recipe, engine, ProgramTask(prompt=row["prompt"], row=row), sampling=sampling)
+    episode.trajectory.segments      # one per context: each continued conversation, each prefix break's new one
+
+The program runs against its own `EpisodeEndpoint` (the tools-mode server on `EpisodeEngine`: the rollout's
+sampling and the episode's token budget) under the program's time budget. Then the request log becomes the
+episode: its segments (`RequestLog.segments`, with the prefix breaks that opened them), the model's turns as
+reward steps, the program's return value as the final answer, scored by the recipe's reward pipeline.
+
+Every failure ends this episode only and is recorded, never raised: the program raising (``program_error``),
+overrunning `timeout_s` (``program_timeout``, the program cancelled), failing after the token budget was spent
+(``token_budget_exhausted``), or returning something that is not a string. What the model generated before is
+kept and trained. A program that never called the endpoint gets reward 0 and a warning (``no_model_calls``); its
+trajectory holds the task's prompt alone, so that a rollout record still exists. The program's code goes in
+``trajectory.task["agent_program"]`` with its request count and prefix breaks (the stored trajectory's error
+codes are a closed set that does not name programs).
+
+This module knows the endpoint, the request log and the reward pipeline; it knows nothing about OpenRLHF.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any
+
+import msgspec
+import structlog
+
+from agent_env import EpisodeRecord, RewardBreakdown
+from agent_protocol import Message, TokenTranscript, TranscriptRecord, coerce_messages
+from agent_runtime.agent_program import AgentProgram, ProgramCode, ProgramTask
+from agent_runtime.engines.base import LLMEngine, SamplingParams
+from agent_runtime.outcomes import StopReason
+from agent_runtime.proxy.endpoint import EpisodeEndpoint
+from agent_runtime.proxy.episode_engine import EpisodeEngine
+from agent_runtime.proxy.prefix_break import PrefixBreak
+from agent_runtime.proxy.request_log import Segment, generated
+from agent_runtime.recipe import Recipe, RecipeError
+from agent_runtime.session import CONTAINED
+from agent_runtime.trajectory import EpisodeError, Trajectory, Usage
+
+__all__ = ["ProgramEpisode", "ProgramOutcome", "run_program"]
+
+logger = structlog.get_logger(__name__)
+
+_PREVIEW = 500
+
+
+class ProgramOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """What the program did: its failure `code` and `message` (None when it returned an answer or None), the
+    requests it made, the prefix breaks among them and the tokens the model generated for it."""
+
+    code: ProgramCode | None = None
+    message: str = ""
+    requests: int = 0
+    breaks: list[PrefixBreak] = msgspec.field(default_factory=list)
+    generated_tokens: int = 0
+
+
+class ProgramEpisode(msgspec.Struct, frozen=True, kw_only=True):
+    """The episode: its `trajectory` (segments in order), whether the model's last turn hit the length limit
+    (`truncated`), and the program's `outcome`."""
+
+    trajectory: Trajectory
+    truncated: bool
+    outcome: ProgramOutcome
+
+
+async def run_program(
+    recipe: Recipe,
+    engine: LLMEngine,
+    task: ProgramTask,
+    *,
+    sampling: SamplingParams,
+    max_context_tokens: int | None = None,
+    engine_timeout_s: float | None = None,
+) -> ProgramEpisode:
+    """Run `recipe.agent` once on `task` with `engine` sampling as `sampling` says (see the module docstring).
+    `max_context_tokens` caps every conversation's context (with the recipe's and the engine's limits)."""
+    program = recipe.agent
+    if program is None:
+        raise RecipeError(f"recipe {recipe.name!r} names no agent program (Recipe.agent)")
+    limits = [x for x in (max_context_tokens, recipe.max_context_tokens) if x]
+    served = dataclasses.replace(recipe, max_context_tokens=min(limits) if limits else None, sampling=sampling)
+    episode_engine = EpisodeEngine(engine, sampling, max_tokens=program.max_episode_tokens)
+    endpoint = EpisodeEndpoint(served, episode_engine, model_name=program.model_name, engine_timeout_s=engine_timeout_s)
+    task = msgspec.structs.replace(task, model=program.model_name)
+    log = logger.bind(recipe=recipe.name, endpoint=endpoint.key)
+    started = time.perf_counter()
+    try:
+        answer, code, message = await _run(program, endpoint, task)
+    finally:
+        await endpoint.aclose()
+    if code is None and endpoint.requests == 0:
+        code, message = "no_model_calls", "the program never called the model; the episode gets reward 0"
+    if code == "program_error" and episode_engine.exhausted:
+        code = "token_budget_exhausted"
+    if code is not None:
+        log.warning("agent_program_failed", code=code, error=message, requests=endpoint.requests)
+    segments, breaks = endpoint.log.segments()
+    outcome = ProgramOutcome(
+        code=code, message=message, requests=endpoint.requests, breaks=breaks, generated_tokens=episode_engine.generated
+    )
+    trajectory = await _trajectory(served, engine, task, endpoint, segments, answer, outcome)
+    trajectory.timings["total_s"] = time.perf_counter() - started
+    last = next((r for r in reversed(endpoint.log.records) if generated(r)), None)
+    log.info(
+        "agent_program_finished", requests=endpoint.requests, segments=len(trajectory.segments),
+        breaks=len(breaks), reward=trajectory.reward, code=code,
+    )  # fmt: skip
+    return ProgramEpisode(
+        trajectory=trajectory, truncated=last is not None and last.stop_reason == "length", outcome=outcome
+    )
+
+
+async def _run(
+    program: AgentProgram, endpoint: EpisodeEndpoint, task: ProgramTask
+) -> tuple[str | None, ProgramCode | None, str]:
+    """The program under its time budget: its answer, or the code and message of how it failed."""
+    client = endpoint.client()
+    try:
+        async with asyncio.timeout(program.timeout_s) as deadline:
+            answer = await program.agent(client, task)
+    except TimeoutError as e:
+        if deadline.expired():
+            return None, "program_timeout", f"the program ran past its {program.timeout_s} s budget"
+        return None, "program_error", f"{type(e).__name__}: {str(e)[:_PREVIEW]}"
+    except CONTAINED as e:
+        return None, "program_error", f"{type(e).__name__}: {str(e)[:_PREVIEW]}"
+    if answer is not None and not isinstance(answer, str):
+        return None, "program_error", f"the program returned a {type(answer).__name__}, not a str or None"
+    return answer, None, ""
+
+
+async def _trajectory(
+    recipe: Recipe,
+    engine: LLMEngine,
+    task: ProgramTask,
+    endpoint: EpisodeEndpoint,
+    segments: list[Segment],
+    answer: str | None,
+    outcome: ProgramOutcome,
+) -> Trajectory:
+    records = endpoint.log.records
+    steps = endpoint.log.steps(segments)
+    if steps:
+        steps[-1] = msgspec.structs.replace(steps[-1], done=True)
+    prompt = segments[0].record.messages[: segments[0].prompt_messages] if segments else coerce_messages(task.messages)
+    stop_reason: StopReason | None = None
+    if outcome.code is None:
+        stop_reason = "final_answer" if answer is not None else "done"
+    elif outcome.code == "token_budget_exhausted":
+        stop_reason = "context_exhausted"  # a budget, not an answer, ended it (trained as over-long)
+    row = task.row
+    references = row.get("references", row.get("answer", row.get("label")))
+    refs = tuple(str(r) for r in references) if isinstance(references, (list, tuple)) else ()
+    if references is not None and not isinstance(references, (list, tuple)):
+        refs = (str(references),)
+    record = EpisodeRecord(
+        prompt=tuple(prompt),
+        steps=tuple(steps),
+        final_answer=answer,
+        references=refs,
+        stop_reason=stop_reason,
+        metadata={k: v for k, v in row.items() if k not in ("references", "answer", "label", "prompt")},
+    )
+    breakdown = await _score(recipe, record) if outcome.code != "no_model_calls" else None
+    transcripts = [t for segment in segments for t in segment.record.segments]
+    if not transcripts:
+        transcripts = [_prompt_only(recipe, engine, prompt)]
+    errors: list[EpisodeError] = [error for r in records for error in r.errors]
+    completion = sum(sum(t.loss_mask) for t in transcripts)
+    total = sum(len(t.ids) for t in transcripts)
+    program: dict[str, Any] = msgspec.to_builtins(outcome)
+    return Trajectory(
+        episode_id=endpoint.key,
+        protocol=recipe.chat_protocol().name,
+        messages=list(segments[-1].record.messages) if segments else list(prompt),
+        segments=transcripts,
+        reward=breakdown.total if breakdown is not None else 0.0,
+        breakdown=breakdown,
+        final_answer=answer,
+        stop_reason=stop_reason,
+        turns=len(steps),
+        tool_calls=sum(len(step.action.tool_calls) for step in steps),
+        errors=errors,
+        usage=Usage(prompt_tokens=total - completion, completion_tokens=completion, generations=len(steps)),
+        timings={},
+        task={**row, "agent_program": program},
+    )
+
+
+async def _score(recipe: Recipe, record: EpisodeRecord) -> RewardBreakdown | None:
+    if recipe.rewards is None:
+        return None
+    try:
+        return await recipe.rewards.score(record)
+    except CONTAINED as e:  # the pipeline contains its strategies; this is the last boundary
+        logger.error("agent_program_reward_failed", error_type=type(e).__name__, error=str(e)[:_PREVIEW])
+        return None
+
+
+def _prompt_only(recipe: Recipe, engine: LLMEngine, prompt: list[Message]) -> TranscriptRecord:
+    """The task's prompt alone, rendered without tools: the record of an episode the model never took part in
+    (no action, so nothing is trained; the record keeps the rollout's shape)."""
+    transcript = TokenTranscript()
+    try:
+        transcript.append_prompt(engine.tokenizer.encode(recipe.chat_protocol().render_prompt(prompt)))
+    except CONTAINED as e:
+        logger.warning("agent_program_prompt_unrendered", error_type=type(e).__name__, error=str(e)[:_PREVIEW])
+    return transcript.record()

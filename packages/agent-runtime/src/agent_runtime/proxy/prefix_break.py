@@ -1,0 +1,93 @@
+"""Prefix breaks: why a request of an agent program did not continue a conversation the proxy already holds.
+
+A tools-mode follow-up continues the stored token ids only when the messages it sends up to its last assistant
+turn are exactly a conversation the server produced (`TranscriptStore`: roles, contents, tool calls with their
+ids and arguments, tool-call ids; `reasoning_content` left out, so a client that drops the reasoning it was sent
+still continues the sampled ids). Anything else is rendered from scratch, and its ids are a new segment of the
+episode. `diagnose` compares such a request's messages with every conversation the episode saw before and names
+the first difference:
+
+- ``new_conversation``: the request holds no assistant turn (a second conversation: a sub-agent, a restart);
+- ``branched``: it extends a conversation whose last turn was already continued once (a retry, a fork);
+- ``history_truncated``: it is an earlier point of a conversation, its tail dropped;
+- ``messages_dropped``: messages were removed from inside the history (a sliding window, summarised turns);
+- ``tool_ids_rewritten``: only tool-call ids changed (frameworks that mint their own ids);
+- ``message_edited``: a message's content, tool calls or role changed (or messages were inserted).
+
+This module knows messages only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final, Literal
+
+import msgspec
+
+from agent_protocol import Message
+
+__all__ = ["BREAK_REASONS", "BreakReason", "PrefixBreak", "diagnose"]
+
+BreakReason = Literal[
+    "new_conversation", "branched", "history_truncated", "messages_dropped", "tool_ids_rewritten", "message_edited"
+]
+BREAK_REASONS: Final[tuple[BreakReason, ...]] = (
+    "new_conversation",
+    "branched",
+    "history_truncated",
+    "messages_dropped",
+    "tool_ids_rewritten",
+    "message_edited",
+)
+
+
+class PrefixBreak(msgspec.Struct, frozen=True, kw_only=True):
+    """One break: the `request` (0-based, in the order the episode's requests finished) that opened `segment`
+    (0-based), why, and the index of the first message that differs from the closest earlier conversation."""
+
+    reason: BreakReason
+    request: int
+    segment: int
+    at_message: int = 0
+
+
+def _form(message: Message, *, ids: bool = True) -> tuple[object, ...]:
+    """What the store's key sees of a message (reasoning left out), with or without tool-call ids."""
+    calls = tuple((c.id if ids else None, c.name, repr(c.arguments)) for c in message.tool_calls)
+    call_id = message.tool_call_id if ids else None
+    return (message.role, message.content or "", calls, call_id, message.name)
+
+
+def _common(a: Sequence[Message], b: Sequence[Message]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if _form(x) != _form(y):
+            break
+        n += 1
+    return n
+
+
+def _dropped(prompt: Sequence[Message], seen: Sequence[Message], at: int) -> bool:
+    """Whether the message at `at` of `prompt` comes later in `seen`: the ones between were left out."""
+    form = _form(prompt[at])
+    return any(_form(m) == form for m in seen[at + 1 :])
+
+
+def diagnose(prompt: Sequence[Message], seen: Sequence[Sequence[Message]]) -> tuple[BreakReason, int]:
+    """Why `prompt` (a request's messages) broke the prefix of every conversation in `seen` (each the whole
+    conversation after an earlier request, its generated turn included), and where: the reason and the index of
+    the first message that differs from the closest of them."""
+    if not any(m.role == "assistant" for m in prompt) or not seen:
+        return "new_conversation", 0
+    closest = max(seen, key=lambda conversation: _common(prompt, conversation))
+    at = _common(prompt, closest)
+    if at == len(closest):
+        return "branched", at
+    if at == len(prompt):
+        return "history_truncated", at
+    ours, theirs = prompt[at], closest[at]
+    if _form(ours, ids=False) == _form(theirs, ids=False):
+        return "tool_ids_rewritten", at
+    if _dropped(prompt, closest, at):
+        return "messages_dropped", at
+    return "message_edited", at
