@@ -8,10 +8,11 @@ segment is trained with the episode's advantage (the segment extension under Ope
 per-episode advantages).
 
 `extra_logs` gets the program's keys (`program_log_keys`, the same for every episode of a run): requests made,
-segments, whether the episode broke a prefix (``agent_prefix_broken``: its batch mean is the fraction of episodes
-that did), history rewrites (``agent_prefix_breaks``: every reason but ``new_conversation``, which is a second
-conversation, not a rewrite), the count of each reason, and each `ProgramCode` (program errors, timeouts, spent
-token budgets, programs that never called the model). This module knows the proxy and the rollout records.
+segments, history rewrites (``agent_prefix_breaks``: every reason but ``new_conversation``, which is a second
+conversation, not a rewrite), whether there was one (``agent_prefix_broken``: its batch mean is the fraction of
+episodes whose client rewrote its history), the count of each reason, and each `ProgramCode` (program errors,
+timeouts, spent token budgets, programs that never called the model). This module knows the proxy and the rollout
+records.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ def program_logs(episode: ProgramEpisode) -> dict[str, float]:
     logs = dict.fromkeys(program_log_keys(), 0.0)
     logs["agent_program_requests"] = float(outcome.requests)
     logs["agent_segments"] = float(len(episode.trajectory.segments))
-    logs["agent_prefix_broken"] = float(bool(outcome.breaks))
-    logs["agent_prefix_breaks"] = float(sum(1 for b in outcome.breaks if b.reason != "new_conversation"))
+    rewrites = sum(1 for b in outcome.breaks if b.reason != "new_conversation")
+    logs["agent_prefix_breaks"] = float(rewrites)
+    logs["agent_prefix_broken"] = float(rewrites > 0)
     for found in outcome.breaks:
         logs[f"agent_prefix_break_{found.reason}"] += 1.0
     if outcome.code is not None:

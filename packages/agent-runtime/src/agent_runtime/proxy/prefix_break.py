@@ -8,7 +8,8 @@ episode. `diagnose` compares such a request's messages with every conversation t
 the first difference:
 
 - ``new_conversation``: the request holds no assistant turn (a second conversation: a sub-agent, a restart);
-- ``branched``: it extends a conversation whose last turn was already continued once (a retry, a fork);
+- ``branched``: it extends a whole earlier conversation, whose last turn was already continued once (a retry
+  from an earlier point, a fork);
 - ``history_truncated``: it is an earlier point of a conversation, its tail dropped;
 - ``messages_dropped``: messages were removed from inside the history (a sliding window, summarised turns);
 - ``tool_ids_rewritten``: only tool-call ids changed (frameworks that mint their own ids);
@@ -79,10 +80,11 @@ def diagnose(prompt: Sequence[Message], seen: Sequence[Sequence[Message]]) -> tu
     the first message that differs from the closest of them."""
     if not any(m.role == "assistant" for m in prompt) or not seen:
         return "new_conversation", 0
+    extended = [len(c) for c in seen if len(c) <= len(prompt) and _common(prompt, c) == len(c)]
+    if extended:
+        return "branched", max(extended)
     closest = max(seen, key=lambda conversation: _common(prompt, conversation))
     at = _common(prompt, closest)
-    if at == len(closest):
-        return "branched", at
     if at == len(prompt):
         return "history_truncated", at
     ours, theirs = prompt[at], closest[at]

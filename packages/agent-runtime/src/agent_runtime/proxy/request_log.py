@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
+import msgspec
+
 from agent_env import Observation, StepRecord
 from agent_protocol import Action, Message
 from agent_runtime.proxy.prefix_break import PrefixBreak, diagnose
@@ -80,17 +82,27 @@ class RequestLog(TrajectoryWriter):
         return [s for s in segments.values() if s.record.segments], breaks
 
     def steps(self, segments: list[Segment]) -> list[StepRecord]:
-        """The model's turns over `segments`, in order, each with the tool results that answered it."""
+        """The model's turns over `segments`, in order, each with the tool results that answered it. The last
+        turn of a segment that a prefix break ended is answered by the tool messages the breaking request sent
+        after its last assistant message; results whose ids the program rewrote answer the calls by position."""
         steps: list[StepRecord] = []
-        for segment in segments:
-            for message, observations in _turns(segment.record.messages[segment.prompt_messages :]):
+        for index, segment in enumerate(segments):
+            turns = list(_turns(segment.record.messages[segment.prompt_messages :]))
+            if turns and not turns[-1][1] and index + 1 < len(segments):
+                following = segments[index + 1]
+                turns[-1] = (turns[-1][0], _answers(following.record.messages[: following.prompt_messages]))
+            for message, observations in turns:
                 action = Action(
                     content=message.content or "",
                     reasoning_content=message.reasoning_content,
                     tool_calls=message.tool_calls,
                 )
-                steps.append(StepRecord(index=len(steps), action=action, observations=observations))
+                steps.append(StepRecord(index=len(steps), action=action, observations=_matched(action, observations)))
         return steps
+
+
+def _observation(message: Message) -> Observation:
+    return Observation(tool_call_id=message.tool_call_id, name=message.name or "", content=message.content or "")
 
 
 def _turns(messages: list[Message]) -> Iterator[tuple[Message, tuple[Observation, ...]]]:
@@ -103,9 +115,23 @@ def _turns(messages: list[Message]) -> Iterator[tuple[Message, tuple[Observation
             continue
         observations: list[Observation] = []
         while index < len(messages) and messages[index].role == "tool":
-            tool = messages[index]
-            observations.append(
-                Observation(tool_call_id=tool.tool_call_id, name=tool.name or "", content=tool.content or "")
-            )
+            observations.append(_observation(messages[index]))
             index += 1
         yield message, tuple(observations)
+
+
+def _answers(prompt: list[Message]) -> tuple[Observation, ...]:
+    """The tool messages after the last assistant message of a request's prompt (none when it has none)."""
+    last = max((i for i, m in enumerate(prompt) if m.role == "assistant"), default=None)
+    if last is None:
+        return ()
+    return tuple(_observation(m) for m in prompt[last + 1 :] if m.role == "tool")
+
+
+def _matched(action: Action, observations: tuple[Observation, ...]) -> tuple[Observation, ...]:
+    """`observations` with the ids of the calls they answer, by position, where the program changed the ids."""
+    ids = [call.id for call in action.tool_calls]
+    return tuple(
+        msgspec.structs.replace(o, tool_call_id=ids[i]) if o.tool_call_id not in ids and i < len(ids) else o
+        for i, o in enumerate(observations)
+    )
