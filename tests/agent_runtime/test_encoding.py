@@ -51,6 +51,8 @@ async def _reset_while_ticking(tokenizer: HFTokenizer) -> tuple[list[int], float
             gaps.append(now - last)
             last = now
 
+    if tokenizer.pieces is not None:
+        tokenizer.pieces.clear()  # every run encodes all of it: the pieces of a run before are not reused
     ticker = asyncio.create_task(tick())
     await asyncio.sleep(0)
     t0 = time.perf_counter()

@@ -5,7 +5,10 @@ tokenizer's added-token matching turns them into their ids. This module knows no
 
 `HFTokenizer.encode` takes tokenizers' batch path for texts of `GIL_FREE_MIN_CHARS` characters or more: the same
 ids, but it releases the GIL while it works (the single-text path holds it), so a long conversation encoded on a
-worker thread does not stop the other threads, an event loop's included.
+worker thread does not stop the other threads, an event loop's included. Texts of `PIECE_CACHE_MIN_CHARS` or more
+go through a `PieceCache` (`piece_cache.py`) when the tokenizer allows it: the same ids, with long pieces between
+added tokens (a recipe's system prompt and tool listing) encoded once; what it does encode goes in one call, the
+batch path for a long text.
 """
 
 from __future__ import annotations
@@ -18,10 +21,19 @@ from typing import Any, Final, Protocol, runtime_checkable
 import tokenizers
 
 from agent_protocol.errors import TokenizerLoadError
+from agent_protocol.piece_cache import MIN_PIECE_CHARS, PieceCache
 
-__all__ = ["GIL_FREE_MIN_CHARS", "HFTokenizer", "Tokenizer", "TransformersTokenizer", "load_tokenizer"]
+__all__ = [
+    "GIL_FREE_MIN_CHARS",
+    "PIECE_CACHE_MIN_CHARS",
+    "HFTokenizer",
+    "Tokenizer",
+    "TransformersTokenizer",
+    "load_tokenizer",
+]
 
 GIL_FREE_MIN_CHARS: Final = 8192  # about 2,000 tokens: a few milliseconds of encoding
+PIECE_CACHE_MIN_CHARS: Final = 2 * MIN_PIECE_CHARS  # a shorter text is encoded whole: nothing long to reuse
 
 
 @runtime_checkable
@@ -38,9 +50,11 @@ class Tokenizer(Protocol):
 class HFTokenizer:
     """A `tokenizers.Tokenizer` loaded from a `tokenizer.json`."""
 
-    def __init__(self, backend: tokenizers.Tokenizer, *, source: str = "<memory>") -> None:
+    def __init__(self, backend: tokenizers.Tokenizer, *, source: str = "<memory>", piece_cache: bool = True) -> None:
+        """`piece_cache=False` encodes every text whole (the cache gives the same ids; see `piece_cache.py`)."""
         self.backend = backend
         self.source = source
+        self.pieces = PieceCache.for_backend(backend) if piece_cache else None
 
     @classmethod
     def from_file(cls, path: str | Path) -> HFTokenizer:
@@ -69,6 +83,15 @@ class HFTokenizer:
         return int(self.backend.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str) -> list[int]:
+        if self.pieces is not None and len(text) >= PIECE_CACHE_MIN_CHARS:
+            long = len(text) >= GIL_FREE_MIN_CHARS
+            return self.pieces.encode(text, self.encode_batch if long else self._encode_each)
+        return self._encode_whole(text)
+
+    def _encode_each(self, texts: list[str]) -> list[list[int]]:
+        return [list(self.backend.encode(text, add_special_tokens=False).ids) for text in texts]
+
+    def _encode_whole(self, text: str) -> list[int]:
         if len(text) >= GIL_FREE_MIN_CHARS:  # the batch path releases the GIL (see the module docstring)
             return list(self.backend.encode_batch([text], add_special_tokens=False)[0].ids)
         return list(self.backend.encode(text, add_special_tokens=False).ids)

@@ -1,0 +1,172 @@
+"""`PieceCache`: the ids of long text pieces between added tokens, reused exactly across encodes.
+
+Every episode of a recipe starts with the same system message and tool listing (hundreds of tokens), and
+tokenizing that prompt was most of a step's cost. `tokenizers` cuts its input at added tokens (`<|im_start|>`,
+`<|im_end|>`, `<tool_call>`, ...) before it normalizes and pre-tokenizes, and encodes each piece between them on
+its own: so the ids of a text are the ids of its pieces and added tokens, in order, and a piece seen before can
+take its ids from a cache. That holds when
+
+- no added token strips the whitespace around it or matches only as a single word (`lstrip`, `rstrip`,
+  `single_word`), which would move the cut;
+- no added token is matched on normalized text while the tokenizer has a normalizer that changes text;
+- the pre-tokenizer does not treat the first piece differently (a `Metaspace` that prepends to the first piece
+  only, a `ByteLevel` that adds a prefix space).
+
+`PieceCache.for_backend` checks these on the tokenizer's own configuration and gives `None` when one fails (the
+tokenizer then encodes every text whole, as before). The cut is the tokenizer's own leftmost-longest match of the
+added tokens' contents; pieces of at least `min_chars` characters are cached (least recently used first out,
+bounded in pieces and characters); shorter runs between cached pieces are encoded together, as one text. The
+tests compare this path with a whole encode over every family's renders and their real tokenizers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Final
+
+__all__ = ["PieceCache"]
+
+MIN_PIECE_CHARS: Final = 256  # shorter pieces cost less to encode than to look up and keep
+MAX_PIECES: Final = 512
+MAX_CHARS: Final = 4_000_000  # about 16 MB of text and its ids at most
+
+
+class PieceCache:
+    """Exact reuse of long pieces' ids. `encode(text, encode_many)` cuts `text` at added tokens, takes each long
+    piece from the cache and encodes the rest (the runs between, the pieces it misses) with one `encode_many`."""
+
+    def __init__(
+        self,
+        added: dict[str, int],
+        *,
+        min_chars: int = MIN_PIECE_CHARS,
+        max_pieces: int = MAX_PIECES,
+        max_chars: int = MAX_CHARS,
+    ) -> None:
+        if not added:
+            raise ValueError("a piece cache needs at least one added token to cut at")
+        self.added = dict(added)
+        # Longest first: at the leftmost match `re` takes the first alternative, so this is leftmost-longest.
+        contents = sorted(self.added, key=len, reverse=True)
+        self.pattern = re.compile("|".join(re.escape(c) for c in contents))
+        self.min_chars = min_chars
+        self.max_pieces = max_pieces
+        self.max_chars = max_chars
+        self._pieces: OrderedDict[str, list[int]] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()  # long texts are encoded on worker threads
+        self.hits = 0
+        self.misses = 0
+
+    @classmethod
+    def for_backend(cls, backend: Any, **limits: int) -> PieceCache | None:
+        """A cache for a `tokenizers.Tokenizer`, or None when its pieces are not independent (module docstring)."""
+        try:
+            added_tokens = backend.get_added_tokens_decoder()
+            normalizer = _state(backend.normalizer)
+            pre_tokenizer = _state(backend.pre_tokenizer)
+        except Exception:  # an older or unusual backend: no cache, every text encoded whole
+            return None
+        changes_text = normalizer is not None and normalizer != {"type": "Sequence", "normalizers": []}
+        added: dict[str, int] = {}
+        for token_id, token in added_tokens.items():
+            if token.lstrip or token.rstrip or token.single_word or (token.normalized and changes_text):
+                return None
+            if token.content:
+                added[token.content] = int(token_id)
+        if not added or not _position_free(pre_tokenizer):
+            return None
+        return cls(added, **limits)
+
+    def encode(self, text: str, encode_many: Callable[[list[str]], list[list[int]]]) -> list[int]:
+        """The ids of `text`. `encode_many` encodes the runs and the pieces not in the cache, all in one call
+        (so a tokenizer can take its batch path, which releases the GIL, for a long text)."""
+        parts: list[list[int] | str] = []  # ids known already, or a text to encode
+        misses: dict[int, str] = {}  # index in parts -> the piece to keep once encoded
+        run_start = piece_start = 0
+        for match in self.pattern.finditer(text):
+            if match.start() - piece_start >= self.min_chars:
+                self._cut(text, run_start, piece_start, parts, misses)
+                self._take(text[piece_start : match.start()], parts, misses)
+                run_start = match.start()
+            piece_start = match.end()
+        if len(text) - piece_start >= self.min_chars:
+            self._cut(text, run_start, piece_start, parts, misses)
+            self._take(text[piece_start:], parts, misses)
+        else:
+            self._cut(text, run_start, len(text), parts, misses)
+        texts = [(i, part) for i, part in enumerate(parts) if isinstance(part, str)]
+        encoded = encode_many([part for _, part in texts]) if texts else []
+        for (i, _), ids in zip(texts, encoded, strict=True):
+            parts[i] = ids
+            if i in misses:
+                self._keep(misses[i], ids)
+        out: list[int] = []
+        for part in parts:
+            assert not isinstance(part, str)  # every text was encoded above
+            out.extend(part)
+        return out
+
+    def clear(self) -> None:
+        with self._lock:
+            self._pieces.clear()
+            self._chars = 0
+
+    def __len__(self) -> int:
+        return len(self._pieces)
+
+    def _cut(self, text: str, start: int, end: int, parts: list[list[int] | str], misses: dict[int, str]) -> None:
+        """The run `text[start:end]` (pieces too short to cache, and added tokens) as one part."""
+        if start >= end:
+            return
+        run = text[start:end]
+        token_id = self.added.get(run)
+        parts.append([token_id] if token_id is not None else run)
+
+    def _take(self, piece: str, parts: list[list[int] | str], misses: dict[int, str]) -> None:
+        """A long piece: its cached ids, or the piece itself, to encode and keep."""
+        with self._lock:
+            found = self._pieces.get(piece)
+            if found is not None:
+                self._pieces.move_to_end(piece)
+                self.hits += 1
+                parts.append(found)
+                return
+            self.misses += 1
+        misses[len(parts)] = piece
+        parts.append(piece)
+
+    def _keep(self, piece: str, ids: list[int]) -> None:
+        if len(piece) > self.max_chars:
+            return
+        with self._lock:
+            if piece in self._pieces:
+                return
+            self._pieces[piece] = ids
+            self._chars += len(piece)
+            while len(self._pieces) > self.max_pieces or self._chars > self.max_chars:
+                old, _ = self._pieces.popitem(last=False)
+                self._chars -= len(old)
+
+
+def _state(component: Any) -> Any:
+    """A normalizer's or pre-tokenizer's configuration as JSON data (None when there is none)."""
+    return None if component is None else json.loads(component.__getstate__())
+
+
+def _position_free(pre_tokenizer: Any) -> bool:
+    """False when some part of the pre-tokenizer treats a text's first piece differently."""
+    if isinstance(pre_tokenizer, list):
+        return all(_position_free(part) for part in pre_tokenizer)
+    if not isinstance(pre_tokenizer, dict):
+        return True
+    kind = pre_tokenizer.get("type")
+    if kind == "Metaspace" and pre_tokenizer.get("prepend_scheme", "always") != "never":
+        return False
+    if kind == "ByteLevel" and pre_tokenizer.get("add_prefix_space", False):
+        return False
+    return all(_position_free(value) for value in pre_tokenizer.values() if isinstance(value, (dict, list)))

@@ -1,0 +1,165 @@
+"""`PieceCache`: encoding through it gives the ids of a whole encode, on every family's renders and the real
+tokenizers of four families, cold and warm; tokenizers whose pieces are not independent get no cache, and the
+tests show why that guard matters (a forced cache would change their ids)."""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+from functools import cache
+
+import pytest
+import tokenizers
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent_protocol import HFTokenizer
+from agent_protocol.piece_cache import PieceCache
+from tests.agent_protocol.golden import GOLDEN
+from tests.support.family_tokenizers import load_family_tokenizer
+from tests.support.hostile_text import FUZZ
+from tests.support.qwen3_tokenizer import qwen3_tokenizer_path
+
+FAMILIES = ("qwen3", "gpt_oss", "llama3.1", "deepseek_v3")
+
+
+@cache
+def tokenizer(family: str) -> HFTokenizer:
+    if family == "qwen3":
+        return HFTokenizer.from_file(qwen3_tokenizer_path())
+    return load_family_tokenizer(family)
+
+
+@cache
+def rendered_texts() -> list[str]:
+    """Every golden render of every family (official templates' output), and prompts that repeat a long system
+    message and tool listing, as a recipe's episodes do."""
+    texts = [p.read_text(encoding="utf-8") for p in sorted((GOLDEN / "rendered").glob("*.txt"))]
+    assert len(texts) > 100
+    rng = random.Random(0)
+    for text in texts[:40]:
+        head = text[: len(text) // 2]
+        texts.extend(head + f"<|im_start|>user\nQuestion {rng.randrange(10**6)}<|im_end|>\n" for _ in range(3))
+    return texts
+
+
+def whole(tok: HFTokenizer, text: str) -> list[int]:
+    return list(tok.backend.encode(text, add_special_tokens=False).ids)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("min_chars", [1, 7, 256])
+def test_cached_ids_equal_whole_encodes_on_every_render(family: str, min_chars: int) -> None:
+    tok = tokenizer(family)
+    assert tok.pieces is not None, f"{family}'s tokenizer should allow a piece cache"
+    pieces = PieceCache(tok.pieces.added, min_chars=min_chars)
+    texts = rendered_texts()
+    for text in texts + texts:  # the second pass takes its long pieces from the cache
+        assert pieces.encode(text, lambda runs, t=tok: [whole(t, r) for r in runs]) == whole(tok, text), text[:200]
+    assert pieces.hits > 0
+    assert pieces.misses > 0
+
+
+def test_the_tokenizer_encodes_through_the_cache_and_reuses_a_system_prompt() -> None:
+    tok = tokenizer("qwen3")
+    assert tok.pieces is not None
+    tok.pieces.clear()
+    system = "You answer with the calculator. " * 40
+    prompts = [f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nWhat is {i}?<|im_end|>\n" for i in range(5)]
+    hits = tok.pieces.hits
+    assert [tok.encode(p) for p in prompts] == [whole(tok, p) for p in prompts]
+    assert tok.pieces.hits - hits == 4
+    plain = HFTokenizer(tok.backend, piece_cache=False)
+    assert plain.pieces is None
+    assert [plain.encode(p) for p in prompts] == [whole(tok, p) for p in prompts]
+
+
+ALPHABET = string.printable + "éü中文😀\u0301 \t\n"
+TAGS = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "<|eot_id|>", "<|start|>", "<|end|>",
+        "<｜User｜>", "<｜Assistant｜>", "<|im_", "im_end|>", "<"]  # fmt: skip
+
+
+@FUZZ
+@given(st.lists(st.sampled_from(TAGS) | st.text(ALPHABET, max_size=600), max_size=12))
+def test_any_text_cut_anywhere_encodes_as_a_whole(parts: list[str]) -> None:
+    text = "".join(parts)
+    for family in FAMILIES:
+        tok = tokenizer(family)
+        assert tok.pieces is not None
+        pieces = PieceCache(tok.pieces.added, min_chars=1)
+        for _ in range(2):
+            assert pieces.encode(text, lambda runs, t=tok: [whole(t, r) for r in runs]) == whole(tok, text)
+
+
+def test_the_cache_is_bounded_in_pieces_and_characters() -> None:
+    tok = tokenizer("qwen3")
+    assert tok.pieces is not None
+    pieces = PieceCache(tok.pieces.added, min_chars=10, max_pieces=3, max_chars=100)
+    for i in range(10):
+        text = f"<|im_start|>{'x' * 20}{i}<|im_end|>"
+        assert pieces.encode(text, lambda runs: [whole(tok, r) for r in runs]) == whole(tok, text)
+        assert len(pieces) <= 3
+    # a piece longer than the whole bound is not kept
+    pieces.encode("<|im_start|>" + "y" * 200, lambda runs: [whole(tok, r) for r in runs])
+    assert all(len(p) <= 100 for p in pieces._pieces)
+    assert sum(len(p) for p in pieces._pieces) <= 100
+
+
+def edited(family: str, edit: dict[str, object]) -> tokenizers.Tokenizer:
+    """`family`'s tokenizer with one part of its configuration replaced."""
+    spec = json.loads(tokenizer(family).backend.to_str())
+    spec.update(edit)
+    return tokenizers.Tokenizer.from_str(json.dumps(spec))
+
+
+def stripping(family: str) -> tokenizers.Tokenizer:
+    spec = json.loads(tokenizer(family).backend.to_str())
+    for token in spec["added_tokens"]:
+        if token["content"] == "<|im_end|>":
+            token["lstrip"] = token["rstrip"] = True
+    return tokenizers.Tokenizer.from_str(json.dumps(spec))
+
+
+def metaspace_first() -> tokenizers.Tokenizer:
+    """A word-level tokenizer that marks the start of a text only, as sentencepiece models do."""
+    from tokenizers import AddedToken, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "▁hello": 1, "hello": 2, "▁world": 3, "world": 4, "▁there": 5}
+    backend = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    backend.add_special_tokens([AddedToken("<|im_end|>", normalized=False)])
+    return backend
+
+
+UNSAFE = {
+    "metaspace_first": metaspace_first,
+    "byte_level_prefix_space": lambda: edited(
+        "qwen3",
+        {"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True}},
+    ),
+    "stripping_added_token": lambda: stripping("qwen3"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNSAFE))
+def test_tokenizers_whose_pieces_depend_on_each_other_get_no_cache(case: str) -> None:
+    backend = UNSAFE[case]()
+    assert PieceCache.for_backend(backend) is None
+    tok = HFTokenizer(backend)
+    assert tok.pieces is None
+    text = "<|im_start|>user\n hello there, world <|im_end|>\n<|im_start|>assistant\n" + "word " * 200
+    assert tok.encode(text) == whole(tok, text)
+
+
+@pytest.mark.parametrize("case", ["metaspace_first", "stripping_added_token"])
+def test_a_forced_cache_would_change_those_tokenizers_ids(case: str) -> None:
+    """The guard is needed: cutting these tokenizers' texts at added tokens gives other ids."""
+    backend = UNSAFE[case]()
+    tok = HFTokenizer(backend, piece_cache=False)
+    added = {t.content: int(i) for i, t in backend.get_added_tokens_decoder().items()}
+    forced = PieceCache(added, min_chars=1)
+    text = "<|im_start|>user\n hello there <|im_end|>\n<|im_start|>assistant\n"
+    if case == "metaspace_first":
+        text = "hello<|im_end|>world there"
+    assert forced.encode(text, lambda runs: [whole(tok, r) for r in runs]) != whole(tok, text)
