@@ -214,7 +214,11 @@ def test_sampled_request_carries_every_setting(
     reply = engine.tokenize(REPLY)
     expected = reply[: reply.index(period) + 1]  # vLLM keeps the stop token in the ids
     assert generation == Generation(
-        ids=expected, text="The answer is 4.", logprobs=[REPLY_LOGPROB] * len(expected), finish_reason="stop"
+        ids=expected,
+        text="The answer is 4.",
+        logprobs=[REPLY_LOGPROB] * len(expected),
+        finish_reason="stop",
+        exact_text=True,  # decoded from the ids by the engine's tokenizer
     )
 
 

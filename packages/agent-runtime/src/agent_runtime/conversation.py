@@ -184,9 +184,9 @@ class Conversation:
         )
 
     def accept(self, generation: Generation, *, call_id_prefix: str, summary: bool = False) -> Reply:
-        """Append the generated ids exactly as sampled, then read them: decode, parse, record the parse issues
-        as errors and the assistant message. A summary turn (`summary=True`) is a generation but not a turn, and
-        its message keeps no tool calls (nothing runs them)."""
+        """Append the generated ids exactly as sampled, then read them: decode (or take the engine's exact text),
+        parse, record the parse issues as errors and the assistant message. A summary turn (`summary=True`) is a
+        generation but not a turn, and its message keeps no tool calls (nothing runs them)."""
         self.generations += 1
         if not summary:
             self.turns += 1
@@ -195,7 +195,8 @@ class Conversation:
         closed = ended_by is not None
         self.turn_closed, self.ended_by = closed, ended_by
         self.stage = "decode"
-        text = self.tokenizer.decode(generation.ids)
+        # The engine decoded these ids with its tokenizer, which the runtime binds to the session: no second decode.
+        text = generation.text if generation.exact_text else self.tokenizer.decode(generation.ids)
         self.stage = "parse"
         action = self.protocol.parse_assistant_text(text, call_id_prefix=call_id_prefix)
         self.stage = "idle"

@@ -124,7 +124,6 @@ class AgentRuntime:
         task: Mapping[str, Any] | None,
         base: SamplingParams,
     ) -> AsyncIterator[Event]:
-        log = logger.bind(episode_id=session.episode_id, engine=self.engine.name)
         started = time.perf_counter()
         generate_s = 0.0
         await session.reset(prompt, task=task)  # raises only for a prompt that cannot be rendered (caller input)
@@ -140,6 +139,8 @@ class AgentRuntime:
                     await session.fail(generation.code, generation.message)
                     yield ErrorEvent(code=generation.code, message=generation.message)
                     break
+                if generation.exact_text and session.tokenizer is not self.engine.tokenizer:
+                    generation = msgspec.structs.replace(generation, exact_text=False)  # the session decodes its own
                 outcome = await session.step(generation)
                 for event in _step_events(session, outcome, generation):
                     yield event
@@ -148,7 +149,10 @@ class AgentRuntime:
             yield ErrorEvent(code=error.code, message=error.message)
         session.timings["generate_s"] = generate_s
         session.timings["total_s"] = time.perf_counter() - started
-        log.info("episode_finished", stop_reason=session.stop_reason, turns=session.turns, reward=session.reward)
+        logger.info(
+            "episode_finished", episode_id=session.episode_id, engine=self.engine.name,
+            stop_reason=session.stop_reason, turns=session.turns, reward=session.reward,
+        )  # fmt: skip
         yield FinalEvent(
             answer=session.final_answer, stop_reason=session.stop_reason, reward=session.reward, usage=session.usage()
         )

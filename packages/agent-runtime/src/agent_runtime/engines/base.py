@@ -61,12 +61,16 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
 
 class Generation(msgspec.Struct, frozen=True, kw_only=True):
     """One completion: the generated ids exactly as sampled (a stop token included, as vLLM returns it), their
-    text, one logprob per id (None when the engine gave none) and why generation stopped."""
+    text, one logprob per id (None when the engine gave none) and why generation stopped. `exact_text` says the
+    text is exactly the engine tokenizer's decode of the ids, special tokens kept, so a conversation on the same
+    tokenizer reads it instead of decoding again (`AgentRuntime` clears it for a session with a tokenizer of its
+    own); an engine whose text comes from elsewhere (a server's detokenizer) leaves it False."""
 
     ids: list[int]
     text: str
     logprobs: list[float] | None
     finish_reason: FinishReason
+    exact_text: bool = False
 
 
 class PromptView(Sequence[int]):
@@ -185,7 +189,7 @@ def validate_generation(
     max_tokens: int,
     vocab_size: int | None,
 ) -> Generation:
-    """Check what a backend answered and build the `Generation`, its text decoded from the ids here.
+    """Check what a backend answered and build the `Generation`, its text decoded from the ids here (so exact).
 
     `ids` must be a list of plain ints (not bools, floats or strings) in `[0, vocab_size)`, at most
     `max_tokens` of them; `logprobs` None or one finite float per id, none above 0; `finish_reason` one of
@@ -223,4 +227,4 @@ def validate_generation(
     finish = _FINISH_REASONS.get(finish_reason) if isinstance(finish_reason, str) else None
     if finish is None:
         raise EngineBadOutput(f"{engine}: unknown finish reason {finish_reason!r}")
-    return Generation(ids=ids, text=tokenizer.decode(ids), logprobs=checked, finish_reason=finish)
+    return Generation(ids=ids, text=tokenizer.decode(ids), logprobs=checked, finish_reason=finish, exact_text=True)

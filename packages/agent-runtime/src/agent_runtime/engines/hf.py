@@ -451,6 +451,7 @@ class HFEngine(LLMEngine):
                 text=self.tokenizer.decode(ids[row]),
                 logprobs=logprobs[row] if request.sampling.logprobs else None,
                 finish_reason=finish[row],
+                exact_text=True,
             )
             for row, request in enumerate(batch)
         ]

@@ -94,4 +94,5 @@ class ScriptedEngine(LLMEngine):
             text=self.tokenizer.decode(ids),
             logprobs=logprobs,
             finish_reason="stop" if finish == "stop" else "length",
+            exact_text=True,
         )
