@@ -111,16 +111,18 @@ class RewardPipeline:
 
     async def score(self, episode: EpisodeRecord) -> RewardBreakdown:
         """Score a finished episode: process rewards for each of its steps, then result rewards."""
-        async with asyncio.TaskGroup() as group:
-            step_tasks = [group.create_task(self.score_step(step, episode)) for step in episode.steps]
-            result_task = group.create_task(
-                self._run_all(
-                    {name: (functools.partial(s.score, episode), s.fallback) for name, s in self.result.items()},
-                    context={},
-                )
-            )
-        steps = tuple(task.result() for task in step_tasks)
-        results = result_task.result()
+        results_of = self._run_all(
+            {name: (functools.partial(s.score, episode), s.fallback) for name, s in self.result.items()}, context={}
+        )
+        if not self.process:  # no step has anything to run: no task per step
+            steps = tuple(StepReward(total=0.0) for _ in episode.steps)
+            results = await results_of
+        else:
+            async with asyncio.TaskGroup() as group:
+                step_tasks = [group.create_task(self.score_step(step, episode)) for step in episode.steps]
+                result_task = group.create_task(results_of)
+            steps = tuple(task.result() for task in step_tasks)
+            results = result_task.result()
         process = {name: sum((step.scores.get(name, 0.0) for step in steps), 0.0) for name in self.process}
         codes = {name: score.code for name, score in results.items() if score.code is not None}
         for step in steps:
@@ -143,6 +145,8 @@ class RewardPipeline:
         *,
         context: dict[str, int],
     ) -> dict[str, RewardScore]:
+        if len(calls) <= 1:  # nothing to run beside it: awaited here, without a task
+            return {name: await self._guarded(name, run, fallback, context) for name, (run, fallback) in calls.items()}
         async with asyncio.TaskGroup() as group:  # _guarded never raises, so no sibling is cancelled
             tasks = {
                 name: group.create_task(self._guarded(name, run, fallback, context))
@@ -157,18 +161,17 @@ class RewardPipeline:
         fallback: float,
         context: dict[str, int],
     ) -> RewardScore:
-        log = logger.bind(strategy=name, **context)
         try:
             async with asyncio.timeout(self.timeout_s):
                 outcome = await run()
             score = outcome if isinstance(outcome, RewardScore) else RewardScore(value=float(outcome))
         except TimeoutError:
-            log.warning("reward_timed_out", timeout_s=self.timeout_s)
+            logger.warning("reward_timed_out", strategy=name, **context, timeout_s=self.timeout_s)
             return RewardScore(value=fallback, code="reward_timeout")
         except (Exception, SystemExit) as e:  # SystemExit too: raised in a task, asyncio would end the loop
-            log.warning("reward_failed", error_type=type(e).__name__, error=str(e)[:500])
+            logger.warning("reward_failed", strategy=name, **context, error_type=type(e).__name__, error=str(e)[:500])
             return RewardScore(value=fallback, code="reward_error", detail=f"{type(e).__name__}: {e}"[:500])
         if not math.isfinite(score.value):
-            log.warning("reward_invalid", value=score.value)
+            logger.warning("reward_invalid", strategy=name, **context, value=score.value)
             return RewardScore(value=fallback, code="reward_invalid", detail=f"returned {score.value}")
         return score

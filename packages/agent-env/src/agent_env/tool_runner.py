@@ -269,7 +269,8 @@ class ToolRunner:
         limit = target.max_output_chars if target.max_output_chars is not None else self.max_output_chars
         text, cut = truncate(text, limit)
         elapsed = time.perf_counter() - started
-        _log(call, context).debug("tool_succeeded", elapsed_s=round(elapsed, 4), truncated=cut)
+        if target.event_loop != "shared":  # a shared call is the hot path: its time is in the observation, unlogged
+            _log(call, context).debug("tool_succeeded", elapsed_s=round(elapsed, 4), truncated=cut)
         return Observation(
             tool_call_id=call.id,
             name=call.name,
