@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Final
@@ -32,7 +33,9 @@ __all__ = ["PieceCache"]
 
 MIN_PIECE_CHARS: Final = 256  # shorter pieces cost less to encode than to look up and keep
 MAX_PIECES: Final = 512
-MAX_CHARS: Final = 4_000_000  # about 16 MB of text and its ids at most
+MAX_CHARS: Final = 4_000_000  # about 16 MB of text and 4 MB of ids at most
+
+_Part = list[int] | array[int] | str  # ids known already (a cached piece's, an added token's), or text to encode
 
 
 class PieceCache:
@@ -56,7 +59,7 @@ class PieceCache:
         self.min_chars = min_chars
         self.max_pieces = max_pieces
         self.max_chars = max_chars
-        self._pieces: OrderedDict[str, list[int]] = OrderedDict()
+        self._pieces: OrderedDict[str, array[int]] = OrderedDict()  # 4 bytes an id, not a list of int objects
         self._chars = 0
         self._lock = threading.Lock()  # long texts are encoded on worker threads
         self.hits = 0
@@ -85,7 +88,7 @@ class PieceCache:
     def encode(self, text: str, encode_many: Callable[[list[str]], list[list[int]]]) -> list[int]:
         """The ids of `text`. `encode_many` encodes the runs and the pieces not in the cache, all in one call
         (so a tokenizer can take its batch path, which releases the GIL, for a long text)."""
-        parts: list[list[int] | str] = []  # ids known already, or a text to encode
+        parts: list[_Part] = []  # ids known already, or a text to encode
         misses: dict[int, str] = {}  # index in parts -> the piece to keep once encoded
         run_start = piece_start = 0
         for match in self.pattern.finditer(text):
@@ -119,7 +122,7 @@ class PieceCache:
     def __len__(self) -> int:
         return len(self._pieces)
 
-    def _cut(self, text: str, start: int, end: int, parts: list[list[int] | str], misses: dict[int, str]) -> None:
+    def _cut(self, text: str, start: int, end: int, parts: list[_Part], misses: dict[int, str]) -> None:
         """The run `text[start:end]` (pieces too short to cache, and added tokens) as one part."""
         if start >= end:
             return
@@ -127,7 +130,7 @@ class PieceCache:
         token_id = self.added.get(run)
         parts.append([token_id] if token_id is not None else run)
 
-    def _take(self, piece: str, parts: list[list[int] | str], misses: dict[int, str]) -> None:
+    def _take(self, piece: str, parts: list[_Part], misses: dict[int, str]) -> None:
         """A long piece: its cached ids, or the piece itself, to encode and keep."""
         with self._lock:
             found = self._pieces.get(piece)
@@ -146,7 +149,7 @@ class PieceCache:
         with self._lock:
             if piece in self._pieces:
                 return
-            self._pieces[piece] = ids
+            self._pieces[piece] = array("I", ids)
             self._chars += len(piece)
             while len(self._pieces) > self.max_pieces or self._chars > self.max_chars:
                 old, _ = self._pieces.popitem(last=False)
