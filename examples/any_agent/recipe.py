@@ -12,11 +12,18 @@ recipe's own session) and the program's rollouts show the model the same prompt.
 from __future__ import annotations
 
 import dataclasses
+import sys
+from pathlib import Path
 
 from agent_demo.recipe import make_recipe as demo_recipe
 from agent_runtime import Recipe
 from agent_runtime.agent_program import AgentProgram
-from examples.any_agent.agent import calculator_agent
+
+try:
+    from examples.any_agent.agent import calculator_agent
+except ModuleNotFoundError:  # loaded by path (`apps/train --recipe examples/any_agent/recipe.py`): the repo root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from examples.any_agent.agent import calculator_agent
 
 __all__ = ["make_recipe", "recipe"]
 
