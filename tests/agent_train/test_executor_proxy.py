@@ -169,6 +169,21 @@ def test_a_second_conversation_is_a_segment_but_not_a_rewrite(tokenizer: HFToken
     assert out.trajectory.final_answer == "The answer is 391." and out.sample.reward == pytest.approx(1.1)
 
 
+def test_a_streamed_request_is_recorded_as_a_plain_one(tokenizer: HFTokenizer) -> None:
+    async def streams(client: Any, task: ProgramTask) -> str | None:
+        chunks = await client.chat.completions.create(
+            model=task.model, messages=task.messages, tools=[CALCULATOR_TOOL], stream=True
+        )
+        return "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+
+    script = [answer("The answer is 391.")]
+    direct = asyncio.run(AgentRuntime(ScriptedEngine(tokenizer, script), calculator_recipe().make_session()).run(
+        QUESTION, task={"answer": "391"}))  # fmt: skip
+    out = rollout(program_recipe(streams), ScriptedEngine(tokenizer, script))
+    assert out.sample.observation_tokens == direct.trajectory.segments[0].ids
+    assert out.trajectory.final_answer == "The answer is 391." and out.sample.reward == direct.reward == 1.0
+
+
 # -- failures and budgets --------------------------------------------------------------------------------------
 
 
