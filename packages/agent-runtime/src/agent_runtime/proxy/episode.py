@@ -167,7 +167,7 @@ async def _trajectory(
         stop_reason=stop_reason,
         metadata={k: v for k, v in row.items() if k not in ("references", "answer", "label", "prompt")},
     )
-    breakdown = await _score(recipe, record) if outcome.code != "no_model_calls" else None
+    breakdown = await _score(recipe, record) if outcome.requests else None  # no model call, nothing to reward
     transcripts = [t for segment in segments for t in segment.record.segments]
     if not transcripts:
         transcripts = [_prompt_only(recipe, engine, prompt)]
