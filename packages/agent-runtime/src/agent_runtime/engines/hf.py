@@ -418,12 +418,18 @@ class HFEngine(LLMEngine):
             live = [row for row in range(rows) if not done[row]]
             greedy = logits.argmax(-1).tolist() if any(generators[row] is None for row in live) else []
             tokens = [0] * rows  # a finished row keeps the batch rectangular; its outputs are ignored
+            drawn: list[int] = []
             for row in live:
-                generator = generators[row]
-                if generator is None:
+                if generators[row] is None:
                     tokens[row] = greedy[row]
                 else:
-                    tokens[row] = _sample(logits[row], batch[row].sampling, generator)
+                    drawn.append(row)
+            if drawn:
+                picks = _sample_rows(
+                    logits[drawn], [batch[row].sampling for row in drawn], [generators[row] for row in drawn]
+                )
+                for row, token in zip(drawn, picks, strict=True):
+                    tokens[row] = token
             asking = [row for row in live if wants_logprobs[row]]
             if asking:  # the asking rows only (torch.logsumexp is far slower than log_softmax on a CPU row)
                 chosen = torch.tensor([[tokens[row]] for row in asking], device=self.device)
@@ -544,11 +550,27 @@ def _generator(sampling: SamplingParams, device: torch.device) -> torch.Generato
     return generator
 
 
-def _sample(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> int:
-    """One token from one row of raw logits: greedy, or temperature -> top-k -> top-p -> a seeded draw."""
-    if generator is None:
-        return int(torch.argmax(logits))
-    scores = logits / sampling.temperature
+def _sample_rows(
+    logits: torch.Tensor, samplings: list[SamplingParams], generators: list[torch.Generator | None]
+) -> list[int]:
+    """One token per row of raw logits, each row with its own settings and seeded generator: temperature ->
+    top-k -> top-p, then a draw. The draw is `torch.multinomial`'s own for one sample (each row's probabilities
+    over exponential noise from its generator, arg max), done for all rows at once: the same tokens as a
+    `multinomial` call per row (`tests/agent_runtime/test_engine_hf_sampling.py`), with one call per row fewer."""
+    temperatures = torch.tensor([s.temperature for s in samplings], dtype=logits.dtype, device=logits.device)
+    scores = logits / temperatures.unsqueeze(1)
+    for row, sampling in enumerate(samplings):
+        if 0 < sampling.top_k < scores.shape[1] or sampling.top_p < 1.0:
+            scores[row] = _filter(scores[row], sampling)
+    probs = torch.softmax(scores, dim=-1)
+    noise = torch.empty_like(probs)
+    for row, generator in enumerate(generators):
+        noise[row].exponential_(1, generator=generator)
+    return [int(t) for t in (probs / noise).argmax(-1).tolist()]
+
+
+def _filter(scores: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """One row's tempered scores with top-k and top-p applied (the tokens left out at -inf)."""
     if 0 < sampling.top_k < scores.numel():
         kth = torch.topk(scores, sampling.top_k).values[-1]
         scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -559,5 +581,4 @@ def _sample(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Gen
         drop = (probs.cumsum(-1) - probs) >= sampling.top_p
         sorted_scores = sorted_scores.masked_fill(drop, float("-inf"))
         scores = torch.full_like(scores, float("-inf")).scatter(0, order, sorted_scores)
-    probs = torch.softmax(scores, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return scores
