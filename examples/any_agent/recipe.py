@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
+from typing import Literal
 
 from agent_demo.recipe import make_recipe as demo_recipe
 from agent_runtime import Recipe
@@ -21,17 +22,21 @@ from agent_runtime.agent_program import AgentProgram
 
 try:
     from examples.any_agent.agent import calculator_agent
+    from examples.any_agent.sdk_agent import sdk_calculator_agent
 except ModuleNotFoundError:  # loaded by path (`apps/train --recipe examples/any_agent/recipe.py`): the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from examples.any_agent.agent import calculator_agent
+    from examples.any_agent.sdk_agent import sdk_calculator_agent
 
 __all__ = ["make_recipe", "recipe"]
 
 
-def make_recipe() -> Recipe:
+def make_recipe(agent: Literal["loop", "sdk"] = "loop") -> Recipe:
+    """The demo recipe with the plain loop (`agent.py`) or the OpenAI Agents SDK agent (`sdk_agent.py`)."""
     demo = demo_recipe()
-    program = AgentProgram(calculator_agent, timeout_s=120.0, max_episode_tokens=256, model_name=demo.name)
-    return dataclasses.replace(demo, name="any-agent-calculator", agent=program)
+    function = calculator_agent if agent == "loop" else sdk_calculator_agent
+    program = AgentProgram(function, timeout_s=120.0, max_episode_tokens=256, model_name=demo.name)
+    return dataclasses.replace(demo, name="any-agent-calculator" if agent == "loop" else "any-agent-sdk", agent=program)
 
 
 recipe = make_recipe()

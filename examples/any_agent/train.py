@@ -43,7 +43,7 @@ from agent_train.local.rollout import RolloutRecord, Rollouts
 from agent_train.local.trainer import train_local
 from examples.any_agent.recipe import make_recipe
 
-__all__ = ["SMOKE", "AnyAgentConfig", "AnyAgentResult", "main", "train_any_agent"]
+__all__ = ["SMOKE", "AnyAgentConfig", "AnyAgentResult", "main", "train_any_agent", "train_from_model"]
 
 
 class AnyAgentConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -96,7 +96,8 @@ async def held_out_reward(
     return sum(episodes.values()) / max(1, len(episodes))
 
 
-async def _train(config: AnyAgentConfig, recipe: Recipe, model_dir: Path, seed: int) -> AnyAgentResult:
+async def train_from_model(config: AnyAgentConfig, recipe: Recipe, model_dir: Path, seed: int) -> AnyAgentResult:
+    """Steps 2-4 of the module docstring on a model directory that is already warm (or a test's tiny model)."""
     started = time.perf_counter()
     raw = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     model = load_demo_model(model_dir)
@@ -144,14 +145,17 @@ async def _train(config: AnyAgentConfig, recipe: Recipe, model_dir: Path, seed: 
     )
 
 
-def train_any_agent(run_dir: str | Path, config: AnyAgentConfig = SMOKE, *, seed: int = 0) -> AnyAgentResult:
-    """The run of the module docstring; blocking. Returns the figures (also in ``run_dir/summary.json``)."""
+def train_any_agent(
+    run_dir: str | Path, config: AnyAgentConfig = SMOKE, *, seed: int = 0, agent: Literal["loop", "sdk"] = "loop"
+) -> AnyAgentResult:
+    """The run of the module docstring; blocking. Returns the figures (also in ``run_dir/summary.json``). `agent`:
+    the plain loop (`agent.py`) or the same agent on the OpenAI Agents SDK (`sdk_agent.py`)."""
     run_dir = Path(run_dir)
-    recipe = make_recipe()
+    recipe = make_recipe(agent)
     warm_start = msgspec.structs.replace(config.warm_start, seed=seed, rl_steps=0)
     started = time.perf_counter()
     warm = train_local(warm_start, run_dir / "warm_start", recipe=recipe, progress=False)
-    result = asyncio.run(_train(config, recipe, warm.model_dir, seed))
+    result = asyncio.run(train_from_model(config, recipe, warm.model_dir, seed))
     result = msgspec.structs.replace(result, elapsed_s=time.perf_counter() - started)
     (run_dir / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(result)) + b"\n")
     return result
@@ -162,8 +166,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run-dir", default="runs/any_agent")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rollouts", choices=["program", "recipe"], default="program")
+    parser.add_argument(
+        "--agent", choices=["loop", "sdk"], default="loop", help="the plain loop or the OpenAI Agents SDK agent"
+    )
     args = parser.parse_args(argv)
-    result = train_any_agent(args.run_dir, msgspec.structs.replace(SMOKE, rollouts=args.rollouts), seed=args.seed)
+    config = msgspec.structs.replace(SMOKE, rollouts=args.rollouts)
+    result = train_any_agent(args.run_dir, config, seed=args.seed, agent=args.agent)
     print(f"held-out reward before RL {result.before:.3f}, after {result.after:.3f}")
     print("training reward per RL step: " + " ".join(f"{r:.2f}" for r in result.step_rewards))
     print(f"{result.elapsed_s:.0f} s in all; summary in {args.run_dir}/summary.json")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -99,3 +100,20 @@ def test_a_batch_of_sdk_episodes_is_isolated(tokenizer: HFTokenizer) -> None:
             assert trajectory.final_answer == f"The answer is {value}.", question
             assert trajectory.reward == pytest.approx(1.1)
             assert len(trajectory.segments) == 1
+
+
+def test_the_sdk_agent_trains_in_the_cpu_smoke_mode(tmp_path: Path) -> None:
+    """The SDK agent's rollouts on the tiny demo model feed an RL step of the local trainer's pieces: every
+    episode through the proxy, one segment each (the SDK's history continues the sampled ids), finite rewards."""
+    import msgspec
+
+    from examples.any_agent.recipe import make_recipe
+    from examples.any_agent.train import SMOKE, train_from_model
+    from tests.support.tiny_demo import save_tiny_demo_model
+
+    config = msgspec.structs.replace(SMOKE, rl_steps=1, rl_prompts=4, rl_group_size=2, eval_problems=4, eval_samples=1)
+    model_dir = save_tiny_demo_model(tmp_path / "tiny")
+    result = asyncio.run(train_from_model(config, make_recipe("sdk"), model_dir, seed=0))
+    assert len(result.step_rewards) == 1
+    assert result.segments_per_episode == 1.0
+    assert 0.0 <= result.before <= 1.1 and 0.0 <= result.after <= 1.1

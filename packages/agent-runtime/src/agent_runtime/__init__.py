@@ -8,6 +8,7 @@ engine and streams typed events. `Trajectory` is the record both serving and tra
 
 from importlib.metadata import version as _version
 
+from agent_runtime.agent_program import AgentProgram, ProgramTask
 from agent_runtime.compaction import CompactableSession
 from agent_runtime.engines.base import FinishReason, Generation, LLMEngine, SamplingParams
 from agent_runtime.engines.scripted import ScriptedEngine
@@ -41,6 +42,7 @@ from agent_runtime.trajectory import (
 )
 
 __all__ = [
+    "AgentProgram",
     "AgentRuntime",
     "AgentSession",
     "AssistantEvent",
@@ -57,6 +59,7 @@ __all__ = [
     "FinishReason",
     "Generation",
     "LLMEngine",
+    "ProgramTask",
     "Recipe",
     "RecipeError",
     "RunResult",
