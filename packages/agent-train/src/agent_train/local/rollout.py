@@ -32,9 +32,16 @@ import msgspec
 import structlog
 
 from agent_runtime import AgentRuntime, AssistantEvent, LLMEngine, Recipe, Trajectory
-from agent_train.sample import segment_samples
+from agent_train.sample import RolloutSample, segment_samples
 
-__all__ = ["OVERLONG_STOP_REASONS", "RolloutRecord", "Rollouts", "loss_mask_from_ranges", "summary_ranges"]
+__all__ = [
+    "OVERLONG_STOP_REASONS",
+    "RolloutRecord",
+    "Rollouts",
+    "loss_mask_from_ranges",
+    "segment_records",
+    "summary_ranges",
+]
 
 OVERLONG_STOP_REASONS: Final = frozenset({"context_exhausted"})
 """How an episode ends when its token budget, not an answer, ended it: no room left for a turn, for a tool
@@ -85,6 +92,35 @@ def summary_ranges(trajectory: Trajectory) -> list[list[tuple[int, int]]]:
         ends_with_summary = index < last or trajectory.stop_reason == "compaction_failed"
         ranges.append([actions[-1]] if actions and ends_with_summary else [])
     return ranges
+
+
+def segment_records(
+    samples: Sequence[RolloutSample],
+    *,
+    group: int,
+    episode: int,
+    stop_reason: str | None,
+    summaries: Sequence[list[tuple[int, int]]] | None = None,
+) -> list[RolloutRecord]:
+    """An episode's segment samples (`segment_samples`) as records, in order; `summaries` per segment, if any."""
+    if summaries is not None and len(summaries) != len(samples):
+        raise ValueError(f"{len(summaries)} summary range lists for {len(samples)} segments")
+    return [
+        RolloutRecord(
+            group=group,
+            ids=list(sample.observation_tokens),
+            loss_mask=loss_mask_from_ranges(len(sample.observation_tokens), sample.action_ranges),
+            logprobs=list(sample.rollout_log_probs or [0.0] * len(sample.observation_tokens)),
+            reward=sample.reward,
+            truncated=sample.truncated,
+            extra_logs=sample.extra_logs,
+            episode=episode,
+            segment=index,
+            summary_ranges=summaries[index] if summaries is not None else [],
+            stop_reason=stop_reason,
+        )
+        for index, sample in enumerate(samples)
+    ]
 
 
 def _generation_cap(recipe: Recipe) -> int:
@@ -160,19 +196,10 @@ class Rollouts:
             with_logprobs=True,
             truncated=bool(turns) and turns[-1].finish_reason == "length",
         )
-        return [
-            RolloutRecord(
-                group=group,
-                ids=list(sample.observation_tokens),
-                loss_mask=loss_mask_from_ranges(len(sample.observation_tokens), sample.action_ranges),
-                logprobs=list(sample.rollout_log_probs or [0.0] * len(sample.observation_tokens)),
-                reward=sample.reward,
-                truncated=sample.truncated,
-                extra_logs=sample.extra_logs,
-                episode=episode,
-                segment=index,
-                summary_ranges=summaries,
-                stop_reason=trajectory.stop_reason,
-            )
-            for index, (sample, summaries) in enumerate(zip(samples, summary_ranges(trajectory), strict=True))
-        ]
+        return segment_records(
+            samples,
+            group=group,
+            episode=episode,
+            stop_reason=trajectory.stop_reason,
+            summaries=summary_ranges(trajectory),
+        )
