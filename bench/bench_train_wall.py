@@ -62,8 +62,9 @@ def main() -> None:
     results: dict[str, list[dict[str, Any]]] = {"tree": [], "baseline": []}
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         base = Path(tmp) / "baseline"
-        add = ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base), args.baseline]
-        subprocess.run(add, check=True)
+        if not args.no_baseline:
+            add = ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base), args.baseline]
+            subprocess.run(add, check=True)
         try:
             for repeat in range(args.repeats):
                 order = [("tree", ROOT)] + ([] if args.no_baseline else [("baseline", base)])
@@ -72,7 +73,8 @@ def main() -> None:
                     results[side].append(out)
                     print(side, json.dumps(out), flush=True)
         finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=True)
+            if not args.no_baseline:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=True)
     ratios = [t["wall_s"] / b["wall_s"] for t, b in zip(results["tree"], results["baseline"], strict=False)]
     if ratios:
         print("tree / baseline wall time:", ", ".join(f"{r:.2f}" for r in ratios))
