@@ -27,6 +27,14 @@ class ChatProtocol(ABC):
     end_of_turn: str
     #: token texts an engine must stop on; every engine and the turn core take them from here
     stop_texts: tuple[str, ...]
+    #: the token a vision-language family writes once per image, which the model's processor expands (None: the
+    #: family is text-only, and a message with an image is refused)
+    image_pad: str | None = None
+
+    @property
+    def accepts_images(self) -> bool:
+        """Whether the family renders images (a vision-language template)."""
+        return self.image_pad is not None
 
     @property
     def turn_end_texts(self) -> tuple[str, ...]:

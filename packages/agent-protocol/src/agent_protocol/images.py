@@ -37,6 +37,7 @@ __all__ = [
     "collapse_image_pads",
     "expand_image_pads",
     "image_size",
+    "image_spans",
     "read_image",
 ]
 
@@ -263,6 +264,24 @@ def expand_image_pads(
         out.extend([pad_id] * pads[k])
         k += 1
     return out, spans
+
+
+def image_spans(ids: Sequence[int], *, pad_id: int, sources: Sequence[str]) -> list[ImageSpan]:
+    """The span of each image's run of `pad_id` in `ids` (already expanded), the k-th run being `sources[k]`'s.
+    Raises ValueError when the runs are not one per image: a pad the text wrote without an image, say."""
+    spans: list[ImageSpan] = []
+    start = None
+    for at, token in enumerate([*ids, None]):
+        if token == pad_id:
+            start = at if start is None else start
+        elif start is not None:
+            if len(spans) == len(sources):
+                raise ValueError(f"the ids hold more image placeholders than the {len(sources)} images")
+            spans.append(ImageSpan(start=start, end=at, source=sources[len(spans)]))
+            start = None
+    if len(spans) != len(sources):
+        raise ValueError(f"the ids hold {len(spans)} image placeholders for {len(sources)} images")
+    return spans
 
 
 def collapse_image_pads(ids: Sequence[int], pad_ids: set[int] | frozenset[int]) -> list[int]:

@@ -21,6 +21,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 import tokenizers
 
 from agent_protocol.errors import TokenizerLoadError
+from agent_protocol.images import VisionGrid
 from agent_protocol.piece_cache import MIN_PIECE_CHARS, PieceCache
 
 __all__ = [
@@ -30,6 +31,8 @@ __all__ = [
     "Tokenizer",
     "TransformersTokenizer",
     "load_tokenizer",
+    "processor_vision_grid",
+    "vision_grid",
 ]
 
 GIL_FREE_MIN_CHARS: Final = 8192  # about 2,000 tokens: a few milliseconds of encoding
@@ -50,18 +53,29 @@ class Tokenizer(Protocol):
 class HFTokenizer:
     """A `tokenizers.Tokenizer` loaded from a `tokenizer.json`."""
 
-    def __init__(self, backend: tokenizers.Tokenizer, *, source: str = "<memory>", piece_cache: bool = True) -> None:
-        """`piece_cache=False` encodes every text whole (the cache gives the same ids; see `piece_cache.py`)."""
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        *,
+        source: str = "<memory>",
+        piece_cache: bool = True,
+        vision: VisionGrid | None = None,
+    ) -> None:
+        """`piece_cache=False` encodes every text whole (the cache gives the same ids; see `piece_cache.py`).
+        `vision`: how the model's image processor turns an image into pad tokens (None: a text-only model)."""
         self.backend = backend
         self.source = source
         self.pieces = PieceCache.for_backend(backend) if piece_cache else None
+        self.vision = vision
 
     @classmethod
     def from_file(cls, path: str | Path) -> HFTokenizer:
-        """Load a `tokenizer.json`, or the one inside a model directory. Errors name the path."""
+        """Load a `tokenizer.json`, or the one inside a model directory, with the directory's image processor
+        (`preprocessor_config.json`, see `vision_grid`) when it has one. Errors name the path."""
         file = Path(path)
         if file.is_dir():
             file = file / "tokenizer.json"
+        vision = vision_grid(file.parent)
         if not file.is_file():
             raise TokenizerLoadError(str(file), "no such file")
         try:
@@ -73,7 +87,7 @@ class HFTokenizer:
             backend = tokenizers.Tokenizer.from_str(text)
         except Exception as e:  # tokenizers raises a bare Exception on a malformed spec
             raise TokenizerLoadError(str(file), f"not a valid tokenizer.json ({e})") from e
-        return cls(backend, source=str(file))
+        return cls(backend, source=str(file), vision=vision)
 
     def __repr__(self) -> str:
         return f"HFTokenizer({self.source!r})"
@@ -107,11 +121,30 @@ class HFTokenizer:
         return None if found is None else int(found)
 
 
+def vision_grid(model_dir: str | Path) -> VisionGrid | None:
+    """The image grid of a model directory's ``preprocessor_config.json`` when it describes a Qwen2-VL-style
+    image processor (it has ``merge_size``), else None: the model is text-only, as far as this layer knows."""
+    file = Path(model_dir) / "preprocessor_config.json"
+    if not file.is_file():
+        return None
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TokenizerLoadError(str(file), f"not a readable JSON file ({e})") from e
+    if not isinstance(config, dict) or "merge_size" not in config:
+        return None
+    try:
+        return VisionGrid.from_preprocessor_config(config)
+    except (TypeError, ValueError) as e:
+        raise TokenizerLoadError(str(file), f"not a Qwen2-VL-style image processor config ({e})") from e
+
+
 class TransformersTokenizer:
     """Adapts a transformers `PreTrainedTokenizer(Fast)` to `Tokenizer` without importing transformers."""
 
     def __init__(self, hf_tokenizer: Any) -> None:
         self.hf = hf_tokenizer
+        self.vision = processor_vision_grid(hf_tokenizer)
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=False))
@@ -123,6 +156,22 @@ class TransformersTokenizer:
         vocab = self.hf.get_vocab()
         found = vocab.get(token)
         return None if found is None else int(found)
+
+
+def processor_vision_grid(processor: Any) -> VisionGrid | None:
+    """The image grid of a transformers processor (one with a Qwen2-VL-style ``image_processor``), else None."""
+    image_processor = getattr(processor, "image_processor", None)
+    if image_processor is None or not hasattr(image_processor, "merge_size"):
+        return None
+    size = getattr(image_processor, "size", None) or {}
+    config = {
+        "patch_size": image_processor.patch_size,
+        "merge_size": image_processor.merge_size,
+        "min_pixels": getattr(image_processor, "min_pixels", None),
+        "max_pixels": getattr(image_processor, "max_pixels", None),
+        "size": dict(size),
+    }
+    return VisionGrid.from_preprocessor_config(config)
 
 
 def load_tokenizer(source: str | Path | Any) -> Tokenizer:

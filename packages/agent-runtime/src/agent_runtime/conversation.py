@@ -14,6 +14,14 @@ the messages view, the budgets, the turn counters and the errors the model's out
 appended exactly as sampled; only new text (a prompt, feedback) is tokenized, alone. Nothing here is O(history)
 per turn: a request hands the engine a view of the current segment (`PromptView`), not a copy.
 
+Images (a vision-language protocol, `ChatProtocol.accepts_images`, and a tokenizer with an image grid,
+`HFTokenizer.vision`): a prompt or feedback with images is rendered with one `image_pad` per image, tokenized,
+and each pad expanded into as many pads as the model's processor gives that image (what OpenRLHF's
+`process_prompt_with_images` builds); the transcript keeps each image's span and source, and a request carries
+the current context's images in order, for the engine to see. A text-only protocol refuses a message with an
+image; a vision protocol whose tokenizer has no image grid, an unreadable image or more images than `max_images`
+is a `MessageError` naming the message and part.
+
 What it does not do: call an engine, step an environment, score, decide when an episode ends or when to compact
 (`AgentSession` and its `ContextPolicy` do), or speak HTTP (serving maps the wire format onto it). Foreign code it
 calls (the tokenizer, the protocol) may raise; `stage` says which was running, so that the caller's boundary
@@ -28,7 +36,17 @@ from typing import Final, Literal
 
 import msgspec
 
-from agent_protocol import Action, ChatProtocol, Message, Tokenizer, TokenTranscript, ToolSpec, TranscriptRecord
+from agent_protocol import (
+    Action,
+    ChatProtocol,
+    Message,
+    MessageError,
+    Tokenizer,
+    TokenTranscript,
+    ToolSpec,
+    TranscriptRecord,
+)
+from agent_protocol.images import ImageSpan, VisionGrid, expand_image_pads, image_spans
 from agent_runtime.encoding import encode_off_loop
 from agent_runtime.engines.base import Generation, PromptView, SamplingParams
 from agent_runtime.errors import SessionStateError
@@ -64,6 +82,8 @@ class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
     purpose: Literal["turn", "summary"] = "turn"
     #: the protocol's stop tokens (`ChatProtocol.stop_texts`), which every engine must stop on
     stop_token_ids: tuple[int, ...] = ()
+    #: the context's images in the order of their pads (their references, see `agent_protocol.images`)
+    images: tuple[str, ...] = ()
 
     def sampling(self, base: SamplingParams | None = None) -> SamplingParams:
         """`base` with `max_new_tokens` clamped to this turn's budget and the protocol's stop tokens added. A
@@ -98,7 +118,9 @@ class Conversation:
         max_context_tokens: int | None = None,
         tools: Sequence[ToolSpec] = (),
         errors: list[EpisodeError] | None = None,
+        max_images: int | None = None,
     ) -> None:
+        self.max_images = max_images
         self.protocol = protocol.with_tools(tools) if tools else protocol  # parsers that type values by schema
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
@@ -137,9 +159,12 @@ class Conversation:
         # No tools renders as no tools at all: Llama's template tells `tools=[]` (an empty tool prompt) from None.
         text = self.protocol.render_prompt(list(prompt), tools=self.tools or None)
         ids = await encode_off_loop(self.tokenizer, text)
+        spans: list[ImageSpan] = []
+        if any(m.images for m in prompt):
+            ids, spans = self._expand_images(ids, prompt, held=0)
         self.render_s += time.perf_counter() - t0
         transcript = TokenTranscript()
-        transcript.append_prompt(ids)
+        transcript.append_prompt(ids, images=spans)
         self.segments.append(transcript)
         self.messages.extend(prompt if add is None else add)
         self.turn_closed = True
@@ -153,6 +178,8 @@ class Conversation:
         t0 = time.perf_counter()
         text = self.protocol.render_feedback(list(messages), turn_closed=self.turn_closed, ended_by=self.ended_by)
         ids = await encode_off_loop(self.tokenizer, text)
+        if any(m.images for m in messages):
+            ids, _ = self._expand_images(ids, messages, held=len(self.transcript.images))
         self.render_s += time.perf_counter() - t0
         self.stage = "idle"
         return ids
@@ -162,8 +189,49 @@ class Conversation:
         return self.max_context_tokens is None or len(self) + tokens + reserve <= self.max_context_tokens
 
     def append_feedback(self, ids: Sequence[int], messages: Sequence[Message]) -> None:
-        self.transcript.append_observation(ids)
+        """Append feedback ids (from `feedback_ids`, image pads expanded) and the messages they render."""
+        sources = [image.url for message in messages for image in message.images]
+        spans = image_spans(ids, pad_id=self._pad_id(), sources=sources) if sources else []
+        self.transcript.append_observation(ids, images=spans)
         self.messages.extend(messages)
+
+    def _pad_id(self) -> int:
+        pad = self.protocol.image_pad
+        pad_id = None if pad is None else self.tokenizer.token_to_id(pad)
+        if pad_id is None:
+            raise MessageError("messages", f"the tokenizer has no {pad!r} token for the {self.protocol.name} protocol")
+        return pad_id
+
+    def _expand_images(
+        self, ids: list[int], messages: Sequence[Message], *, held: int
+    ) -> tuple[list[int], list[ImageSpan]]:
+        """`ids` with each image's pad expanded as the model's processor expands it, and the images' spans.
+        `held`: images the context already holds (for `max_images`)."""
+        grid: VisionGrid | None = getattr(self.tokenizer, "vision", None)
+        if grid is None:
+            raise MessageError(
+                "messages",
+                "the conversation holds images, and the model has no image processor (a Qwen2-VL-style "
+                "preprocessor_config.json beside its tokenizer.json): use a vision-language model",
+            )
+        pads: list[int] = []
+        sources: list[str] = []
+        for index, message in enumerate(messages):
+            for k, image in enumerate(message.images):
+                try:
+                    pads.append(grid.pads_for(image.url))
+                except ValueError as e:
+                    raise MessageError(f"messages[{index}].content[{_part_index(message, k)}]", str(e)) from e
+                sources.append(image.url)
+        if self.max_images is not None and held + len(sources) > self.max_images:
+            raise MessageError(
+                "messages",
+                f"{held + len(sources)} images in one context; the model takes at most {self.max_images}",
+            )
+        try:
+            return expand_image_pads(ids, pad_id=self._pad_id(), pads=pads, sources=sources)
+        except ValueError as e:  # a pad written as text (a tool's output, say) has no image behind it
+            raise MessageError("messages", f"image placeholders and images disagree: {e}") from e
 
     # -- one turn ----------------------------------------------------------------------------------------
 
@@ -178,9 +246,13 @@ class Conversation:
         room = self.room(wanted)
         if room < MIN_TURN_TOKENS:
             return None
-        ids = self.transcript.ids
+        transcript = self.transcript
         return TurnRequest(
-            prompt_ids=PromptView(ids), max_new_tokens=room, purpose=purpose, stop_token_ids=self.stop_token_ids
+            prompt_ids=PromptView(transcript.ids),
+            max_new_tokens=room,
+            purpose=purpose,
+            stop_token_ids=self.stop_token_ids,
+            images=tuple(image.source for image in transcript.images),
         )
 
     def accept(self, generation: Generation, *, call_id_prefix: str, summary: bool = False) -> Reply:
@@ -225,6 +297,12 @@ class Conversation:
 
     def records(self) -> list[TranscriptRecord]:
         return [t.record() for t in self.segments]
+
+
+def _part_index(message: Message, k: int) -> int:
+    """The index, among the message's OpenAI content parts, of its `k`-th image."""
+    images = [j for j, part in enumerate(message.content_parts()) if part["type"] == "image_url"]
+    return images[k]
 
 
 def _token_ids(tokenizer: Tokenizer, texts: Sequence[str]) -> dict[int, str]:

@@ -11,7 +11,9 @@ Whatever the engine does, the caller gets a `Generation` or an `EngineFailure`: 
 ``engine_timeout``; an `EngineError` says its own code (``engine_error``, ``engine_bad_output``,
 ``engine_timeout``); any other exception, `SystemExit` included, is ``engine_error``. Cancellation of the caller
 propagates. Retries belong to the engines that can retry (the HTTP engine retries what is worth retrying, within
-its own deadline). This module knows engines and codes, not sessions or HTTP.
+its own deadline). A context with images goes to an engine that takes them (`LLMEngine.accepts_images`), with
+them; a text-only engine gets no call, and the failure says why. This module knows engines and codes, not
+sessions or HTTP.
 """
 
 from __future__ import annotations
@@ -38,11 +40,22 @@ class EngineFailure(msgspec.Struct, frozen=True, kw_only=True):
 
 
 async def call_engine(
-    engine: LLMEngine, prompt_ids: Sequence[int], sampling: SamplingParams, *, timeout_s: float | None
+    engine: LLMEngine,
+    prompt_ids: Sequence[int],
+    sampling: SamplingParams,
+    *,
+    timeout_s: float | None,
+    images: Sequence[str] = (),
 ) -> Generation | EngineFailure:
-    """One generation, or the failure that stood in its way (see the module docstring)."""
+    """One generation, or the failure that stood in its way (see the module docstring). `images`: the context's
+    images, in the order of their pads in `prompt_ids`."""
+    if images and not engine.accepts_images:
+        message = f"{engine.name} is a text-only engine; the conversation holds {len(images)} image(s)"
+        return EngineFailure(code="engine_error", message=message)
     try:
         async with asyncio.timeout(timeout_s):
+            if images:
+                return await engine.generate(prompt_ids, sampling, images=images)
             return await engine.generate(prompt_ids, sampling)
     except TimeoutError:
         logger.warning("engine_timed_out", engine=engine.name, timeout_s=timeout_s)

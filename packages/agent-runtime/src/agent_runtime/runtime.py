@@ -132,7 +132,7 @@ class AgentRuntime:
                 t0 = time.perf_counter()
                 sampling = request.sampling(base)
                 generation = await call_engine(
-                    self.engine, request.prompt_ids, sampling, timeout_s=self.engine_timeout_s
+                    self.engine, request.prompt_ids, sampling, timeout_s=self.engine_timeout_s, images=request.images
                 )
                 generate_s += time.perf_counter() - t0
                 if isinstance(generation, EngineFailure):  # ends this episode only

@@ -132,13 +132,20 @@ class LLMEngine(ABC):
     context_length: int
     #: ids that end a generation (e.g. <|im_end|>, <|endoftext|>)
     stop_token_ids: tuple[int, ...]
+    #: whether `generate` takes `images` (a vision-language model behind an engine that passes them on)
+    accepts_images: bool = False
 
     @abstractmethod
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
         """Generate a continuation of `prompt_ids`. Logprobs are raw: the model's log-softmax before temperature,
         top-k and top-p (vLLM's default), which is what training's importance ratios need. Raises `ValueError`
         for invalid input, `EngineError` on failure and `ContextBudgetExceeded` when the prompt leaves no room
-        for a single token."""
+        for a single token.
+
+        An engine with `accepts_images` also takes ``images=``: the references (`agent_protocol.images`) of the
+        prompt's images, in the order of their runs of pad tokens; `prompt_ids` holds each run expanded, as the
+        model's processor expands it (an engine that expands images itself collapses them, `collapse_image_pads`).
+        It is passed only when the prompt has images."""
 
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)

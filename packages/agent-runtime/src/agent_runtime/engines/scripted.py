@@ -27,6 +27,7 @@ Policy = Callable[[Sequence[int]], ScriptStep]
 
 class ScriptedEngine(LLMEngine):
     name = "scripted"
+    accepts_images = True  # it sees no pixels; it records which images each call was given (`images_seen`)
 
     def __init__(
         self,
@@ -51,6 +52,7 @@ class ScriptedEngine(LLMEngine):
         self._delay_s = delay_s
         self._record = record
         self.calls: list[Sequence[int]] = []  # every prompt received, for assertions (when recording)
+        self.images_seen: list[tuple[str, ...]] = []  # the images of each call (when recording)
 
     @property
     def remaining(self) -> int:
@@ -63,10 +65,13 @@ class ScriptedEngine(LLMEngine):
             return self.tokenizer.encode(step)
         return [int(i) for i in step]
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, images: Sequence[str] = ()
+    ) -> Generation:
         budget = self.max_new_tokens_for(len(prompt_ids), sampling.max_new_tokens)
         if self._record:
             self.calls.append(prompt_ids if isinstance(prompt_ids, PromptView) else list(prompt_ids))
+            self.images_seen.append(tuple(images))
         if self._delay_s:
             await asyncio.sleep(self._delay_s)
         if self._policy is not None:

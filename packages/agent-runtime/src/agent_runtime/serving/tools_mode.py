@@ -139,7 +139,11 @@ class _Turn:
         assert turn is not None  # prepare() checked that a token fits
         t0 = time.perf_counter()
         outcome = await call_engine(
-            backend.engine, turn.prompt_ids, turn.sampling(sampling), timeout_s=backend.config.engine_timeout_s
+            backend.engine,
+            turn.prompt_ids,
+            turn.sampling(sampling),
+            timeout_s=backend.config.engine_timeout_s,
+            images=turn.images,
         )
         self.generate_s = time.perf_counter() - t0
         if isinstance(outcome, EngineFailure):
