@@ -38,6 +38,7 @@ class CompactableSession(AgentSession):
         summary_max_new_tokens: int = 512,
         instruction: str = DEFAULT_COMPACTION_INSTRUCTION,
         resume_template: str = DEFAULT_RESUME_TEMPLATE,
+        max_images: int | None = None,
     ) -> None:
         policy = CompactionPolicy(
             compact_at_tokens=compact_at_tokens,
@@ -55,6 +56,7 @@ class CompactableSession(AgentSession):
             max_context_tokens=max_context_tokens,
             system_prompt=system_prompt,
             context=policy,
+            max_images=max_images,
         )
 
     @property

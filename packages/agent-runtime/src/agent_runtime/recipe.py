@@ -81,6 +81,8 @@ class Recipe:
     system_prompt: str | None = None
     max_new_tokens: int = 1024
     max_context_tokens: int | None = None
+    #: the most images one context may hold (OpenRLHF's ``--data.max_images_per_prompt``); None: no limit here
+    max_images: int | None = None
     compaction: Compaction | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     dataset: DatasetSource = None
@@ -100,6 +102,7 @@ class Recipe:
             "max_new_tokens": self.max_new_tokens,
             "max_context_tokens": self.max_context_tokens,
             "system_prompt": self.system_prompt,
+            "max_images": self.max_images,
         }
         if self.compaction is None:
             return AgentSession(self.chat_protocol(), self.environment, **common)

@@ -106,7 +106,10 @@ class AgentSession:
         max_context_tokens: int | None = None,
         system_prompt: str | None = None,
         context: ContextPolicy | None = None,
+        max_images: int | None = None,
     ) -> None:
+        """`max_images`: the most images one context may hold (a prompt or feedback past it is an error that says
+        so; None: no limit here, the engine's own applies)."""
         self.protocol = get_protocol(protocol) if isinstance(protocol, str) else protocol
         self._environment_source = environment
         self.rewards = rewards
@@ -117,6 +120,9 @@ class AgentSession:
             raise ValueError(f"max_context_tokens must be positive, got {max_context_tokens}")
         self.max_new_tokens = max_new_tokens
         self.max_context_tokens = max_context_tokens
+        if max_images is not None and max_images < 0:
+            raise ValueError(f"max_images must be at least 0, got {max_images}")
+        self.max_images = max_images
         self.system_prompt = system_prompt
         self.context: ContextPolicy = context if context is not None else BudgetPolicy()
         self.environment = self._new_environment()
@@ -244,6 +250,7 @@ class AgentSession:
             max_context_tokens=self.max_context_tokens,
             tools=self.environment.tools,
             errors=self.errors,
+            max_images=self.max_images,
         )
         self.started = True
         self.task = dict(task or {})
