@@ -225,7 +225,7 @@ def coerce_messages(messages: Iterable[MessageLike], *, images: bool = False) ->
 
 
 _TEXT_ONLY: Final = (
-    "holds an image, and this chat protocol is text-only; use a vision-language protocol (qwen3-vl, qwen2.5-vl)"
+    "holds an image, and this chat protocol is text-only; use a vision-language protocol (qwen3-vl)"
 )
 
 

@@ -160,7 +160,7 @@ class Conversation:
         text = self.protocol.render_prompt(list(prompt), tools=self.tools or None)
         ids = await encode_off_loop(self.tokenizer, text)
         spans: list[ImageSpan] = []
-        if any(m.images for m in prompt):
+        if self.protocol.accepts_images:
             ids, spans = self._expand_images(ids, prompt, held=0)
         self.render_s += time.perf_counter() - t0
         transcript = TokenTranscript()
@@ -178,7 +178,7 @@ class Conversation:
         t0 = time.perf_counter()
         text = self.protocol.render_feedback(list(messages), turn_closed=self.turn_closed, ended_by=self.ended_by)
         ids = await encode_off_loop(self.tokenizer, text)
-        if any(m.images for m in messages):
+        if self.protocol.accepts_images:
             ids, _ = self._expand_images(ids, messages, held=len(self.transcript.images))
         self.render_s += time.perf_counter() - t0
         self.stage = "idle"
@@ -206,7 +206,15 @@ class Conversation:
         self, ids: list[int], messages: Sequence[Message], *, held: int
     ) -> tuple[list[int], list[ImageSpan]]:
         """`ids` with each image's pad expanded as the model's processor expands it, and the images' spans.
-        `held`: images the context already holds (for `max_images`)."""
+        `held`: images the context already holds (for `max_images`). Without images, checks that no text wrote
+        the pad token: a pad with no image behind it would misalign every image after it, in the engine and in
+        training."""
+        if not any(m.images for m in messages):
+            pad_id = self.tokenizer.token_to_id(self.protocol.image_pad or "")
+            if pad_id is not None and pad_id in ids:
+                where = "the conversation's text writes the image placeholder"
+                raise MessageError("messages", f"{where} {self.protocol.image_pad!r} with no image behind it")
+            return ids, []
         grid: VisionGrid | None = getattr(self.tokenizer, "vision", None)
         if grid is None:
             raise MessageError(

@@ -238,7 +238,11 @@ class AgentSession:
         if self.started:
             self.environment = self._new_environment()
             self._clear()
-        messages = [Message(role="user", content=prompt)] if isinstance(prompt, str) else coerce_messages(prompt)
+        messages = (
+            [Message(role="user", content=prompt)]
+            if isinstance(prompt, str)
+            else coerce_messages(prompt, images=self.protocol.accepts_images)
+        )
         if not messages:
             raise ValueError("reset() needs a prompt: a string or at least one message")
         if self.system_prompt is not None and messages[0].role != "system":
