@@ -157,7 +157,7 @@ async def test_image_errors_name_the_part(tokenizer: HFTokenizer, qwen3_tokenize
         (vl, text_only_tokenizer, [_user(_img(data_url(5, 5)))], "messages", "no image processor"),
         (vl, tokenizer, [_user({"type": "text", "text": "a"}, _img(str(tmp_path / "gone.png")))],
          "messages[0].content[1]", "cannot be read"),
-        (vl, tokenizer, [_user({"type": "text", "text": "<|image_pad|> written as text"})], "messages", "no image behind"),
+        (vl, tokenizer, [_user({"type": "text", "text": "<|image_pad|> as text"})], "messages", "no image behind"),
         (vl, tokenizer, [_user(_img(data_url(5, 5)), {"type": "text", "text": "<|image_pad|>"})], "messages",
          "disagree"),
     ]  # fmt: skip
