@@ -9,15 +9,19 @@ answers with the final assistant message.
 
 Only the final answer is assistant content; the turns before it (tool calls, their results, compactions) are
 reported as agent events, so a plain OpenAI client sees one answer and a client that knows the extension can
-show the episode live. An engine failure, an engine timeout, a broken environment or any component that raises
-(a parser, a tokenizer, a plug-in calling `sys.exit`) ends that request only, with a 500 whose code says which
-(or an error frame mid-stream); the episode is recorded in the trajectory log either way, its error included,
-and a client that goes away mid-stream leaves a record marked ``client_disconnected``. This module knows the
-runtime and the wire format; routing, auth and the overload gate are the app's.
+show the episode live. A tool result whose observation holds images (a crop, a rendered chart) carries them in
+the event's `images`, as OpenAI ``image_url`` parts holding data URLs (`images.client_image_parts`).
+
+An engine failure, an engine timeout, a broken environment or any component that raises (a parser, a tokenizer,
+a plug-in calling `sys.exit`) ends that request only, with a 500 whose code says which (or an error frame
+mid-stream); the episode is recorded in the trajectory log either way, its error included, and a client that
+goes away mid-stream leaves a record marked ``client_disconnected``. This module knows the runtime and the wire
+format; routing, auth and the overload gate are the app's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
@@ -33,11 +37,13 @@ from agent_runtime.events import (
     Event,
     FinalEvent,
     ToolCallEvent,
+    ToolResultEvent,
     event_to_dict,
 )
 from agent_runtime.runtime import AgentRuntime
 from agent_runtime.serving.api_error import ApiError, from_message_error
 from agent_runtime.serving.backend import ServingBackend, new_completion_id
+from agent_runtime.serving.images import client_image_parts
 from agent_runtime.serving.openai_wire import (
     AgentSummary,
     ChatCompletion,
@@ -79,6 +85,7 @@ class _Episode:
     final: FinalEvent | None = None
     error: ErrorEvent | None = None
     raised: ApiError | None = None  # what an exception out of the episode became (streaming only)
+    tool_results: dict[int, int] = field(default_factory=dict)  # tool results streamed so far, per turn
 
     def __post_init__(self) -> None:
         self.runtime = AgentRuntime(
@@ -115,6 +122,26 @@ class _Episode:
         finally:
             if isinstance(stream, AsyncGenerator):  # close it now, not whenever it is collected
                 await stream.aclose()
+
+    async def event_dict(self, event: Event) -> dict[str, Any]:
+        """The event as the stream sends it; a tool result whose observation holds images gets them as
+        ``image_url`` parts (`images`)."""
+        data = event_to_dict(event)
+        if isinstance(event, ToolResultEvent):
+            images = self._observation_images(event)
+            if images:
+                data["images"] = await asyncio.to_thread(client_image_parts, images)
+        return data
+
+    def _observation_images(self, event: ToolResultEvent) -> tuple[Any, ...]:
+        """The images of the observation `event` reports: the events of a turn's tool results follow its step's
+        observations in order."""
+        position = self.tool_results.get(event.turn, 0)
+        self.tool_results[event.turn] = position + 1
+        step = next((s for s in reversed(self.session.steps) if s.index == event.turn - 1), None)
+        if step is None or position >= len(step.observations):
+            return ()
+        return tuple(getattr(step.observations[position], "images", None) or ())
 
     def failure(self) -> ApiError | None:
         """The error that ends this request, if the episode failed."""
@@ -225,7 +252,7 @@ async def _stream(backend: ServingBackend, request: ChatCompletionRequest, episo
     try:
         yield chunk([ChunkChoice(index=0, delta=Delta(role="assistant", content=""))])
         async for event in episode.events():  # never raises: a failure becomes `episode.raised`
-            yield chunk([], agent_event=event_to_dict(event))
+            yield chunk([], agent_event=await episode.event_dict(event))
         finished = True
         failure = episode.failure()
         if failure is not None:

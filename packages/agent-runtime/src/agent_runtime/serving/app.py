@@ -12,17 +12,18 @@ Routes:
 A chat completion is admitted in this order, so that nothing costly happens before it is known to be worth it:
 the key; the body, read whole under a size cap, a read deadline and a budget of body bytes held across all
 requests (`request_body.py`: 413, 408, 429); its shape (`json_guard.py`: nesting and number lengths, before any
-recursive decoder); its fields; its length against the context, before any tokenizing (`text_budget.py`); and
-only then a concurrency slot (429). A client that stalls mid-body therefore holds no slot, and a request that
-will be refused never waits for one. A body of megabytes is checked and decoded off the event loop.
+recursive decoder); its fields and images (`images.py`: inline data URLs only, under the size limits); its length
+against the context, before any tokenizing (`text_budget.py`); and only then a concurrency slot (429). A client
+that stalls mid-body therefore holds no slot, and a request that will be refused never waits for one. A body of
+megabytes is checked and decoded off the event loop.
 
 Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``: 400 for a malformed body, naming
-the field (too deep, a number too long, a wrong type or value, a conversation longer than the context); 401 for a
-missing or wrong key (when `ServeConfig.api_key` is set; `/v1/*` and `/metrics` only); 404 for an unknown model
-or route; 408 for a body that does not arrive in time; 413 for a body over the cap; 429 at once when
-`max_concurrency` requests are in flight, or when the bodies being read already hold
-`max_buffered_request_bytes`; 500 when the engine, the environment or a plug-in fails mid-request (that request
-only: the server goes on serving).
+the field (too deep, a number too long, a wrong type or value, a conversation longer than the context, an image
+the server does not take, ``messages[i].content[k]``); 401 for a missing or wrong key (when `ServeConfig.api_key`
+is set; `/v1/*` and `/metrics` only); 404 for an unknown model or route; 408 for a body that does not arrive in
+time; 413 for a body over the cap; 429 at once when `max_concurrency` requests are in flight, or when the bodies
+being read already hold `max_buffered_request_bytes`; 500 when the engine, the environment or a plug-in fails
+mid-request (that request only: the server goes on serving).
 
 This module knows HTTP routing, auth and the admission order; what a completion does is the modes' business.
 """
@@ -52,6 +53,7 @@ from agent_runtime.serving.agent_mode import complete_agent, stream_agent
 from agent_runtime.serving.api_error import ApiError, from_decode_error, from_message_error
 from agent_runtime.serving.backend import ServingBackend
 from agent_runtime.serving.config import ServeConfig
+from agent_runtime.serving.images import check_request_images
 from agent_runtime.serving.json_guard import check_json_body
 from agent_runtime.serving.openai_wire import ChatCompletionRequest, ModelCard, ModelList, decode_request, encode
 from agent_runtime.serving.request_body import BodyBudget, request_body
@@ -123,8 +125,17 @@ def _parse(body: bytes, backend: ServingBackend) -> tuple[ChatCompletionRequest,
         raise ApiError(400, "stop sequences are not supported; the model stops at its end-of-turn token",
                        param="stop", code="unsupported_value")  # fmt: skip
     check_message_count(len(chat.messages), context_tokens=backend.context_limit)
+    config = backend.config
+    check_request_images(
+        chat.messages,
+        text_only=backend.text_only,
+        grid=getattr(backend.engine.tokenizer, "vision", None),
+        max_image_bytes=config.max_image_bytes,
+        max_image_pixels=config.max_image_pixels,
+        max_images=backend.recipe.max_images,
+    )
     try:
-        messages = coerce_messages(chat.messages)
+        messages = coerce_messages(chat.messages, images=backend.text_only is None)
         tools = coerce_tools(chat.tools)
     except MessageError as e:
         raise from_message_error(e) from e
@@ -237,6 +248,11 @@ async def health(request: Request) -> Response:
             "in_flight": backend.metrics.in_flight,
             "max_concurrency": backend.config.max_concurrency,
             "api_key_required": backend.config.api_key is not None,
+            "images": {
+                "accepted": backend.text_only is None,
+                "max_image_bytes": backend.config.max_image_bytes,
+                "max_images": backend.recipe.max_images,
+            },
             "uptime_s": round(time.time() - backend.created, 1),
         }
     )

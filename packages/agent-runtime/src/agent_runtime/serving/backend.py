@@ -1,5 +1,6 @@
 """`ServingBackend`: what every request of one server shares: the engine, the recipe's session definition and
-chat protocol, the tools-mode transcript store, the metrics, the trajectory log, and the overload gate.
+chat protocol, whether the model takes images, the tools-mode transcript store, the metrics, the trajectory log,
+and the overload gate.
 
 It also turns a request's sampling fields into `SamplingParams` (the recipe's sampling, overridden field by
 field). This module knows the runtime and the wire request; it knows nothing about HTTP routing.
@@ -18,6 +19,7 @@ from agent_protocol import ChatProtocol
 from agent_runtime.engines.base import LLMEngine, SamplingParams
 from agent_runtime.recipe import Recipe
 from agent_runtime.serving.config import ServeConfig
+from agent_runtime.serving.images import text_only_reason
 from agent_runtime.serving.metrics import ServerMetrics
 from agent_runtime.serving.openai_wire import ChatCompletionRequest
 from agent_runtime.serving.transcript_store import TranscriptStore
@@ -44,6 +46,8 @@ class ServingBackend:
         self.config = config
         self.session: AgentSession = recipe.make_session(engine.tokenizer)
         self.protocol: ChatProtocol = self.session.protocol
+        #: why the served model takes no images (None: it takes them)
+        self.text_only: str | None = text_only_reason(self.protocol, engine.tokenizer, engine)
         self.store = TranscriptStore(
             max_conversations=config.transcript_store_conversations, max_tokens=config.transcript_store_tokens
         )

@@ -29,6 +29,11 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
       only for conversations made mostly of long runs of spaces or rule lines.
     - `transcript_store_conversations` / `transcript_store_tokens`: bounds of the tools-mode transcript store
       (0 conversations disables it: every follow-up is rendered from scratch).
+    - `max_image_bytes`: the largest image a message may carry, decoded (400 beyond). Images arrive inline as
+      base64 data URLs, a third larger than the image, so `max_request_bytes` bounds them too: raise both to
+      take large images.
+    - `max_image_pixels`: the most pixels (width x height, read from the image's header) one image may have
+      (400 beyond): a few kilobytes of PNG can claim a gigapixel that an engine would decode in full.
     """
 
     model_name: str
@@ -43,6 +48,8 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     request_read_timeout_s: float = 30.0
     max_buffered_request_bytes: int = 256 * 1024 * 1024
     max_chars_per_token: float = 32.0
+    max_image_bytes: int = 8 * 1024 * 1024
+    max_image_pixels: int = 40_000_000
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -62,3 +69,8 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"request_read_timeout_s must be positive, got {self.request_read_timeout_s}")
         if self.max_chars_per_token < 1:
             raise ValueError(f"max_chars_per_token must be at least 1, got {self.max_chars_per_token}")
+        if self.max_image_bytes < 1 or self.max_image_pixels < 1:
+            raise ValueError(
+                f"max_image_bytes and max_image_pixels must be at least 1, got {self.max_image_bytes} and "
+                f"{self.max_image_pixels}"
+            )

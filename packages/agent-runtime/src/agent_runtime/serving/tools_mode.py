@@ -108,6 +108,7 @@ class _Turn:
                 max_context_tokens=backend.context_limit,
                 tools=self.tools,
                 errors=self.errors,
+                max_images=backend.recipe.max_images,
             )
             self.conversation = conversation
             with self._contained("the conversation"):

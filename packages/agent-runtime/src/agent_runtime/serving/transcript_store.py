@@ -7,8 +7,8 @@ stores the conversation's token transcript under a key of the conversation *as t
 messages up to its last assistant turn hash to a stored key continues that transcript: only the new messages are
 rendered (`ChatProtocol.render_feedback`) and tokenized, on their own. Anything else is rendered from scratch.
 
-The key covers what the prompt is made of (roles, contents, tool calls with their ids and arguments, tool-call
-ids and names, the tool specs) and leaves out `reasoning_content`, which clients often drop when they echo a
+The key covers what the prompt is made of (roles, contents, images, tool calls with their ids and arguments,
+tool-call ids and names, the tool specs) and leaves out `reasoning_content`, which clients often drop when they echo a
 turn back; the stored ids keep the reasoning as it was sampled.
 
 The store keeps the `Conversation` objects themselves, so a follow-up costs nothing per token of history: `take`
@@ -16,7 +16,9 @@ hands the stored conversation over (it leaves the store) and the request puts it
 model answered. A second follow-up to the same stored turn (a client that branches or retries) finds nothing and
 is rendered from scratch (a `transcript_rerenders`), so no two requests ever extend one transcript. The store is a
 bounded LRU: at most `max_conversations` entries and `max_tokens` token ids held (about 40 bytes each, as Python
-ints in lists: the default 8M tokens is at most about 320 MB). One event loop uses it; it has no locks. This
+ints in lists: the default 8M tokens is at most about 320 MB); the images a conversation's messages hold (data
+URLs of megabytes) count as one token per `IMAGE_CHARS_PER_TOKEN` characters, so they are bounded by the same
+budget. One event loop uses it; it has no locks. This
 module knows messages and conversations only.
 """
 
@@ -26,20 +28,27 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import msgspec
 
 from agent_protocol import Message, ToolSpec
 from agent_runtime.conversation import Conversation
 
-__all__ = ["StoredConversation", "TranscriptStore", "conversation_key"]
+__all__ = ["IMAGE_CHARS_PER_TOKEN", "StoredConversation", "TranscriptStore", "conversation_key"]
+
+#: the characters of image references that weigh as much in the store as one token id
+IMAGE_CHARS_PER_TOKEN: Final = 40
 
 _canonical = msgspec.json.Encoder(order="sorted")
 
 
 def _message_form(message: Message) -> list[object]:
     calls = [[c.id, c.name, c.arguments] for c in message.tool_calls]
-    return [message.role, message.content or "", calls, message.tool_call_id, message.name]
+    form: list[object] = [message.role, message.content or "", calls, message.tool_call_id, message.name]
+    if message.images:
+        form.append([[image.url, image.offset] for image in message.images])
+    return form
 
 
 def conversation_key(tools: Sequence[ToolSpec], messages: Sequence[Message]) -> str:
@@ -88,7 +97,9 @@ class TranscriptStore:
         return entry
 
     def put(self, key: str, entry: StoredConversation) -> None:
-        size = sum(len(t) for t in entry.conversation.segments)
+        conversation = entry.conversation
+        image_chars = sum(len(image.url) for message in conversation.messages for image in message.images)
+        size = sum(len(t) for t in conversation.segments) + image_chars // IMAGE_CHARS_PER_TOKEN
         if self.max_conversations == 0 or size > self.max_tokens:
             return
         old = self._entries.pop(key, None)

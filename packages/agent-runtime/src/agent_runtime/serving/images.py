@@ -1,0 +1,202 @@
+"""Images over HTTP: which images a chat completion may carry, and how images the tools made go back to a client.
+
+In: a request's messages may hold OpenAI ``image_url`` parts when the served model takes images: its chat protocol
+is a vision-language one (`ChatProtocol.accepts_images`), its tokenizer knows the image grid (`vision`), and its
+engine passes images on (`LLMEngine.accepts_images`). `check_request_images` walks the request's raw messages,
+before they are converted or tokenized, and refuses with a 400 naming ``messages[i].content[k]``:
+
+- any image, when the model is text-only (the message says which of the three is missing);
+- anything but an inline ``data:image/<type>;base64,`` URL. Remote ``http(s)`` URLs are not fetched (the server
+  would make requests on a client's behalf), and ``file://`` URLs and paths are never read: over HTTP they would
+  let any client read the server's files. (In-process, `agent_runtime`'s Python API takes both.);
+- a data URL that does not decode to a PNG, JPEG, GIF, WebP or BMP image (a wrong type, broken base64, a cut
+  header), an image the model's image grid cannot take (an aspect ratio over 200), an image over
+  `ServeConfig.max_image_bytes` decoded or over `max_image_pixels`;
+
+and more images in the request than the recipe's `max_images` with a 400 naming ``messages``.
+
+Out: `client_image_parts` turns the images a tool returned (`Observation.images`: data URLs, paths or files the
+server's own tools wrote, or raw bytes) into ``image_url`` parts holding data URLs, which any client can show.
+
+This module knows image references, the serving limits and the error wire format; nothing about tokens.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+from urllib.parse import urlparse
+
+import structlog
+
+from agent_protocol import ChatProtocol, Tokenizer
+from agent_protocol.images import VisionGrid, image_size, read_image
+from agent_runtime.engines.base import LLMEngine
+from agent_runtime.serving.api_error import ApiError
+
+__all__ = ["check_request_images", "client_image_parts", "image_url_part", "text_only_reason"]
+
+logger = structlog.get_logger(__name__)
+
+_WHITESPACE: Final = re.compile(rb"\s+")
+_MAGIC: Final = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+    (b"BM", "image/bmp"),
+)
+
+
+def text_only_reason(protocol: ChatProtocol, tokenizer: Tokenizer, engine: LLMEngine) -> str | None:
+    """Why the served model takes no images (None when it takes them)."""
+    if not protocol.accepts_images:
+        return f"its chat protocol ({protocol.name}) renders no images; serve a vision-language recipe (qwen3-vl)"
+    if getattr(tokenizer, "vision", None) is None:
+        return (
+            "its tokenizer has no image processor (a Qwen2-VL-style preprocessor_config.json beside "
+            "tokenizer.json); serve a vision-language model"
+        )
+    if not engine.accepts_images:
+        return f"its engine ({engine.name}) passes no images to the model"
+    return None
+
+
+def check_request_images(
+    messages: Sequence[Any],
+    *,
+    text_only: str | None,
+    grid: VisionGrid | None,
+    max_image_bytes: int,
+    max_image_pixels: int,
+    max_images: int | None,
+) -> int:
+    """Check every ``image_url`` part of the request's raw `messages` (see the module docstring); the number of
+    images. Raises `ApiError` 400. `grid`: the model's image grid (each image must have a size it takes). Parts
+    that are not even shaped like an image part are left to `agent_protocol.coerce_messages`, which names them
+    the same way."""
+    count = 0
+    for where, url in _image_urls(messages):
+        if text_only is not None:
+            raise ApiError(
+                400,
+                f"`{where}` holds an image, and the served model is text-only: {text_only}",
+                param=where,
+                code="images_not_supported",
+            )
+        _check_url(url, where, grid=grid, max_image_bytes=max_image_bytes, max_image_pixels=max_image_pixels)
+        count += 1
+    if max_images is not None and count > max_images:
+        raise ApiError(
+            400,
+            f"the conversation holds {count} images; the model takes at most {max_images} in one conversation "
+            "(the recipe's max_images)",
+            param="messages",
+            code="too_many_images",
+        )
+    return count
+
+
+def _image_urls(messages: Sequence[Any]) -> Iterable[tuple[str, str]]:
+    """(``messages[i].content[k]``, url) of each image part whose url is a string."""
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if not isinstance(content, list):
+            continue
+        for k, part in enumerate(content):
+            if not isinstance(part, Mapping) or part.get("type") != "image_url":
+                continue
+            image_url = part.get("image_url")
+            url = image_url.get("url") if isinstance(image_url, Mapping) else image_url
+            if isinstance(url, str):
+                yield f"messages[{i}].content[{k}]", url
+
+
+def _refuse(where: str, problem: str, code: str) -> ApiError:
+    return ApiError(400, f"invalid value for `{where}`: {problem}", param=where, code=code)
+
+
+def _check_url(url: str, where: str, *, grid: VisionGrid | None, max_image_bytes: int, max_image_pixels: int) -> None:
+    if not url.startswith("data:"):
+        scheme = urlparse(url[:64]).scheme.lower()
+        if scheme in ("http", "https"):
+            problem = "remote image URLs are not fetched by this server; send the image inline as a data URL"
+        else:
+            problem = (
+                "this server reads no files for its clients (file:// URLs and paths are refused); send the image "
+                "inline as a data URL"
+            )
+        raise _refuse(where, f"{problem} (data:image/png;base64,...)", "unsupported_image_url")
+    payload = url.partition(",")[2]
+    if len(payload) * 3 // 4 > max_image_bytes:  # base64 with whitespace overcounts: look closer before refusing
+        decoded = len(_WHITESPACE.sub(b"", payload.encode("ascii", "replace"))) * 3 // 4
+        if decoded > max_image_bytes:
+            raise _refuse(
+                where,
+                f"the image is about {decoded} bytes; this server takes images of at most {max_image_bytes} bytes "
+                "(ServeConfig.max_image_bytes)",
+                "image_too_large",
+            )
+    try:
+        data = read_image(url)
+        width, height = image_size(data)
+        if grid is not None:
+            grid.smart_resize(height, width)
+    except ValueError as e:
+        raise _refuse(where, f"the image cannot be read: {e}", "invalid_image") from e
+    if len(data) > max_image_bytes:
+        raise _refuse(
+            where,
+            f"the image is {len(data)} bytes; this server takes images of at most {max_image_bytes} bytes "
+            "(ServeConfig.max_image_bytes)",
+            "image_too_large",
+        )
+    if width * height > max_image_pixels:
+        raise _refuse(
+            where,
+            f"the image is {width}x{height} pixels; this server takes images of at most {max_image_pixels} pixels "
+            "(ServeConfig.max_image_pixels)",
+            "image_too_large",
+        )
+
+
+def image_url_part(url: str) -> dict[str, Any]:
+    """One OpenAI ``image_url`` content part."""
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def client_image_parts(images: Iterable[Any]) -> list[dict[str, Any]]:
+    """The images a tool returned as ``image_url`` parts holding data URLs. An image is a reference
+    (`agent_protocol.images`: a data URL, a ``file://`` URL or a path the server's tool wrote), raw bytes, or an
+    object with a `url` (`agent_protocol.ImagePart`); one that cannot be read is logged and left out. Reads
+    files: call it off the event loop."""
+    parts: list[dict[str, Any]] = []
+    for image in images:
+        try:
+            parts.append(image_url_part(_data_url(image)))
+        except (ValueError, TypeError) as e:
+            logger.warning("tool_image_unreadable", error=str(e)[:300])
+    return parts
+
+
+def _data_url(image: Any) -> str:
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        data = bytes(image)
+        image_size(data)
+    else:
+        url = image if isinstance(image, str) else getattr(image, "url", None)
+        if not isinstance(url, str):
+            raise TypeError(f"a tool image must be a reference, bytes or carry a url, got {type(image).__name__}")
+        if url.startswith("data:"):
+            read_image(url)  # the client gets only what decodes to an image
+            return url
+        data = read_image(url)
+    return f"data:{_mime(data)};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def _mime(data: bytes) -> str:
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "image/webp"
+    return next((mime for magic, mime in _MAGIC if data.startswith(magic)), "application/octet-stream")
