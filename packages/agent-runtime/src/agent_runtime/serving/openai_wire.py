@@ -6,7 +6,8 @@ Extensions (fields OpenAI does not define; clients that do not know them ignore 
 - `Delta.reasoning_content` / `ResponseMessage.reasoning_content`: the model's reasoning (vLLM's name).
 - `ChatCompletionChunk.agent_event`: in agent mode, one runtime event as it happens, `event_to_dict(event)`:
   ``{"type": "assistant" | "tool_call" | "tool_result" | "compaction" | "error" | "final", ...}`` (see
-  `agent_runtime.events`). Such chunks carry no choices.
+  `agent_runtime.events`). Such chunks carry no choices. A ``tool_result`` whose tool returned images also has
+  ``"images": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}, ...]``.
 - `ChatCompletion.agent`: in agent mode, a summary of the episode (`AgentSummary`).
 
 Encoders and decoders are built once, here. This module knows the wire format only; it runs nothing.
