@@ -4,13 +4,15 @@ crashes an episode.
 - Environments: `Environment` (the contract), `FunctionCallEnvironment`, `SingleTurnEnvironment`;
   `step(action)` gives a `StepResult` (observations, done, final answer).
 - Tools: `ToolBase`, `@tool` (a tool from a typed function or a msgspec Struct), `ToolRunner`, and the
-  built-ins in `agent_env.tools` (`think`, `calculator`, `local_search`, `python`, `MCPBridge`).
+  built-ins in `agent_env.tools` (`think`, `calculator`, `local_search`, `python`, `MCPBridge`; the image tools
+  `crop` and `plot_chart` in `agent_env.tools.image_tools`). A tool shows images by returning `ToolOutput`.
 - Failures are `Observation`s with a code from `ObservationCode`.
 - Rewards: `ResultRewardStrategy`, `ProcessRewardStrategy`, `RewardPipeline`, and the built-ins in
   `agent_env.rewards`.
 
-Heavy pieces (`LocalSearchTool`/`SearchIndex`: bm25s; `MCPBridge`: the mcp SDK; `MathReward`: math-verify)
-are imported on first use. This package imports `agent_protocol` and third-party libraries only.
+Heavy pieces (`LocalSearchTool`/`SearchIndex`: bm25s; `MCPBridge`: the mcp SDK; `MathReward`: math-verify;
+`CropTool`/`ChartTool`: Pillow and matplotlib, the extra ``agent-env[vision]``) are imported on first use.
+This package imports `agent_protocol` and third-party libraries only.
 """
 
 from __future__ import annotations
@@ -48,11 +50,13 @@ from agent_env.reward import (
 from agent_env.reward_pipeline import RewardBreakdown, RewardPipeline, StepReward
 from agent_env.rewards import FormatReward, JudgeGenerate, JudgeReward, MatchingReward, ToolCallReward
 from agent_env.tool import FunctionTool, ToolBase, ToolContext, tool
+from agent_env.tool_output import ImageLimits, ToolOutput
 from agent_env.tool_runner import ToolRunner
 from agent_env.tools import CalculatorTool, PythonTool, calculator, think
 
 if TYPE_CHECKING:
     from agent_env.rewards.math import MathReward
+    from agent_env.tools.image_tools import ChartTool, CropTool, crop, plot_chart
     from agent_env.tools.local_search import LocalSearchTool, SearchIndex
     from agent_env.tools.mcp_bridge import MCPBridge, MCPTool
 
@@ -63,12 +67,15 @@ __all__ = [
     "AgentEnvError",
     "ArgumentError",
     "CalculatorTool",
+    "ChartTool",
+    "CropTool",
     "Environment",
     "EnvironmentStateError",
     "EpisodeRecord",
     "FormatReward",
     "FunctionCallEnvironment",
     "FunctionTool",
+    "ImageLimits",
     "JudgeGenerate",
     "JudgeReward",
     "LocalSearchTool",
@@ -97,10 +104,13 @@ __all__ = [
     "ToolContext",
     "ToolDefinitionError",
     "ToolError",
+    "ToolOutput",
     "ToolRunner",
     "__version__",
     "calculator",
+    "crop",
     "error_content",
+    "plot_chart",
     "think",
     "tool",
 ]
@@ -113,6 +123,10 @@ _LAZY = {
     "SearchIndex": "agent_env.tools.local_search",
     "MCPBridge": "agent_env.tools.mcp_bridge",
     "MCPTool": "agent_env.tools.mcp_bridge",
+    "ChartTool": "agent_env.tools.image_tools",
+    "CropTool": "agent_env.tools.image_tools",
+    "crop": "agent_env.tools.image_tools",
+    "plot_chart": "agent_env.tools.image_tools",
 }
 
 

@@ -29,6 +29,7 @@ import structlog
 from agent_env.errors import EnvironmentStateError
 from agent_env.observation import Observation
 from agent_env.tool import ToolBase, ToolContext
+from agent_env.tool_output import DEFAULT_IMAGE_LIMITS, ImageLimits
 from agent_env.tool_runner import DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_TOOL_TIMEOUT_S, ToolRunner
 from agent_protocol.types import Action, Message, ToolSpec
 
@@ -69,7 +70,8 @@ class Environment(ABC):
 
     Arguments: `tools` (shared, read-only tool objects), `max_steps` (assistant turns allowed; the step that
     reaches it ends the episode), `tool_timeout_s` (default per-tool timeout), `max_output_chars` (default
-    output limit per call), `max_calls_per_step` (calls run per turn; the rest are refused).
+    output limit per call), `max_calls_per_step` (calls run per turn; the rest are refused), `image_limits` (what
+    images a tool may return per call; see `agent_env.tool_output`).
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class Environment(ABC):
         max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
         max_calls_per_step: int = 16,
         episode_id: str | None = None,
+        image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
     ) -> None:
         if max_steps <= 0:
             raise ValueError(f"max_steps must be positive, got {max_steps}")
@@ -89,6 +92,7 @@ class Environment(ABC):
             default_timeout_s=tool_timeout_s,
             max_output_chars=max_output_chars,
             max_calls_per_step=max_calls_per_step,
+            image_limits=image_limits,
         )
         self.max_steps = max_steps
         self.episode_id = episode_id or uuid.uuid4().hex[:12]
@@ -104,7 +108,7 @@ class Environment(ABC):
 
     async def reset(self, task: Mapping[str, Any] | None = None) -> None:
         """Start the episode over: counter, `done` and `state` cleared; `task` (the dataset row, if any) kept
-        for members that need it."""
+        for members and tools that need it (tools read it as `ToolContext.task`)."""
         self.step_count = 0
         self.done = False
         self.task = dict(task or {})
@@ -138,8 +142,8 @@ class Environment(ABC):
         """The member's rule for one turn. `step` has already counted it; return a `StepResult`."""
 
     def tool_context(self) -> ToolContext:
-        """The context tool calls of the current step run with (the episode's own `state`)."""
-        return ToolContext(episode_id=self.episode_id, step=self.step_count, state=self.state)
+        """The context tool calls of the current step run with (the episode's own `state`, and its `task`)."""
+        return ToolContext(episode_id=self.episode_id, step=self.step_count, state=self.state, task=self.task)
 
     async def run_tools(self, action: Action) -> list[Observation]:
         """Answer every call of `action` (see `ToolRunner.run`)."""

@@ -1,6 +1,8 @@
 """What an environment says back to the model: one `Observation` per tool call, as a tool message.
 
-A successful call's observation carries the tool's output as plain text. Every failure carries JSON text the
+A successful call's observation carries the tool's output as plain text, and the images the tool returned
+(`images`: data URLs or references, checked by the tool runner; the tool message shows them before the text).
+Every failure carries JSON text the
 model can read and a machine-readable `code` that rewards and metrics use::
 
     {"ok":false,"error":{"code":"unknown_tool","message":"no tool named 'serch'"},"hint":"Call one of: search."}
@@ -26,6 +28,9 @@ malformed_turn     passed through from the protocol: part of the turn was not in
 parse_error        any other protocol parse issue (a code this layer does not know yet)
 tool_unavailable   the tool was not started: too many of its earlier calls still hang past their timeout,
                    or the process runs too many worker threads (the message says which cap)
+invalid_image      the tool ran, but an image it returned cannot be shown: unreadable, not a PNG, JPEG,
+                   GIF, WebP or BMP image, over the byte or pixel limit, or one image too many (the message
+                   names the image, ``images[k]``, and what is wrong)
 =================  ========================================================================================
 
 This module knows the codes and the wire shape of an observation; it does not run tools or know any chat
@@ -38,7 +43,7 @@ from typing import Final, Literal, get_args
 
 import msgspec
 
-from agent_protocol.types import Message, ParseIssue
+from agent_protocol.types import ImagePart, Message, ParseIssue
 
 __all__ = [
     "FAILURE_CODES",
@@ -63,6 +68,7 @@ ObservationCode = Literal[
     "malformed_turn",
     "parse_error",
     "tool_unavailable",
+    "invalid_image",
 ]
 
 _ALL_CODES: Final[frozenset[str]] = frozenset(get_args(ObservationCode))
@@ -75,8 +81,9 @@ PARSE_CODES: Final[frozenset[str]] = frozenset(
 REFUSAL_CODES: Final[frozenset[str]] = frozenset({"unknown_tool", "invalid_arguments", "too_many_calls"})
 """Codes for a readable call that the environment refused to run."""
 
-FAILURE_CODES: Final[frozenset[str]] = frozenset({"tool_error", "timeout", "tool_unavailable"})
-"""Codes for a call that failed through no fault of the call itself (it ran and failed, or its tool is stuck)."""
+FAILURE_CODES: Final[frozenset[str]] = frozenset({"tool_error", "timeout", "tool_unavailable", "invalid_image"})
+"""Codes for a call that failed through no fault of the call itself (it ran and failed, its tool is stuck, or
+its tool returned an image that cannot be shown)."""
 
 _DEFAULT_HINTS: Final[dict[str, str]] = {
     "unknown_tool": "Call one of the tools listed in the instructions.",
@@ -91,6 +98,8 @@ _DEFAULT_HINTS: Final[dict[str, str]] = {
     "malformed_turn": "Write every part of your turn in the format the instructions show.",
     "parse_error": "The tool call could not be read; write it again.",
     "tool_unavailable": "This tool is stuck right now; do not call it again soon: use another tool or answer.",
+    "invalid_image": "The tool's image could not be shown; ask for a smaller region or fewer images, or go on "
+    "without it.",
 }
 
 
@@ -122,7 +131,9 @@ class Observation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     """The result of one tool call (or a turn-level notice, which has no `tool_call_id`).
 
     `ok` is False exactly when the call failed or was refused; `code` is None for a clean success,
-    ``output_truncated`` for a success whose output was cut, and an error code otherwise.
+    ``output_truncated`` for a success whose output was cut (the text only; images are never cut), and an error
+    code otherwise. `images` holds the image references a successful call returned (empty, and left out of the
+    stored record, for a text-only one, so records written before images existed decode unchanged).
     """
 
     tool_call_id: str | None
@@ -131,6 +142,7 @@ class Observation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     ok: bool = True
     code: ObservationCode | None = None
     elapsed_s: float = 0.0
+    images: tuple[str, ...] = ()
 
     @classmethod
     def failure(
@@ -159,10 +171,11 @@ class Observation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
         return cls.failure(tool_call_id=tool_call_id, name=name, code=code, message=issue.message)
 
     def to_message(self) -> Message:
-        """The tool message this observation stands for."""
+        """The tool message this observation stands for: its images, in order, before its text."""
         return Message(
             role="tool",
             content=self.content,
             tool_call_id=self.tool_call_id,
             name=self.name or None,
+            images=tuple(ImagePart(url=url, offset=0) for url in self.images),
         )

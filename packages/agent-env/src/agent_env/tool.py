@@ -30,7 +30,8 @@ tool must await and never block: nothing can interrupt it, and every episode on 
 are refused (see `tool_runner.py`).
 
 Tools are shared by concurrent episodes: a tool object must not keep per-episode state on itself; it puts
-what one episode needs in `context.state`, which belongs to that episode.
+what one episode needs in `context.state`, which belongs to that episode, and reads the episode's task (the
+dataset row `Environment.reset(task)` got, e.g. its ``images``) from `context.task`.
 
 This module knows nothing about timeouts, truncation or observations (that is `tool_runner.py`).
 """
@@ -40,7 +41,7 @@ from __future__ import annotations
 import inspect
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_type_hints, overload
 
@@ -65,12 +66,14 @@ DEFAULT_MAX_HUNG_CALLS: Final = 16
 @dataclass(frozen=True, kw_only=True)
 class ToolContext:
     """What a tool call knows about where it runs. `state` is the episode's own scratch space: tools share
-    nothing between episodes except through it."""
+    nothing between episodes except through it. `task` is the episode's task row as `Environment.reset` got it
+    (read it, never write it: a tool that needs a task's images or data finds them there)."""
 
     episode_id: str = ""
     step: int = 0
     call_id: str = ""
     state: dict[str, Any] = field(default_factory=dict)
+    task: Mapping[str, Any] = field(default_factory=dict)
 
 
 class ToolBase(ABC):

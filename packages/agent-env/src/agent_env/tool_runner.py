@@ -17,8 +17,13 @@
 7. a tool whose earlier calls still hang past their timeout (its `max_hung_calls`, default 16), or a process
    that already runs too many worker threads (`WORKER_THREADS`: 1024 live, 128 hung), gets
    ``tool_unavailable`` at once and nothing is started;
-8. a result that is not a string is serialized to JSON (msgspec; unknown objects fall back to `str()`);
-9. output longer than the limit is cut with a visible marker and the code ``output_truncated``.
+8. a `ToolOutput` (text with images) has its images checked against the runner's `ImageLimits` (readable, a
+   known type, within the byte and pixel limits, not too many; see `tool_output.py`): one that breaks a rule
+   gets ``invalid_image`` naming the image and the rule; the others keep their images on the observation;
+9. a result that is not a string (or a `ToolOutput`'s text) is serialized to JSON (msgspec; unknown objects
+   fall back to `str()`);
+10. output longer than the limit is cut with a visible marker and the code ``output_truncated`` (the text
+    only: images are never cut).
 
 What an async tool must do, and what is enforced. An async tool must await and never block: no
 ``time.sleep``, no long CPU loop, no blocking client inside ``async def`` (put blocking work in a sync tool,
@@ -70,6 +75,7 @@ from agent_env._threads import (
 from agent_env.errors import ArgumentError, ContainedBaseException, ThreadLimitError, ToolDefinitionError, ToolError
 from agent_env.observation import Observation, ObservationCode
 from agent_env.tool import ToolBase, ToolContext
+from agent_env.tool_output import DEFAULT_IMAGE_LIMITS, ImageLimits, ToolOutput, check_tool_images
 from agent_protocol.types import ToolCall, ToolSpec
 
 __all__ = [
@@ -137,6 +143,7 @@ class ToolRunner:
         default_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
         max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
         max_calls_per_step: int = 16,
+        image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
     ) -> None:
         if default_timeout_s <= 0:
             raise ValueError(f"default_timeout_s must be positive, got {default_timeout_s}")
@@ -158,6 +165,7 @@ class ToolRunner:
         self.default_timeout_s = default_timeout_s
         self.max_output_chars = max_output_chars
         self.max_calls_per_step = max_calls_per_step
+        self.image_limits = image_limits
 
     @property
     def tools(self) -> dict[str, ToolBase]:
@@ -261,6 +269,15 @@ class ToolRunner:
         except Exception as e:
             _log(call, context).warning("tool_raised", error_type=type(e).__name__, error=_short(str(e)))
             return self._failure(call, "tool_error", _short(f"{type(e).__name__}: {e}"), started)
+        images: tuple[str, ...] = ()
+        if isinstance(result, ToolOutput):
+            if result.images:  # reading and encoding images is blocking work: off the caller's loop
+                try:
+                    images = await asyncio.to_thread(check_tool_images, result.images, self.image_limits)
+                except ValueError as e:
+                    _log(call, context).info("tool_image_refused", error=_short(str(e)))
+                    return self._failure(call, "invalid_image", _short(str(e)), started)
+            result = result.text
         try:
             text = render_result(result)
         except Exception as e:
@@ -278,6 +295,7 @@ class ToolRunner:
             ok=True,
             code="output_truncated" if cut else None,
             elapsed_s=elapsed,
+            images=images,
         )
 
     def _unknown(self, call: ToolCall) -> Observation:
@@ -311,7 +329,9 @@ class ToolRunner:
 def _for_call(base: ToolContext, call_id: str) -> ToolContext:
     """`base` for one call (`dataclasses.replace` costs tens of microseconds; a plain ToolContext is rebuilt)."""
     if type(base) is ToolContext:
-        return ToolContext(episode_id=base.episode_id, step=base.step, call_id=call_id, state=base.state)
+        return ToolContext(
+            episode_id=base.episode_id, step=base.step, call_id=call_id, state=base.state, task=base.task
+        )
     return replace(base, call_id=call_id)
 
 
