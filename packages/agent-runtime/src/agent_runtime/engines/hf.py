@@ -43,6 +43,14 @@ is exactly its own. If a batch fails, each request is retried alone, so one bad 
 neighbours. The event loop only awaits a future, so it is never blocked, and the engine can be shared by
 several event loops.
 
+Images: a Qwen2-VL-style vision-language model (Qwen2.5-VL in transformers) loaded with its directory's image
+processor has `accepts_images`; `generate(prompt_ids, sampling, images=...)` then takes the prompt with each
+image's pads expanded and the images' references in pad order (`LLMEngine`'s contract). `hf_vision.VisionInputs`
+reads the images, computes the processor's pixel inputs, checks the pad runs against the image grid and computes
+the model's 3-D RoPE positions; the request then runs through the same decoding loop (sampling, logprobs, stop and
+length rules above), alone rather than batched, and bypasses the prefix cache (a kept prefix is keyed by ids, and
+two different images have the same pad ids). A text-only prompt to such a model is batched and cached as usual.
+
 This module knows nothing about chat formats; it imports torch and transformers, so import it only when the
 `hf` extra is installed (`agent_runtime.engines.make_engine("hf", ...)` does that lazily).
 """
@@ -66,6 +74,7 @@ import structlog
 
 from agent_protocol import HFTokenizer, Tokenizer, TransformersTokenizer, load_tokenizer
 from agent_runtime.engines.base import FinishReason, Generation, LLMEngine, SamplingParams
+from agent_runtime.engines.hf_vision import ImageInputs, VisionInputs, is_vision_model
 from agent_runtime.errors import EngineError, EngineUnavailable
 
 try:
@@ -89,6 +98,7 @@ class _Request:
     sampling: SamplingParams
     budget: int
     future: concurrent.futures.Future[Generation]
+    vision: ImageInputs | None = None  # an image prompt's pixels and positions: it runs alone, uncached
 
 
 @dataclass(eq=False, slots=True)
@@ -160,7 +170,8 @@ class HFEngine(LLMEngine):
     """A transformers causal LM. Build it with `HFEngine.from_pretrained(path_or_id, device=..., dtype=...)`, or
     from a loaded model and its tokenizer: `HFEngine(model, tokenizer)` (the model is put in eval mode and runs
     under `torch.inference_mode`). `context_length` defaults to `config.max_position_embeddings`, the stop ids
-    to the model's eos ids."""
+    to the model's eos ids. `image_processor` (a Qwen2-VL-style transformers image processor) with a
+    vision-language model makes the engine take images (`accepts_images`)."""
 
     name = "hf"
 
@@ -175,6 +186,7 @@ class HFEngine(LLMEngine):
         batch_wait_s: float = 0.005,
         prefix_cache_sequences: int = 256,
         prefix_cache_tokens: int = 131_072,
+        image_processor: Any | None = None,
     ) -> None:
         if prefix_cache_sequences < 0 or prefix_cache_tokens < 0:
             raise ValueError(
@@ -187,7 +199,7 @@ class HFEngine(LLMEngine):
             raise ValueError(f"batch_wait_s must be >= 0, got {batch_wait_s}")
         self.model = model.eval()
         self.tokenizer = load_tokenizer(tokenizer)
-        config = model.config
+        config = model.config.get_text_config()  # a vision-language model's language half; the config itself else
         self.context_length = int(context_length if context_length is not None else config.max_position_embeddings)
         if self.context_length < 2:
             raise ValueError(f"context_length must be at least 2, got {self.context_length}")
@@ -210,6 +222,11 @@ class HFEngine(LLMEngine):
         self._lock = threading.Lock()
         self._worker: threading.Thread | None = None
         self._closed = False
+        #: the image side (None: the engine takes no images, as the model or its image processor is missing)
+        self.vision = (
+            VisionInputs(model, image_processor) if image_processor is not None and is_vision_model(model) else None
+        )
+        self.accepts_images = self.vision is not None
 
     @classmethod
     def from_pretrained(
@@ -229,7 +246,9 @@ class HFEngine(LLMEngine):
     ) -> HFEngine:
         """Load a model directory (or a Hugging Face id already in the local cache). `dtype` is "auto" (the
         checkpoint's), a name such as "bfloat16", or a `torch.dtype`. The tokenizer is the directory's
-        `tokenizer.json` when there is one, else transformers' `AutoTokenizer`."""
+        `tokenizer.json` when there is one, else transformers' `AutoTokenizer`. A vision-language model (its
+        config has a `vision_config`) is loaded with `AutoModelForImageTextToText` and the directory's image
+        processor (`AutoImageProcessor`, from ``preprocessor_config.json``), so the engine takes images."""
         source = str(path)
         log = logger.bind(model=source, device=device)
         started = time.perf_counter()
@@ -240,9 +259,14 @@ class HFEngine(LLMEngine):
         options: dict[str, Any] = {dtype_kwarg: resolved_dtype}
         if attn_implementation is not None:
             options["attn_implementation"] = attn_implementation
+        image_processor: Any = None
         try:
-            model: Any = transformers.AutoModelForCausalLM.from_pretrained(source, **options)
+            vision = getattr(transformers.AutoConfig.from_pretrained(source), "vision_config", None) is not None
+            auto = transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
+            model: Any = auto.from_pretrained(source, **options)
             model = model.to(device)
+            if vision and is_vision_model(model):
+                image_processor = _image_processor(source, log)
             if tokenizer is None:
                 local = Path(source) / "tokenizer.json"
                 if local.is_file():
@@ -260,6 +284,7 @@ class HFEngine(LLMEngine):
             batch_wait_s=batch_wait_s,
             prefix_cache_sequences=prefix_cache_sequences,
             prefix_cache_tokens=prefix_cache_tokens,
+            image_processor=image_processor,
         )
         log.info(
             "hf_engine_loaded",
@@ -267,11 +292,14 @@ class HFEngine(LLMEngine):
             context_length=engine.context_length,
             stop_token_ids=list(engine.stop_token_ids),
             prefix_cache=engine.prefix_caching,
+            accepts_images=engine.accepts_images,
             seconds=round(time.perf_counter() - started, 3),
         )
         return engine
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, images: Sequence[str] = ()
+    ) -> Generation:
         try:  # one C loop over the ids; a PromptView is listed first (array's own iteration is slower)
             prompt = array.array("q", prompt_ids if isinstance(prompt_ids, list) else list(prompt_ids))
         except (TypeError, OverflowError) as e:
@@ -285,7 +313,14 @@ class HFEngine(LLMEngine):
             bad = int(ids[(ids < 0) | (ids >= self.vocab_size)][0])
             raise ValueError(f"hf: prompt id {bad} is outside the model's vocabulary of {self.vocab_size}")
         budget = self.max_new_tokens_for(len(prompt), sampling.max_new_tokens)
-        request = _Request(prompt, sampling, budget, concurrent.futures.Future())
+        vision: ImageInputs | None = None
+        if images:
+            if self.vision is None:
+                raise ValueError("hf: this engine's model is text-only (or was loaded without its image processor)")
+            vision = await asyncio.to_thread(self.vision.prepare, prompt, list(images))
+        elif self.vision is not None and self.vision.pad_id in prompt:
+            raise ValueError("hf: the prompt holds image pad tokens but no images were given")
+        request = _Request(prompt, sampling, budget, concurrent.futures.Future(), vision)
         with self._lock:
             if self._closed:
                 raise EngineUnavailable("hf: the engine is closed")
@@ -341,6 +376,12 @@ class HFEngine(LLMEngine):
                 late.future.set_exception(EngineUnavailable("hf: the engine was closed before this request ran"))
 
     def _run(self, batch: list[_Request]) -> None:
+        """Run the text requests as one batch and each image request alone."""
+        plain = [r for r in batch if r.vision is None]
+        for group in [plain] * bool(plain) + [[r] for r in batch if r.vision is not None]:
+            self._run_group(group)
+
+    def _run_group(self, batch: list[_Request]) -> None:
         started = time.perf_counter()
         try:
             results = self._generate_batch(batch)
@@ -348,7 +389,7 @@ class HFEngine(LLMEngine):
             if len(batch) > 1:
                 logger.warning("hf_batch_failed_retrying_alone", batch_size=len(batch), error=repr(e))
                 for request in batch:
-                    self._run([request])
+                    self._run_group([request])
                 return
             logger.warning("hf_generation_failed", prompt_tokens=len(batch[0].prompt), error=repr(e))
             error = EngineError(f"hf: generation failed: {type(e).__name__}: {e}")
@@ -372,8 +413,10 @@ class HFEngine(LLMEngine):
     @torch.inference_mode()
     def _generate_batch(self, batch: list[_Request]) -> list[Generation]:
         rows = len(batch)
+        vision = batch[0].vision  # an image request runs alone (see `_run`)
+        caching = self.prefix_caching and vision is None
         prefixes: list[_Prefix | None] = [None] * rows
-        if self.prefix_caching:
+        if caching:
             weights = self._weights_version()
             if weights != self._weights_seen:
                 self.prefix_cache.clear()
@@ -394,6 +437,10 @@ class HFEngine(LLMEngine):
             mask[row, past + width - len(rest) :] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]  # each row counts from its first real token
+        extra: dict[str, torch.Tensor] = {}
+        if vision is not None:  # the pixels go in with the prompt; its positions are 3-D (3, 1, len)
+            extra = {"pixel_values": vision.pixel_values, "image_grid_thw": vision.image_grid_thw}
+            positions = vision.positions
         cache = self._batch_cache(prefixes, reused, past)
         stops = [frozenset(self.stop_token_ids) | frozenset(r.sampling.stop_token_ids) for r in batch]
         generators = [_generator(r.sampling, self.device) for r in batch]
@@ -411,6 +458,7 @@ class HFEngine(LLMEngine):
                 use_cache=True,
                 logits_to_keep=1,
                 **{self._cache_kwarg: cache},
+                **(extra if step_ids is input_ids else {}),
             )
             if step_ids is input_ids and cache.get_seq_length() != past + width:
                 raise EngineError(f"hf: the model ignored its KV cache (passed as `{self._cache_kwarg}`)")
@@ -448,8 +496,11 @@ class HFEngine(LLMEngine):
             step_ids = torch.tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(1)
             # a row that is done feeds a token that is not its own: masked, so its keys stay exactly its sequence
             mask = torch.cat([mask, torch.tensor([[0 if d else 1] for d in done], device=self.device)], dim=1)
-            positions = positions[:, -1:] + 1
-        if self.prefix_caching:
+            if positions.dim() == 3:  # after an image prompt: one past the highest of the last token's 3 positions
+                positions = positions[..., -1:].amax(0, keepdim=True).expand(3, -1, -1) + 1
+            else:
+                positions = positions[:, -1:] + 1
+        if caching:
             self._keep(batch, prefixes, ids, cache, mask)
         return [
             Generation(
@@ -499,6 +550,16 @@ class HFEngine(LLMEngine):
             self.prefix_cache.add(_Prefix(sequence, keys, values), extends=prefixes[row])
 
 
+def _image_processor(source: str, log: Any) -> Any:
+    """The model directory's image processor, or None (the engine then takes no images) when it has none."""
+    auto: Any = transformers.AutoImageProcessor  # untyped in transformers
+    try:
+        return auto.from_pretrained(source)
+    except Exception as e:  # no preprocessor_config.json, or one transformers cannot read
+        log.warning("hf_image_processor_missing", error=f"{type(e).__name__}: {e}")
+        return None
+
+
 def _check_sampling(sampling: SamplingParams) -> None:
     if sampling.max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {sampling.max_new_tokens}")
@@ -511,7 +572,8 @@ def _check_sampling(sampling: SamplingParams) -> None:
 def _model_eos_ids(model: Any) -> tuple[int, ...]:
     found: list[int] = []
     generation_config = getattr(model, "generation_config", None)
-    for source in (getattr(generation_config, "eos_token_id", None), model.config.eos_token_id):
+    text_config = model.config.get_text_config()
+    for source in (getattr(generation_config, "eos_token_id", None), getattr(text_config, "eos_token_id", None)):
         if source is None:
             continue
         for token in [source] if isinstance(source, int) else source:
