@@ -133,6 +133,7 @@ def _parse(body: bytes, backend: ServingBackend) -> tuple[ChatCompletionRequest,
         max_image_bytes=config.max_image_bytes,
         max_image_pixels=config.max_image_pixels,
         max_images=backend.recipe.max_images,
+        context_tokens=backend.context_limit,
     )
     try:
         messages = coerce_messages(chat.messages, images=backend.text_only is None)

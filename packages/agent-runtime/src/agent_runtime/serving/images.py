@@ -13,7 +13,8 @@ before they are converted or tokenized, and refuses with a 400 naming ``messages
   header), an image the model's image grid cannot take (an aspect ratio over 200), an image over
   `ServeConfig.max_image_bytes` decoded or over `max_image_pixels`;
 
-and more images in the request than the recipe's `max_images` with a 400 naming ``messages``.
+and with a 400 naming ``messages``: more images in the request than the recipe's `max_images` (counted before any
+is decoded), or images whose pads alone (`VisionGrid.pads`) would fill the context.
 
 Out: `client_image_parts` turns the images a tool returned (`Observation.images`: data URLs, paths or files the
 server's own tools wrote, or raw bytes) into ``image_url`` parts holding data URLs, which any client can show.
@@ -72,31 +73,43 @@ def check_request_images(
     max_image_bytes: int,
     max_image_pixels: int,
     max_images: int | None,
+    context_tokens: int,
 ) -> int:
     """Check every ``image_url`` part of the request's raw `messages` (see the module docstring); the number of
-    images. Raises `ApiError` 400. `grid`: the model's image grid (each image must have a size it takes). Parts
-    that are not even shaped like an image part are left to `agent_protocol.coerce_messages`, which names them
-    the same way."""
-    count = 0
-    for where, url in _image_urls(messages):
-        if text_only is not None:
-            raise ApiError(
-                400,
-                f"`{where}` holds an image, and the served model is text-only: {text_only}",
-                param=where,
-                code="images_not_supported",
-            )
-        _check_url(url, where, grid=grid, max_image_bytes=max_image_bytes, max_image_pixels=max_image_pixels)
-        count += 1
-    if max_images is not None and count > max_images:
+    images. Raises `ApiError` 400. `grid`: the model's image grid (each image must have a size it takes, and its
+    pads count against `context_tokens`). Parts that are not even shaped like an image part are left to
+    `agent_protocol.coerce_messages`, which names them the same way."""
+    images = list(_image_urls(messages))
+    if images and text_only is not None:
+        where = images[0][0]
         raise ApiError(
             400,
-            f"the conversation holds {count} images; the model takes at most {max_images} in one conversation "
-            "(the recipe's max_images)",
+            f"`{where}` holds an image, and the served model is text-only: {text_only}",
+            param=where,
+            code="images_not_supported",
+        )
+    if max_images is not None and len(images) > max_images:
+        raise ApiError(
+            400,
+            f"the conversation holds {len(images)} images; the model takes at most {max_images} in one "
+            "conversation (the recipe's max_images)",
             param="messages",
             code="too_many_images",
         )
-    return count
+    pads = 0
+    for where, url in images:
+        width, height = _check_url(
+            url, where, grid=grid, max_image_bytes=max_image_bytes, max_image_pixels=max_image_pixels
+        )
+        pads += grid.pads(width, height) if grid is not None else 0
+        if pads > context_tokens:
+            raise ApiError(
+                400,
+                f"the images up to `{where}` alone take {pads} tokens; the model's context holds {context_tokens}",
+                param="messages",
+                code="context_length_exceeded",
+            )
+    return len(images)
 
 
 def _image_urls(messages: Sequence[Any]) -> Iterable[tuple[str, str]]:
@@ -118,7 +131,10 @@ def _refuse(where: str, problem: str, code: str) -> ApiError:
     return ApiError(400, f"invalid value for `{where}`: {problem}", param=where, code=code)
 
 
-def _check_url(url: str, where: str, *, grid: VisionGrid | None, max_image_bytes: int, max_image_pixels: int) -> None:
+def _check_url(
+    url: str, where: str, *, grid: VisionGrid | None, max_image_bytes: int, max_image_pixels: int
+) -> tuple[int, int]:
+    """The image's (width, height) if the server takes it, else the 400 naming `where`."""
     if not url.startswith("data:"):
         scheme = urlparse(url[:64]).scheme.lower()
         if scheme in ("http", "https"):
@@ -160,6 +176,7 @@ def _check_url(url: str, where: str, *, grid: VisionGrid | None, max_image_bytes
             "(ServeConfig.max_image_pixels)",
             "image_too_large",
         )
+    return width, height
 
 
 def image_url_part(url: str) -> dict[str, Any]:
