@@ -102,6 +102,13 @@ def test_bytes_become_a_data_url_of_their_type_and_references_stay_as_given(tmp_
     assert rest == [data_url(picture), str(path), path.as_uri()]
 
 
+def test_a_lone_image_is_one_image_and_a_list_is_kept_as_a_tuple() -> None:
+    picture = png(2, 2)
+    assert ToolOutput(images=picture).images == (picture,)
+    assert ToolOutput(images="a.png").images == ("a.png",)
+    assert ToolOutput(images=iter(["a.png", picture])).images == ("a.png", picture)
+
+
 def test_text_only_tools_are_unchanged() -> None:
     runner = ToolRunner([echo, returning("numbers", {"a": [1, 2]})])
     text, numbers = run(runner, call("echo", "c1", text="hi"), call("numbers", "c2"))

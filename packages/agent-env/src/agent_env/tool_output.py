@@ -47,7 +47,9 @@ class ToolOutput:
     images: Sequence[str | bytes] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "images", tuple(self.images))  # a generator or a list becomes a fixed value
+        # a list or a generator becomes a fixed value; a lone image (a str is a Sequence too) is one image
+        lone = isinstance(self.images, (str, bytes, bytearray))
+        object.__setattr__(self, "images", (self.images,) if lone else tuple(self.images))
 
 
 class ImageLimits(msgspec.Struct, frozen=True, kw_only=True):
