@@ -323,6 +323,20 @@ def test_crop_reads_the_task_through_the_environment() -> None:
     assert decoded(observation.images[0]).tobytes() == expected_crop(data, (0, 0, 8, 8), (16, 16)).tobytes()
 
 
+def test_function_call_environment_takes_image_limits() -> None:
+    two = returning("two", ToolOutput(text="x", images=[png(4, 4), png(5, 5)]))
+
+    async def episode(limits: ImageLimits) -> Observation:
+        env = FunctionCallEnvironment(tools=[two], image_limits=limits)
+        await env.reset({"prompt": "p"})
+        (observation,), _ = await env.step(Action(tool_calls=(call("two"),)))
+        return observation
+
+    assert asyncio.run(episode(ImageLimits())).ok
+    refused = asyncio.run(episode(ImageLimits(max_images=1)))
+    assert refused.code == "invalid_image" and "at most 1" in refused.content and not refused.images
+
+
 # -- plot_chart -------------------------------------------------------------------------------------------------
 
 

@@ -25,6 +25,7 @@ from typing import Any, Literal
 from agent_env.environment import Environment, StepResult
 from agent_env.observation import Observation
 from agent_env.tool import ToolBase
+from agent_env.tool_output import DEFAULT_IMAGE_LIMITS, ImageLimits
 from agent_env.tool_runner import DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_TOOL_TIMEOUT_S
 from agent_protocol.types import Action
 
@@ -44,6 +45,7 @@ class FunctionCallEnvironment(Environment):
         max_calls_per_step: int = 16,
         on_turn_error: Literal["feedback", "end"] = "feedback",
         episode_id: str | None = None,
+        image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
     ) -> None:
         super().__init__(
             tools=tools,
@@ -52,6 +54,7 @@ class FunctionCallEnvironment(Environment):
             max_output_chars=max_output_chars,
             max_calls_per_step=max_calls_per_step,
             episode_id=episode_id,
+            image_limits=image_limits,
         )
         if on_turn_error not in ("feedback", "end"):
             raise ValueError(f"on_turn_error must be 'feedback' or 'end', got {on_turn_error!r}")

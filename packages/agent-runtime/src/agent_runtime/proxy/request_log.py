@@ -102,7 +102,12 @@ class RequestLog(TrajectoryWriter):
 
 
 def _observation(message: Message) -> Observation:
-    return Observation(tool_call_id=message.tool_call_id, name=message.name or "", content=message.content or "")
+    return Observation(
+        tool_call_id=message.tool_call_id,
+        name=message.name or "",
+        content=message.content or "",
+        images=tuple(image.url for image in message.images),
+    )
 
 
 def _turns(messages: list[Message]) -> Iterator[tuple[Message, tuple[Observation, ...]]]:
