@@ -405,3 +405,35 @@ def test_a_text_only_model_refuses_images_saying_so(
     # text still works
     ok = post(server, {"messages": [{"role": "user", "content": "hello"}]})
     assert ok.status_code == 200, ok.text
+
+
+# -- a real vision-language model --------------------------------------------------------------------------------
+
+
+def test_the_hf_engine_on_a_tiny_vision_model_is_served_images(
+    start_server: ServerFactory, qwen3_tokenizer_file: Path, tmp_path: Path
+) -> None:
+    """The server in front of `HFEngine` on the tiny random Qwen2.5-VL: an image in tools mode reaches the model as
+    OpenRLHF's processor expands it (the prompt's token count), and the model answers."""
+    pytest.importorskip("torch")
+    pytest.importorskip("PIL")
+    pytest.importorskip("transformers")
+    import asyncio
+
+    from agent_runtime.engines.hf import HFEngine
+    from tests.support.tiny_qwen_vl import offline_processor, tiny_qwen_vl_path
+
+    model_dir = tiny_qwen_vl_path(qwen3_tokenizer_file)
+    engine = HFEngine.from_pretrained(model_dir, device="cpu", dtype="float32")
+    try:
+        assert engine.accepts_images
+        server = start_server(engine=engine, recipe=vision_recipe(tmp_path))
+        messages = [user_with(as_data_url(noisy_png(60, 45)))]
+        body = {"messages": messages, "tools": [ZOOM_TOOL], "max_tokens": 4, "temperature": 0.0}
+        response = post(server, body)
+        assert response.status_code == 200, response.text
+        usage = response.json()["usage"]
+        assert usage["prompt_tokens"] == len(expected_ids(offline_processor(model_dir), messages, [ZOOM_TOOL]))
+        assert 1 <= usage["completion_tokens"] <= 4
+    finally:
+        asyncio.run(engine.close())
