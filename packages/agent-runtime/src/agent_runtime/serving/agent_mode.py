@@ -133,7 +133,7 @@ class _Episode:
                 data["images"] = await asyncio.to_thread(client_image_parts, images)
         return data
 
-    def _observation_images(self, event: ToolResultEvent) -> tuple[Any, ...]:
+    def _observation_images(self, event: ToolResultEvent) -> tuple[str, ...]:
         """The images of the observation `event` reports: the events of a turn's tool results follow its step's
         observations in order."""
         position = self.tool_results.get(event.turn, 0)
@@ -141,7 +141,7 @@ class _Episode:
         step = next((s for s in reversed(self.session.steps) if s.index == event.turn - 1), None)
         if step is None or position >= len(step.observations):
             return ()
-        return tuple(getattr(step.observations[position], "images", None) or ())
+        return step.observations[position].images
 
     def failure(self) -> ApiError | None:
         """The error that ends this request, if the episode failed."""

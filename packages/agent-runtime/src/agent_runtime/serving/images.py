@@ -16,8 +16,8 @@ before they are converted or tokenized, and refuses with a 400 naming ``messages
 and with a 400 naming ``messages``: more images in the request than the recipe's `max_images` (counted before any
 is decoded), or images whose pads alone (`VisionGrid.pads`) would fill the context.
 
-Out: `client_image_parts` turns the images a tool returned (`Observation.images`: data URLs, paths or files the
-server's own tools wrote, or raw bytes) into ``image_url`` parts holding data URLs, which any client can show.
+Out: `client_image_parts` turns the images a tool returned (`Observation.images`: data URLs, or paths of files the
+server's own tools wrote) into ``image_url`` parts holding data URLs, which any client can show.
 
 This module knows image references, the serving limits and the error wire format; nothing about tokens.
 """
@@ -31,6 +31,7 @@ from typing import Any, Final
 
 import structlog
 
+from agent_env.tool_output import image_data_url
 from agent_protocol import ChatProtocol, Tokenizer
 from agent_protocol.images import VisionGrid, image_size, read_image
 from agent_runtime.engines.base import LLMEngine
@@ -42,13 +43,6 @@ logger = structlog.get_logger(__name__)
 
 _MAX_HEADER: Final = 256  # characters of a data URL before its comma ("data:image/png;base64")
 _ASCII_WHITESPACE: Final = b" \t\n\r\f\v"
-_MAGIC: Final = (
-    (b"\x89PNG\r\n\x1a\n", "image/png"),
-    (b"\xff\xd8", "image/jpeg"),
-    (b"GIF87a", "image/gif"),
-    (b"GIF89a", "image/gif"),
-    (b"BM", "image/bmp"),
-)
 
 
 def text_only_reason(protocol: ChatProtocol, tokenizer: Tokenizer, engine: LLMEngine) -> str | None:
@@ -189,36 +183,14 @@ def image_url_part(url: str) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def client_image_parts(images: Iterable[Any]) -> list[dict[str, Any]]:
-    """The images a tool returned as ``image_url`` parts holding data URLs. An image is a reference
-    (`agent_protocol.images`: a data URL, a ``file://`` URL or a path the server's tool wrote), raw bytes, or an
-    object with a `url` (`agent_protocol.ImagePart`); one that cannot be read is logged and left out. Reads
-    files: call it off the event loop."""
+def client_image_parts(images: Iterable[str]) -> list[dict[str, Any]]:
+    """The images a tool returned (`Observation.images`: data URLs, checked by the tool runner, or paths and
+    ``file://`` URLs of files the server's own tools wrote) as ``image_url`` parts holding data URLs. A file that
+    cannot be read any more is logged and left out. Reads files: call it off the event loop."""
     parts: list[dict[str, Any]] = []
-    for image in images:
+    for url in images:
         try:
-            parts.append(image_url_part(_data_url(image)))
-        except (ValueError, TypeError) as e:
+            parts.append(image_url_part(url if url.startswith("data:") else image_data_url(read_image(url))))
+        except ValueError as e:
             logger.warning("tool_image_unreadable", error=str(e)[:300])
     return parts
-
-
-def _data_url(image: Any) -> str:
-    if isinstance(image, (bytes, bytearray, memoryview)):
-        data = bytes(image)
-        image_size(data)
-    else:
-        url = image if isinstance(image, str) else getattr(image, "url", None)
-        if not isinstance(url, str):
-            raise TypeError(f"a tool image must be a reference, bytes or carry a url, got {type(image).__name__}")
-        if url.startswith("data:"):
-            read_image(url)  # the client gets only what decodes to an image
-            return url
-        data = read_image(url)
-    return f"data:{_mime(data)};base64,{base64.b64encode(data).decode('ascii')}"
-
-
-def _mime(data: bytes) -> str:
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
-    return next((mime for magic, mime in _MAGIC if data.startswith(magic)), "application/octet-stream")
