@@ -15,19 +15,30 @@ Inside OpenRLHF the executor gets `llm_engine`, the vLLM rollout actor, whose co
   turn's `max_tokens`, finite logprobs, a known finish reason), so a rollout actor that answers garbage ends
   its episode as ``engine_bad_output`` instead of putting ids the model cannot have sampled into training.
 
+Images (`accepts_images`, set for a vision-language model: OpenRLHF hands the executor the model's processor):
+a turn whose context holds images is one call with ``multi_modal_data={"image": [PIL images]}``, the context's
+images in the order of their pads, and `prompt_ids` with every image's pads expanded, exactly as OpenRLHF's
+`MultiTurnAgentExecutor` calls it (OpenRLHF's vLLM actor collapses each run itself, `dedup_media_tokens`, before
+vLLM expands it again); a context without images passes ``multi_modal_data=None``. Each image is opened once per
+episode (PIL, lazily, from the bytes `read_image` gives, as OpenRLHF's `load_images` opens bytes). A generation
+that holds an image pad (`image_pad_ids`) is refused as ``engine_bad_output``: a pad with no image behind it
+cannot be trained (the model's forward pass matches pads to image features one for one).
+
 vLLM and OpenRLHF are untyped third-party code: everything they hand over is `Any` here and checked where read.
-This module does not import either.
+This module does not import either (Pillow only when a turn has images).
 """
 
 from __future__ import annotations
 
 import copy
+import io
 from collections.abc import Sequence
 from typing import Any, Final
 
 import msgspec
 
 from agent_protocol import Tokenizer
+from agent_protocol.images import read_image
 from agent_runtime import EngineError, Generation, LLMEngine, SamplingParams
 from agent_runtime.engines.base import tokenizer_vocab_size, validate_generation
 from agent_runtime.errors import EngineBadOutput
@@ -50,7 +61,11 @@ class OpenRLHFEngine(LLMEngine):
         *,
         context_length: int,
         stop_token_ids: Sequence[int] = (),
+        accepts_images: bool = False,
+        image_pad_ids: Sequence[int] = (),
     ) -> None:
+        """`accepts_images`: the rollout engine serves a vision-language model (OpenRLHF passed its processor);
+        `image_pad_ids`: the model's image (and video) pad tokens, which a generation must not hold."""
         if context_length < 1:
             raise ValueError(f"context_length must be at least 1, got {context_length}")
         self.rollout_engine = rollout_engine
@@ -60,20 +75,45 @@ class OpenRLHFEngine(LLMEngine):
         self.stop_token_ids = tuple(int(i) for i in stop_token_ids)
         self.with_logprobs = getattr(sampling_params, "logprobs", None) is not None
         self.vocab_size = tokenizer_vocab_size(tokenizer)
+        self.accepts_images = accepts_images
+        self.image_pad_ids = frozenset(int(i) for i in image_pad_ids)
+        self._pictures: dict[str, Any] = {}  # PIL images by reference, opened once per episode
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, images: Sequence[str] = ()
+    ) -> Generation:
+        if images and not self.accepts_images:
+            raise ValueError(f"{_NAME}: the rollout engine serves a text-only model; got {len(images)} image(s)")
         budget = self.max_new_tokens_for(len(prompt_ids), sampling.max_new_tokens)
         params = turn_sampling_params(
             self.sampling_params, max_tokens=budget, stop_token_ids=[*self.stop_token_ids, *sampling.stop_token_ids]
         )
+        multi_modal_data = {"image": [self._picture(url) for url in images]} if images else None
         try:
-            output = await self.rollout_engine.generate([int(i) for i in prompt_ids], params, multi_modal_data=None)
+            output = await self.rollout_engine.generate(
+                [int(i) for i in prompt_ids], params, multi_modal_data=multi_modal_data
+            )
         except Exception as e:
             raise EngineError(f"openrlhf: the rollout engine failed: {type(e).__name__}: {e}") from e
-        return generation_from_output(
+        generation = generation_from_output(
             output, with_logprobs=self.with_logprobs, tokenizer=self.tokenizer, max_tokens=params.max_tokens,
             vocab_size=self.vocab_size,
         )  # fmt: skip
+        pads = self.image_pad_ids.intersection(generation.ids)
+        if pads:
+            raise EngineBadOutput(
+                f"{_NAME}: the model generated image pad token(s) {sorted(pads)}, which no image stands behind"
+            )
+        return generation
+
+    def _picture(self, url: str) -> Any:
+        """The PIL image `url` refers to, opened once (the bytes `read_image` gives, as `load_images` opens them)."""
+        picture = self._pictures.get(url)
+        if picture is None:
+            from PIL import Image
+
+            picture = self._pictures[url] = Image.open(io.BytesIO(read_image(url)))
+        return picture
 
 
 def turn_sampling_params(base: Any, *, max_tokens: int, stop_token_ids: Sequence[int] = ()) -> Any:
