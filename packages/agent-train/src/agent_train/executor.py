@@ -24,6 +24,20 @@ A recipe that names an agent program (`Recipe.agent`) runs that program instead,
 endpoint on the same engine (`agent_train.program_rollout`, `agent_runtime.proxy`); its segments (one per
 conversation continued token-exactly, a new one at each prefix break) come back the way a compacted episode's do.
 
+Vision-language recipes (`ChatProtocol.accepts_images`) follow OpenRLHF 0.11.2's VLM contract: OpenRLHF passes the
+model's processor as `hf_tokenizer` (`as_tokenizer` keeps its image grid) and the row's image column as `images`,
+which `task.place_images` puts into the prompt where OpenRLHF's prompt dataset renders them. The conversation
+expands each image's pad as the processor does, each turn reaches the vLLM actor with ``multi_modal_data`` (see
+`OpenRLHFEngine`), and every segment's record carries `mm_train_inputs`: the processor's tensors for that
+segment's images in pad order, built as `MultiTurnAgentExecutor` builds them (`process_prompt_with_images` on the
+prompt and on each feedback with images, merged by `accumulate_mm_inputs`), and `images`, the row's images echoed
+as OpenRLHF echoes them. A text-only recipe given images is an error that says so.
+
+Overflow: OpenRLHF's executor keeps feedback that overflows `max_length` without its images (pads stripped) and
+goes on; here feedback that does not fit ends the episode (``context_exhausted``), so an image that does not fit
+never enters the transcript. Either way no record holds a pad without its image or an image without its pads;
+`mm_train_inputs` checks it for every record (and the engine refuses a generated pad).
+
 `rollout()` is the same episode for callers outside OpenRLHF (the local trainer): it takes any `LLMEngine` and
 returns the whole `Trajectory` with its segment records. OpenRLHF constructs its executor with no arguments;
 `agent_train/openrlhf_agent.py` is that no-argument class, reading the recipe from ``AGENT_RECIPE``.
@@ -32,6 +46,8 @@ This module imports OpenRLHF (for the base class), hence torch; the package root
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +55,17 @@ import msgspec
 import structlog
 from openrlhf.utils.agent import AgentExecutorBase
 
-from agent_protocol import HFTokenizer, Tokenizer, load_tokenizer
+from agent_protocol import HFTokenizer, Tokenizer, TranscriptRecord, TransformersTokenizer, load_tokenizer
+from agent_protocol.images import collapse_image_pads, read_image
+from agent_protocol.tokenizer import processor_vision_grid
 from agent_runtime import AgentRuntime, AssistantEvent, LLMEngine, SamplingParams, Trajectory
 from agent_runtime.recipe import Recipe, load_recipe
 from agent_train.openrlhf_engine import OpenRLHFEngine
 from agent_train.openrlhf_segments import episode_record
 from agent_train.sample import RolloutSample, segment_samples
-from agent_train.task import decode_task
+from agent_train.task import dataset_images, decode_task
 
-__all__ = ["AgentExecutor", "Rollout", "as_tokenizer"]
+__all__ = ["AgentExecutor", "Rollout", "as_tokenizer", "image_pad_ids", "mm_train_inputs"]
 
 logger = structlog.get_logger(__name__)
 
@@ -81,22 +99,43 @@ class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is unt
         llm_engine: Any,
         images: Any = None,
     ) -> dict[str, Any]:
-        """OpenRLHF's entry point: one episode on `prompt`, returned as the dict OpenRLHF consumes."""
-        if images:
-            raise ValueError(f"recipe {self.recipe.name!r} is text-only; this dataset row carries images")
+        """OpenRLHF's entry point: one episode on `prompt` (with the row's `images`), returned as the dict OpenRLHF
+        consumes."""
+        protocol = self._definition.protocol
+        refs = dataset_images(images)
+        if refs and not protocol.accepts_images:
+            raise ValueError(
+                f"recipe {self.recipe.name!r} is text-only (protocol {protocol.name!r}); this dataset row carries "
+                f"{len(refs)} image(s): use a vision-language protocol such as qwen3-vl"
+            )
         tokenizer = as_tokenizer(hf_tokenizer)
-        stops = (tokenizer.token_to_id(text) for text in self._definition.protocol.stop_texts)
+        stops = (tokenizer.token_to_id(text) for text in protocol.stop_texts)
+        vision = protocol.accepts_images and hasattr(hf_tokenizer, "image_processor")
+        pads = image_pad_ids(hf_tokenizer, tokenizer, protocol.image_pad) if vision else frozenset()
         engine = OpenRLHFEngine(
             llm_engine,
             tokenizer,
             sampling_params,
             context_length=int(max_length),
             stop_token_ids=tuple(i for i in stops if i is not None),
+            accepts_images=vision,
+            image_pad_ids=sorted(pads),
         )
         rollout = await self.rollout(
-            prompt, label, engine, max_length=int(max_length), with_logprobs=engine.with_logprobs
+            prompt, label, engine, max_length=int(max_length), with_logprobs=engine.with_logprobs, images=refs
         )
-        return episode_record(rollout.segments)
+        segments = rollout.segments
+        if vision:
+            inputs = await asyncio.to_thread(
+                lambda: [mm_train_inputs(r, hf_tokenizer, tokenizer, pads) for r in rollout.trajectory.segments]
+            )
+            segments = [
+                msgspec.structs.replace(sample, images=images, mm_train_inputs=mm)
+                for sample, mm in zip(segments, inputs, strict=True)
+            ]
+        elif images is not None:
+            segments = [msgspec.structs.replace(sample, images=images) for sample in segments]
+        return episode_record(segments)
 
     async def rollout(
         self,
@@ -107,14 +146,18 @@ class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is unt
         max_length: int | None = None,
         sampling: SamplingParams | None = None,
         with_logprobs: bool = False,
+        images: Sequence[str] = (),
     ) -> Rollout:
         """One episode of the recipe on `engine`. `prompt`/`label` are what OpenRLHF passes (an `AgentTask`
-        string, a user message or a message list, and the reference answer). `max_length` caps the context
+        string, a user message or a message list, and the reference answer); `images` the row's image references
+        (`task.dataset_images`), placed in the prompt by `task.place_images`. `max_length` caps the context
         (default: the recipe's and the engine's limits). `sampling` defaults to the recipe's, with the recipe's
         per-turn `max_new_tokens`."""
-        task = decode_task(prompt, label)
+        task = decode_task(prompt, label, images=images, vision=self._definition.protocol.accepts_images)
         base = sampling or msgspec.structs.replace(self.recipe.sampling, max_new_tokens=self.recipe.max_new_tokens)
         if self.recipe.agent is not None:  # imported here: the proxy needs the serving app and the openai client
+            if images:
+                raise ValueError(f"recipe {self.recipe.name!r} runs an agent program, which takes no dataset images")
             from agent_train.program_rollout import program_samples
 
             episode, samples = await program_samples(
@@ -144,12 +187,66 @@ class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is unt
 
 
 def as_tokenizer(source: Any) -> Tokenizer:
-    """OpenRLHF's `hf_tokenizer` (a transformers tokenizer) as a `Tokenizer`. A fast tokenizer's own Rust
-    backend is used directly, so ids and decoding are exactly those of the model's `tokenizer.json`, the same
-    `HFTokenizer` serving loads; a `Tokenizer` is returned as is."""
+    """OpenRLHF's `hf_tokenizer` as a `Tokenizer`: a transformers tokenizer, or for a vision-language model its
+    processor (the text tokenizer is ``processor.tokenizer``; the processor's image grid, `processor_vision_grid`,
+    becomes the tokenizer's `vision`). A fast tokenizer's own Rust backend is used directly, so ids and decoding
+    are exactly those of the model's `tokenizer.json`, the same `HFTokenizer` serving loads; a `Tokenizer` is
+    returned as is."""
     if isinstance(source, Tokenizer):
         return source
-    backend = getattr(source, "backend_tokenizer", None)
+    vision = processor_vision_grid(source)
+    text = getattr(source, "tokenizer", None) if hasattr(source, "image_processor") else None
+    text = source if text is None else text
+    backend = getattr(text, "backend_tokenizer", None)
     if backend is not None and hasattr(backend, "encode") and hasattr(backend, "token_to_id"):
-        return HFTokenizer(backend, source=str(getattr(source, "name_or_path", "<transformers>")))
-    return load_tokenizer(source)
+        return HFTokenizer(backend, source=str(getattr(text, "name_or_path", "<transformers>")), vision=vision)
+    adapted = load_tokenizer(text)
+    if vision is not None and isinstance(adapted, TransformersTokenizer):
+        adapted.vision = vision
+    return adapted
+
+
+def image_pad_ids(processor: Any, tokenizer: Tokenizer, image_pad: str | None) -> frozenset[int]:
+    """The model's image and video pad ids: the processor's ``image_token_id`` / ``video_token_id`` (what
+    OpenRLHF's vLLM actor collapses) and the protocol's `image_pad` token."""
+    ids = {getattr(processor, name, None) for name in ("image_token_id", "video_token_id")}
+    ids.add(None if image_pad is None else tokenizer.token_to_id(image_pad))
+    return frozenset(int(i) for i in ids if i is not None)
+
+
+def mm_train_inputs(
+    record: TranscriptRecord, processor: Any, tokenizer: Tokenizer, pad_ids: frozenset[int]
+) -> dict[str, Any] | None:
+    """The processor's tensors (``pixel_values``, ``image_grid_thw``, ...) for one segment's images in pad order,
+    as OpenRLHF's `MultiTurnAgentExecutor` builds them: `process_prompt_with_images` on the text of the prompt and
+    of each feedback that holds images (the span's ids with each run of pads collapsed, decoded), merged with
+    `accumulate_mm_inputs`. None for a segment without images.
+
+    Raises ValueError when the segment is not trainable as a VLM sample: a pad outside every image (or an image
+    span that is not all pads), or a span whose ids the processor expands differently (the image grid the
+    conversation expanded pads with is not the processor's)."""
+    from openrlhf.utils.vlm_utils import accumulate_mm_inputs, process_prompt_with_images
+
+    covered = sum(image.end - image.start for image in record.images)
+    pads = sum(1 for token in record.ids if token in pad_ids)
+    spans_ok = all(all(t in pad_ids for t in record.ids[i.start : i.end]) for i in record.images)
+    if pads != covered or not spans_ok:
+        raise ValueError(
+            f"a segment holds {pads} image pad tokens and {len(record.images)} images covering {covered}: a pad "
+            "without an image (or an image without its pads) cannot be trained"
+        )
+    merged: dict[str, Any] | None = None
+    for span in record.spans:
+        sources = [image.source for image in record.images if span.start <= image.start < span.end]
+        if not sources:
+            continue
+        ids = record.ids[span.start : span.end]
+        text = tokenizer.decode(collapse_image_pads(ids, pad_ids))
+        theirs, inputs, _ = process_prompt_with_images(processor, text, [read_image(url) for url in sources])
+        if theirs != ids:
+            raise ValueError(
+                f"the processor tokenizes the {span.kind} at {span.start} with its {len(sources)} image(s) into "
+                f"{len(theirs)} ids, the conversation into {len(ids)}: its image grid is not the processor's"
+            )
+        merged = accumulate_mm_inputs(merged, inputs)
+    return merged
