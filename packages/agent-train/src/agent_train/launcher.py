@@ -23,6 +23,10 @@ off, ``AGENT_MASK_OVERLONG=0``), with openrlhf 0.11's dotted flags:
   ``--train.colocate_all --vllm.enable_sleep --ds.enable_sleep``; one vLLM engine per `vllm_tensor_parallel`
   GPUs) or ``async`` (``--train.async_enable``: rollouts on their own vLLM GPUs overlap training; actor and
   reference share the training GPUs);
+- a vision-language recipe (its protocol `accepts_images`): ``--data.image_key images`` (the row's image column,
+  `task.IMAGE_KEY`) and ``--data.max_images_per_prompt`` from `Recipe.max_images`, which OpenRLHF needs above 0
+  to give vLLM images (its ``limit_mm_per_prompt``) and to collapse pads before vLLM expands them; OpenRLHF's own
+  checks then refuse a critic (``ppo``) and sample packing for it;
 - sizes (nodes, GPUs, batch sizes, lengths, learning rate, ...) and `extra_args`, appended verbatim last, so any
   OpenRLHF flag can be set or overridden.
 
@@ -54,6 +58,7 @@ from agent_train.errors import LaunchError
 from agent_train.openrlhf_args import CheckedArguments, check_arguments
 from agent_train.openrlhf_presets import ALGORITHMS, IS_CORRECTION_FLAGS, Algorithm
 from agent_train.openrlhf_segments import MASK_OVERLONG_ENV
+from agent_train.task import IMAGE_KEY
 
 __all__ = [
     "AGENT_FUNC_PATH",
@@ -65,6 +70,7 @@ __all__ = [
     "Mode",
     "check_plan",
     "format_command",
+    "image_flags",
     "plan_launch",
     "prepare_data",
     "run_plan",
@@ -240,6 +246,7 @@ def plan_launch(config: LaunchConfig, recipe: Recipe) -> LaunchPlan:
         args += ["--critic.num_nodes", str(critic[0]), "--critic.num_gpus_per_node", str(critic[1])]
     elif config.critic_nodes is not None or config.critic_gpus_per_node is not None:
         raise LaunchError(f"--algo {config.algorithm} has no critic; the critic's placement is for --algo ppo")
+    args += image_flags(recipe)
     if config.is_correction:
         args += list(IS_CORRECTION_FLAGS)
     if config.max_new_tokens is not None:
@@ -284,6 +291,19 @@ def plan_launch(config: LaunchConfig, recipe: Recipe) -> LaunchPlan:
         eval_split=config.eval_split,
         remote=config.ray_address is not None,
     )
+
+
+def image_flags(recipe: Recipe) -> list[str]:
+    """OpenRLHF's image flags for `recipe`: none for a text-only protocol; the image column and
+    `Recipe.max_images` (required, at least 1) for a vision-language one."""
+    if not recipe.chat_protocol().accepts_images:
+        return []
+    if recipe.max_images is None or recipe.max_images < 1:
+        raise LaunchError(
+            f"recipe {recipe.name!r} shows images: set Recipe.max_images (at least 1), the most images one context "
+            "holds; it becomes OpenRLHF's --data.max_images_per_prompt, without which vLLM takes no images"
+        )
+    return ["--data.image_key", IMAGE_KEY, "--data.max_images_per_prompt", str(recipe.max_images)]
 
 
 def prepare_data(plan: LaunchPlan, recipe: Recipe) -> int:
