@@ -3,7 +3,9 @@
 OpenRLHF's agent contract (`AgentExecutorBase.execute`) returns one dict per rollout: a single token sequence
 (`observation_tokens`), the half-open `action_ranges` inside it (loss mask 1), one `rollout_log_probs` value per
 token (0.0 outside actions; None when vLLM was not asked for logprobs), `reward` and `scores`, `truncated`, and
-`extra_logs`, plus the prompt fields it echoes. `RolloutSample` is that dict as a typed record.
+`extra_logs`, plus the prompt fields it echoes and, for a vision-language model, `images` (echoed) and
+`mm_train_inputs` (the processor's tensors for the record's images, set by the executor, which holds the
+processor). `RolloutSample` is that dict as a typed record.
 
 Which tokens are trained: every segment, each as a record of its own (`segment_samples`). Without compaction that
 is the one record of the whole episode. After a compaction, each earlier segment (ending with its summary turn)
