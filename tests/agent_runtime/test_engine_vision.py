@@ -17,22 +17,29 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, ClassVar
 
 import pytest
 
 from agent_protocol import HFTokenizer
 from agent_protocol.images import collapse_image_pads, expand_image_pads
+from agent_runtime.engines import vllm as vllm_engine_module
 from agent_runtime.engines.base import Generation, SamplingParams
+from agent_runtime.engines.openai_http import OpenAIEngine
+from agent_runtime.engines.vllm import VLLMEngine, vllm_available
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
 
 from agent_runtime.engines.hf import HFEngine  # noqa: E402  (after the skips: it imports torch)
+from tests.agent_runtime.test_engine_vllm import ReplayingAsyncLLM  # noqa: E402
+from tests.support.completions_server import CompletionsServer  # noqa: E402
 from tests.support.tiny_qwen_vl import IMAGE_PAD, offline_processor, tiny_qwen_vl_path  # noqa: E402
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
@@ -235,3 +242,198 @@ def test_bad_images_and_pad_mismatches_are_clear_errors(
     with pytest.raises(ValueError, match="text-only"):
         generate(tiny_hf_engine, prompt, GREEDY, urls)
     assert generate(vl_engine, prompt, GREEDY, urls).ids  # the engine still serves after refusing those
+
+
+# -- vllm -------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vllm_api() -> dict[str, Any]:
+    """vLLM's classes, imported once for the module by the engine's own importer."""
+    if not vllm_available():
+        pytest.skip("vllm is not installed")
+    return vllm_engine_module._import_vllm()
+
+
+@pytest.fixture(scope="module")
+def vllm_processor(vllm_api: dict[str, Any], vl_dir: Path) -> Any:
+    """vLLM's own multimodal processor for the tiny model (it runs on a CPU): what vLLM does to a prompt with
+    `multi_modal_data` before the model sees it."""
+    from vllm.config import ModelConfig
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    return MULTIMODAL_REGISTRY.create_processor(ModelConfig(model=str(vl_dir), dtype="float32", max_model_len=4096))
+
+
+def vllm_expands(processor: Any, prompt: dict[str, Any]) -> list[int]:
+    """The ids vLLM's processor makes of a `TokensPrompt` with images (each single pad replaced by its count)."""
+    from vllm.multimodal.processing import ProcessorInputs, TimingContext
+
+    items = processor.info.parse_mm_data(prompt["multi_modal_data"])
+    out = processor.apply(ProcessorInputs(prompt["prompt_token_ids"], items), TimingContext(enabled=False))
+    return list(out["prompt_token_ids"])
+
+
+class MultimodalReplay(ReplayingAsyncLLM):
+    """test_engine_vllm's recording stand-in for `AsyncLLM`, with the model config vLLM gives a vision model."""
+
+    multimodal: ClassVar[bool] = True
+
+    def __init__(self, args: Any) -> None:
+        super().__init__(args)
+        config = json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8"))
+        self.model_config = SimpleNamespace(
+            max_model_len=args.max_model_len or 2048,
+            hf_config=SimpleNamespace(image_token_id=config["image_token_id"]),
+            is_multimodal_model=self.multimodal,
+        )
+
+
+@pytest.fixture
+def replaying_vl(
+    vllm_api: dict[str, Any], vl_engine: HFEngine, monkeypatch: pytest.MonkeyPatch
+) -> type[MultimodalReplay]:
+    reply = vl_engine.tokenize("Two squares.<|im_end|>")
+    stand_in = type("MultimodalReplay", (MultimodalReplay,), {"reply": reply, "instances": []})
+    monkeypatch.setattr(vllm_engine_module, "_import_vllm", lambda: {**vllm_api, "AsyncLLM": stand_in})
+    return stand_in
+
+
+def test_vllm_gets_the_pads_collapsed_and_the_images_and_expands_them_back(
+    replaying_vl: type[MultimodalReplay], vllm_processor: Any, vl_dir: Path, pictures: list[Any]
+) -> None:
+    engine = VLLMEngine(vl_dir, context_length=4096)
+    assert engine.accepts_images and engine.image_pad_id == IMAGE_PAD
+    urls = [data_url(p) for p in pictures]
+    prompt = expanded(engine.tokenizer, PROMPT, urls)  # type: ignore[arg-type]
+    generation = generate(engine, prompt, GREEDY, urls)
+    ((sent, params, _),) = replaying_vl.instances[0].received
+    assert sent["prompt_token_ids"] == collapse_image_pads(prompt, {IMAGE_PAD}) == engine.tokenize(PROMPT)
+    images = sent["multi_modal_data"]["image"]
+    assert [(i.mode, i.size, i.tobytes()) for i in images] == [(p.mode, p.size, p.tobytes()) for p in pictures]
+    assert vllm_expands(vllm_processor, sent) == prompt  # vLLM's processor gives back the ids training sees
+    assert params.max_tokens == GREEDY.max_new_tokens
+    assert generation.ids == engine.tokenize("Two squares.<|im_end|>") and generation.finish_reason == "stop"
+    with pytest.raises(ValueError, match="2 runs of image pads for 1 images"):
+        generate(engine, prompt, GREEDY, urls[:1])
+    with pytest.raises(ValueError, match=r"vllm: image 1: image file .* cannot be read"):
+        generate(engine, prompt, GREEDY, [urls[0], "/no/such/image.png"])
+    assert len(replaying_vl.instances[0].received) == 1  # refused requests never reached vLLM
+
+
+def test_vllm_on_a_text_model_refuses_images(
+    replaying_vl: type[MultimodalReplay], vl_dir: Path, pictures: list[Any]
+) -> None:
+    replaying_vl.multimodal = False
+    engine = VLLMEngine(vl_dir, context_length=4096)
+    assert not engine.accepts_images and engine.image_pad_id is None
+    with pytest.raises(ValueError, match="text-only"):
+        generate(engine, [1, IMAGE_PAD, 2], GREEDY, [data_url(pictures[0])])
+    assert replaying_vl.instances[0].received == []
+
+
+# -- openai (vLLM's /inference/v1/generate over HTTP) ------------------------------------------------------------
+
+
+class GenerateServer(CompletionsServer):
+    """The tests' completions server with vLLM's token-in-token-out route added: the body is parsed with vLLM's
+    own `GenerateRequest`, the images resolved from `content_parts`, the pads expanded by vLLM's multimodal
+    processor, and the answer, from an `HFEngine`, built with vLLM's own response classes."""
+
+    def __init__(self, engine: HFEngine, processor: Any) -> None:
+        from starlette.routing import Route
+
+        super().__init__(engine, model="tiny-qwen-vl")
+        self.processor = processor
+        self.generate_bodies: list[dict[str, Any]] = []
+        self._server.config.app.router.routes.append(Route("/inference/v1/generate", self._generate, methods=["POST"]))
+
+    async def _generate(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+        from vllm.entrypoints.openai.chat_completion.protocol import (
+            ChatCompletionLogProbs,
+            ChatCompletionLogProbsContent,
+        )
+        from vllm.entrypoints.scale_out.token_in_token_out.protocol import (
+            GenerateRequest,
+            GenerateResponse,
+            GenerateResponseChoice,
+        )
+
+        body = await request.json()
+        self.generate_bodies.append(body)
+        parsed = GenerateRequest.model_validate(body)
+        urls = [part["url"] for part in parsed.content_parts or [] if part["type"] == "image_url"]
+        pictures = [Image.open(io.BytesIO(base64.b64decode(u.split(",", 1)[1]))).convert("RGB") for u in urls]
+        ids = vllm_expands(
+            self.processor, {"prompt_token_ids": parsed.token_ids, "multi_modal_data": {"image": pictures}}
+        )
+        given = parsed.sampling_params
+        sampling = SamplingParams(
+            max_new_tokens=given.max_tokens or 16,
+            temperature=given.temperature,
+            top_p=given.top_p,
+            top_k=given.top_k,
+            seed=given.seed,
+            stop_token_ids=tuple(given.stop_token_ids or ()),
+            logprobs=given.logprobs is not None,
+        )
+        out = await self.engine.generate(ids, sampling, images=urls)
+        logprobs = None
+        if out.logprobs is not None:
+            steps = [
+                ChatCompletionLogProbsContent(token=f"token_id:{t}", logprob=v)
+                for t, v in zip(out.ids, out.logprobs, strict=True)
+            ]
+            logprobs = ChatCompletionLogProbs(content=steps)
+        choice = GenerateResponseChoice(index=0, token_ids=out.ids, logprobs=logprobs, finish_reason=out.finish_reason)
+        return JSONResponse(GenerateResponse(request_id=parsed.request_id, choices=[choice]).model_dump())
+
+
+def test_openai_sends_images_to_vllm_generate_and_gets_what_the_engine_gives(
+    vl_engine: HFEngine, vllm_processor: Any, vl_dir: Path, pictures: list[Any], tmp_path: Path
+) -> None:
+    path = tmp_path / "second.png"
+    pictures[1].save(path)
+    urls = [data_url(pictures[0]), str(path)]  # a data URL as it came, a file sent as bytes
+    prompt = expanded(vl_engine.tokenizer, PROMPT, urls)  # type: ignore[arg-type]
+    sampled = SamplingParams(max_new_tokens=8, temperature=0.9, top_k=40, seed=3)
+    with GenerateServer(vl_engine, vllm_processor) as server:
+
+        async def over_http() -> list[Generation]:
+            engine = OpenAIEngine(
+                server.base_url, model="tiny-qwen-vl", tokenizer=vl_dir, context_length=4096, max_retries=0
+            )
+            try:
+                assert engine.accepts_images and engine.generate_url.endswith(f":{server.port}/inference/v1/generate")
+                return [await engine.generate(prompt, s, images=urls) for s in (GREEDY, sampled)]
+            finally:
+                await engine.close()
+
+        remote = asyncio.run(over_http())
+    direct = [generate(vl_engine, prompt, s, urls) for s in (GREEDY, sampled)]
+    for theirs, ours in zip(remote, direct, strict=True):
+        assert (theirs.ids, theirs.finish_reason) == (ours.ids, ours.finish_reason)
+        assert theirs.logprobs == pytest.approx(ours.logprobs, abs=1e-5)
+    body = server.generate_bodies[0]
+    assert body["token_ids"] == vl_engine.tokenize(PROMPT)  # collapsed: vLLM expands the pads itself
+    assert [p["url"][:22] for p in body["content_parts"]] == ["data:image/png;base64,"] * 2
+    assert body["content_parts"][0]["url"] == urls[0]
+    assert body["sampling_params"]["logprobs"] == 1 and body["sampling_params"]["detokenize"] is False
+    assert server.requests == []  # nothing went to /v1/completions
+
+
+def test_openai_on_a_text_model_refuses_images(tiny_hf_engine: HFEngine, tiny_qwen3_dir: Path) -> None:
+    engine = OpenAIEngine(
+        "http://127.0.0.1:9/v1", model="m", tokenizer=tiny_qwen3_dir / "tokenizer.json", context_length=64
+    )
+    assert not engine.accepts_images
+
+    async def once() -> None:
+        try:
+            await engine.generate([1, IMAGE_PAD, 2], GREEDY, images=[data_url(picture(8, 8, seed=0))])
+        finally:
+            await engine.close()
+
+    with pytest.raises(ValueError, match="text-only"):
+        asyncio.run(once())

