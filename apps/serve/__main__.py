@@ -149,6 +149,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "lines (default: %(default)s)",
     )
     parser.add_argument(
+        "--max-image-bytes",
+        type=int,
+        default=8 * 1024 * 1024,
+        metavar="BYTES",
+        help="the largest image a message may carry, decoded, on a vision-language model (400 beyond). Images "
+        "arrive only as data:image/...;base64 URLs (remote URLs and server paths are refused); the body holding "
+        "them must also fit --max-request-bytes (base64 is 4/3 of the bytes) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=40_000_000,
+        metavar="PIXELS",
+        help="the most pixels (width x height, read from the header) one image may have (default: %(default)s)",
+    )
+    parser.add_argument(
         "--served-model-name", help="the model id clients send (default: the model directory's name or the model id)"
     )
     parser.add_argument("--trajectory-log", help="append one trajectory record (JSONL) per request to this file")
@@ -183,6 +199,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--max-buffered-request-bytes must be at least --max-request-bytes")
     if not args.max_chars_per_token >= 1:
         parser.error("--max-chars-per-token must be at least 1")
+    if args.max_image_bytes < 1 or args.max_image_pixels < 1:
+        parser.error("--max-image-bytes and --max-image-pixels must be at least 1")
     return args
 
 
@@ -304,6 +322,8 @@ def serve_config(args: argparse.Namespace, recipe: Recipe, model: str) -> ServeC
         request_read_timeout_s=args.request_read_timeout,
         max_buffered_request_bytes=args.max_buffered_request_bytes,
         max_chars_per_token=args.max_chars_per_token,
+        max_image_bytes=args.max_image_bytes,
+        max_image_pixels=args.max_image_pixels,
     )
 
 
