@@ -3,6 +3,7 @@ bad rows are reported with file, line and field, and nothing is written."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ def test_rows_round_trip_through_the_prepared_file(tmp_path: Path) -> None:
     assert all(set(line) == {INPUT_KEY, LABEL_KEY} for line in lines)
     assert all(isinstance(line[INPUT_KEY], str) for line in lines)  # one string column: no Arrow schema games
     assert [line[LABEL_KEY] for line in lines] == ["42", "4", '["2","3"]', ""]
-    tasks = [decode_task(line[INPUT_KEY], line[LABEL_KEY]) for line in lines]
+    tasks = [decode_task(line[INPUT_KEY], line[LABEL_KEY], vision=True) for line in lines]
     assert tasks[0] == AgentTask(prompt="What is 6 * 7?", row={"answer": "42", "level": 1})
     assert tasks[1].prompt == ROWS[1]["prompt"] and tasks[1].row == {"answer": 4}
     assert tasks[2].row == {"references": ["2", "3"]}
@@ -117,3 +118,30 @@ def test_decode_task_refuses_what_it_cannot_run() -> None:
     with pytest.raises(ValueError, match="malformed agent task"):
         decode_task('{"kind":"agent_task","row":{}}')
     assert decode_task("Hi", "") == AgentTask(prompt="Hi", row={})
+
+
+def test_rows_with_images_are_prepared_for_vision_recipes_and_refused_for_text_only_ones(tmp_path: Path) -> None:
+    from tests.agent_protocol.families.test_qwen3_vl import data_url
+
+    image = {"type": "image_url", "image_url": {"url": data_url(4, 3)}}
+    in_messages = {
+        "prompt": [{"role": "user", "content": [image, {"type": "text", "text": "Colour?"}]}],
+        "answer": "grey",
+    }
+    in_column = {"prompt": "Colour?", "images": [data_url(4, 3)], "answer": "grey"}
+    vision = dataclasses.replace(calculator_recipe(dataset=lambda split: [in_messages, in_column]), protocol="qwen3-vl")
+    assert prepare_recipe_dataset(vision, tmp_path / "vision.jsonl") == 2
+    tasks = [
+        decode_task(line[INPUT_KEY], line[LABEL_KEY], vision=True) for line in read_jsonl(tmp_path / "vision.jsonl")
+    ]
+    assert isinstance(tasks[0].prompt, list) and tasks[0].prompt[0]["content"][0] == image
+    assert isinstance(tasks[1].prompt, list) and tasks[1].prompt[0]["content"][0] == image  # placed first
+    for row, field in ((in_messages, r"prompt\[0\]\.content\[0\]"), (in_column, "images")):
+        text_only = calculator_recipe(dataset=lambda split, row=row: [row])
+        with pytest.raises(DatasetError, match=rf"calc:train\[0\]: field '{field}'.*text-only"):
+            prepare_recipe_dataset(text_only, tmp_path / "text.jsonl")
+        assert not (tmp_path / "text.jsonl").exists()
+    remote = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    bad = dataclasses.replace(vision, dataset=lambda split: [{"prompt": [{"role": "user", "content": [remote]}]}])
+    with pytest.raises(DatasetError, match=r"field 'prompt\[0\]\.content\[0\]\.image_url\.url': https image URLs"):
+        prepare_recipe_dataset(bad, tmp_path / "bad.jsonl")

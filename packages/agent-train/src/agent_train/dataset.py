@@ -4,7 +4,9 @@ Every output line is ``{"agent_task": "<AgentTask JSON>", "label": "<answer as t
 ``--data.input_key agent_task --data.label_key label`` and leaves ``--data.apply_chat_template`` off, because the
 executor renders prompts with the recipe's protocol (see `task.py`). Input rows are JSON objects with a "prompt"
 (a non-empty string, or a list of OpenAI-style messages) and optionally "answer"/"label"/"references" and any
-metadata the rewards read; other key names are mapped with `prompt_key` / `label_key`.
+metadata the rewards read; other key names are mapped with `prompt_key` / `label_key`. A row for a vision-language
+recipe carries its images as `image_url` parts of its messages or in an "images" list (see `task.py` for where
+they go); preparing a text-only recipe's dataset refuses a row with images, naming the field.
 
 A bad row stops the preparation with a `DatasetError` that names the file, the line and the field
 (``train.jsonl:7: field 'prompt[1].role': ...``); nothing is written then. Output is written atomically.
@@ -49,8 +51,9 @@ LABEL_KEY: Final = "label"
 LocatedRow = tuple[str, Mapping[str, Any]]
 
 
-def openrlhf_record(row: Mapping[str, Any], where: str) -> dict[str, str]:
-    """The output line for `row`; `where` ("file:line") prefixes every error."""
+def openrlhf_record(row: Mapping[str, Any], where: str, *, images: bool = True) -> dict[str, str]:
+    """The output line for `row`; `where` ("file:line") prefixes every error. `images=False` refuses a row with
+    images (a text-only recipe's dataset)."""
     if not isinstance(row, Mapping):
         raise DatasetError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
     if "prompt" not in row:
@@ -63,7 +66,7 @@ def openrlhf_record(row: Mapping[str, Any], where: str) -> dict[str, str]:
         if not prompt:
             raise DatasetError(f"{where}: field 'prompt' is an empty list of messages")
         try:
-            coerce_messages(prompt)
+            coerce_messages(prompt, images=images)
         except MessageError as e:
             field = "prompt" + e.location.removeprefix("messages")
             raise DatasetError(f"{where}: field '{field}': {e.problem}") from e
@@ -71,6 +74,8 @@ def openrlhf_record(row: Mapping[str, Any], where: str) -> dict[str, str]:
         raise DatasetError(
             f"{where}: field 'prompt' must be a string or a list of messages, got {type(prompt).__name__}"
         )
+    if not images and row.get("images"):
+        raise DatasetError(f"{where}: field 'images': the recipe's chat protocol is text-only; this row has images")
     try:
         return {INPUT_KEY: encode_task(row), LABEL_KEY: label_of(row)}
     except (msgspec.EncodeError, TypeError, ValueError) as e:  # a value JSON cannot hold
@@ -96,9 +101,9 @@ def _renamed(row: dict[str, Any], where: str, *, prompt_key: str, label_key: str
     return row
 
 
-def write_dataset(rows: Iterable[LocatedRow], output: str | Path) -> int:
+def write_dataset(rows: Iterable[LocatedRow], output: str | Path, *, images: bool = True) -> int:
     """Write the prepared lines of `rows` to `output` atomically; returns how many. Nothing is written when a
-    row is bad, or when there are no rows."""
+    row is bad, or when there are no rows. `images=False`: a row with images is bad (a text-only recipe)."""
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, scratch = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
@@ -106,7 +111,7 @@ def write_dataset(rows: Iterable[LocatedRow], output: str | Path) -> int:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as file:
             for where, row in rows:
-                file.write(json.dumps(openrlhf_record(row, where), ensure_ascii=False) + "\n")
+                file.write(json.dumps(openrlhf_record(row, where, images=images), ensure_ascii=False) + "\n")
                 count += 1
         if count == 0:
             raise DatasetError(f"no rows to write to {output}: the dataset is empty")
@@ -141,5 +146,6 @@ def recipe_rows(recipe: Recipe, split: str) -> Iterator[LocatedRow]:
 
 
 def prepare_recipe_dataset(recipe: Recipe, output: str | Path, *, split: str = "train") -> int:
-    """Prepare a recipe's dataset split for OpenRLHF; returns the number of rows."""
-    return write_dataset(recipe_rows(recipe, split), output)
+    """Prepare a recipe's dataset split for OpenRLHF; returns the number of rows. A text-only recipe's rows may
+    not carry images."""
+    return write_dataset(recipe_rows(recipe, split), output, images=recipe.chat_protocol().accepts_images)
