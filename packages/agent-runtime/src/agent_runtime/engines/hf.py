@@ -74,6 +74,7 @@ import structlog
 
 from agent_protocol import HFTokenizer, Tokenizer, TransformersTokenizer, load_tokenizer
 from agent_runtime.engines.base import FinishReason, Generation, LLMEngine, SamplingParams
+from agent_runtime.engines.hf_prefix import Prefix, PrefixCache
 from agent_runtime.engines.hf_vision import ImageInputs, VisionInputs, is_vision_model
 from agent_runtime.errors import EngineError, EngineUnavailable
 
@@ -99,71 +100,6 @@ class _Request:
     budget: int
     future: concurrent.futures.Future[Generation]
     vision: ImageInputs | None = None  # an image prompt's pixels and positions: it runs alone, uncached
-
-
-@dataclass(eq=False, slots=True)
-class _Prefix:
-    """A finished sequence's keys and values: `ids` are its prompt and all its generated ids but the last; `keys`
-    and `values` hold one `[1, kv_heads, len(ids), head_dim]` tensor per layer."""
-
-    ids: array.array[int]
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-
-
-class PrefixCache:
-    """The kept sequences of an `HFEngine`, least recently used first, within `max_sequences` sequences and
-    `max_tokens` tokens. Only the engine's worker thread touches it; `hits`, `misses` and `reused_tokens` count
-    the requests that continued from a kept prefix, those that did not, and the prompt ids they did not prefill."""
-
-    def __init__(self, *, max_sequences: int, max_tokens: int) -> None:
-        self.max_sequences = max_sequences
-        self.max_tokens = max_tokens
-        self.tokens = 0
-        self.hits = 0
-        self.misses = 0
-        self.reused_tokens = 0
-        self._entries: collections.OrderedDict[_Prefix, None] = collections.OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def longest_prefix(self, prompt: array.array[int]) -> _Prefix | None:
-        """The longest kept sequence that `prompt` starts with (marked as just used), or None."""
-        best: _Prefix | None = None
-        size = len(prompt)
-        for entry in self._entries:
-            n = len(entry.ids)
-            # cheap rejections first: too long, shorter than the best so far, a different last id
-            if n > size or (best is not None and n <= len(best.ids)) or prompt[n - 1] != entry.ids[-1]:
-                continue
-            if prompt[:n] == entry.ids:  # one memcmp-like comparison of two int64 buffers
-                best = entry
-        if best is None:
-            self.misses += 1
-        else:
-            self._entries.move_to_end(best)
-            self.hits += 1
-        return best
-
-    def add(self, entry: _Prefix, *, extends: _Prefix | None) -> None:
-        """Keep `entry`, drop `extends` (the kept prefix it grew from), then evict down to the bounds."""
-        if extends is not None and extends in self._entries:
-            self._drop(extends)
-        if len(entry.ids) > self.max_tokens or self.max_sequences == 0:
-            return
-        self._entries[entry] = None
-        self.tokens += len(entry.ids)
-        while len(self._entries) > self.max_sequences or self.tokens > self.max_tokens:
-            self._drop(next(iter(self._entries)))
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self.tokens = 0
-
-    def _drop(self, entry: _Prefix) -> None:
-        del self._entries[entry]
-        self.tokens -= len(entry.ids)
 
 
 class HFEngine(LLMEngine):
@@ -415,7 +351,7 @@ class HFEngine(LLMEngine):
         rows = len(batch)
         vision = batch[0].vision  # an image request runs alone (see `_run`)
         caching = self.prefix_caching and vision is None
-        prefixes: list[_Prefix | None] = [None] * rows
+        prefixes: list[Prefix | None] = [None] * rows
         if caching:
             weights = self._weights_version()
             if weights != self._weights_seen:
@@ -513,7 +449,7 @@ class HFEngine(LLMEngine):
             for row, request in enumerate(batch)
         ]
 
-    def _batch_cache(self, prefixes: list[_Prefix | None], reused: list[int], past: int) -> Any:
+    def _batch_cache(self, prefixes: list[Prefix | None], reused: list[int], past: int) -> Any:
         """A new cache holding each row's kept prefix, left-padded to `past` positions (the mask hides the pad)."""
         cache = _new_cache(self.model)
         if past == 0:
@@ -532,7 +468,7 @@ class HFEngine(LLMEngine):
     def _keep(
         self,
         batch: list[_Request],
-        prefixes: list[_Prefix | None],
+        prefixes: list[Prefix | None],
         ids: list[list[int]],
         cache: Any,
         mask: torch.Tensor,
@@ -547,7 +483,7 @@ class HFEngine(LLMEngine):
             whole = len(batch) == 1 and len(positions) == mask.shape[1]  # the cache is this row alone: no copy
             keys = [lay.keys if whole else lay.keys[row : row + 1].index_select(2, positions) for lay in layers]
             values = [lay.values if whole else lay.values[row : row + 1].index_select(2, positions) for lay in layers]
-            self.prefix_cache.add(_Prefix(sequence, keys, values), extends=prefixes[row])
+            self.prefix_cache.add(Prefix(sequence, keys, values), extends=prefixes[row])
 
 
 def _image_processor(source: str, log: Any) -> Any:
