@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 RECIPE_PATH: Final = Path(__file__).with_name("recipe.py")
 IMAGE_PAD: Final = "<|image_pad|>"
 ZOOM: Final = 4
-HF_MAX_NEW_TOKENS: Final = 12  # the tiny model's turns: enough to show gibberish, quick on a CPU
+HF_MAX_NEW_TOKENS: Final = 12  # the tiny model's turns (greedy): enough to show gibberish, quick on a CPU
 
 _VISION: Final = re.compile(r"<\|vision_start\|>(?:<\|image_pad\|>)*<\|vision_end\|>")
 _READ: Final = re.compile(r"in the (top|bottom)-(left|right) corner")
@@ -223,8 +223,8 @@ class HandOff(LLMEngine):
 
 
 class RecordingEngine(LLMEngine):
-    """`inner`, each call's new tokens capped at `max_new_tokens`, with the images of each call recorded
-    (`images_seen`)."""
+    """`inner`, decoding greedily (the same gibberish on every run) with each call's new tokens capped at
+    `max_new_tokens`, and the images of each call recorded (`images_seen`)."""
 
     accepts_images = True
 
@@ -241,7 +241,9 @@ class RecordingEngine(LLMEngine):
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, images: Sequence[str] = ()
     ) -> Generation:
         self.images_seen.append(tuple(images))
-        capped = msgspec.structs.replace(sampling, max_new_tokens=min(sampling.max_new_tokens, self.max_new_tokens))
+        capped = msgspec.structs.replace(
+            sampling, max_new_tokens=min(sampling.max_new_tokens, self.max_new_tokens), temperature=0.0
+        )
         if images:
             return await self.inner.generate(prompt_ids, capped, images=images)  # type: ignore[call-arg]
         return await self.inner.generate(prompt_ids, capped)
