@@ -391,6 +391,9 @@ def test_images_are_placed_where_openrlhfs_prompt_dataset_renders_them() -> None
     user = {"role": "user", "content": [image, {"type": "text", "text": "Hi"}]}
     assert decode_task("Hi", images=(a,), vision=True).prompt == [user]
     assert dataset_images(None) == dataset_images([None]) == () and dataset_images(a) == (a,)
+    # a prompt that shows its images itself is kept; the row's list is then the tools' (no picture shown twice)
+    shown = decode_task(encode_task({"prompt": [user], "images": [a]}), vision=True)
+    assert shown.prompt == [user] and shown.row["images"] == [a]
     with pytest.raises(ValueError, match=r"images\[1\]: http image URLs are not fetched"):
         dataset_images([a, "http://example.com/x.png"])
 

@@ -85,6 +85,7 @@ def label_of(row: Mapping[str, Any]) -> str:
 def decode_task(prompt: Any, label: Any = None, *, images: Sequence[str] = (), vision: bool = False) -> AgentTask:
     """The task OpenRLHF's `(prompt, label)` pair stands for, with the row's images placed in its prompt
     (`place_images`): `images` (OpenRLHF's image column, see `dataset_images`), else the task row's `IMAGE_KEY`.
+    A prompt that already holds ``image_url`` parts is kept as it is (the row's images are then its tools' to read).
     `vision`: the recipe's protocol shows images (a message list may then hold image parts of its own).
 
     An `AgentTask` string is decoded as is. Any other string is a user message, and a list is a conversation;
@@ -99,6 +100,8 @@ def decode_task(prompt: Any, label: Any = None, *, images: Sequence[str] = (), v
             f"the row carries {len(refs)} image(s), and the recipe's protocol is text-only: use a vision-language "
             "protocol such as qwen3-vl"
         )
+    if _shows_images(task.prompt):  # the prompt shows its images itself; the row's list is the tools' to read
+        return task
     placed = place_images(task.prompt, refs)
     coerce_messages(placed, images=True)  # raises MessageError naming the bad message and part
     return AgentTask(prompt=placed, row=task.row)
@@ -164,6 +167,16 @@ def place_images(prompt: str | list[dict[str, Any]], images: Sequence[str]) -> l
         if _slots(message.get("content")):
             message["content"] = _filled(message["content"], queue)
     return messages
+
+
+def _shows_images(prompt: str | list[dict[str, Any]]) -> bool:
+    """Whether a message-list prompt already holds ``image_url`` parts."""
+    return isinstance(prompt, list) and any(
+        isinstance(part, Mapping) and part.get("type") == "image_url"
+        for message in prompt
+        if isinstance(content := message.get("content"), list)
+        for part in content
+    )
 
 
 def _slots(content: Any) -> int:
