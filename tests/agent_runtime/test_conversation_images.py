@@ -184,3 +184,30 @@ async def test_more_images_than_the_limit_is_an_error_in_the_prompt_and_in_feedb
 
 def _generation(tokenizer: HFTokenizer, text: str) -> Generation:
     return Generation(ids=tokenizer.encode(text), text=text, logprobs=None, finish_reason="stop")
+
+
+@run_async
+async def test_a_tool_image_reaches_the_transcript_and_the_next_engine_call(tokenizer: HFTokenizer) -> None:
+    """The crop tool reads the prompt's image (the session gives the task the prompt's images), its crop comes back
+    as the tool message's image, is expanded in the feedback, and the engine's next call carries both images."""
+    pytest.importorskip("PIL")
+    from agent_env.tools.image_tools import CropTool
+
+    image = data_url(64, 48)
+    call = '<tool_call>\n{"name": "crop", "arguments": {"bbox": [0, 0, 16, 16], "zoom": 2}}\n</tool_call><|im_end|>'
+    engine = ScriptedEngine(tokenizer, [call, "Grey.<|im_end|>"])
+    session = AgentSession("qwen3-vl", FunctionCallEnvironment(tools=[CropTool()]), tokenizer=tokenizer)
+    prompt = [{"role": "user", "content": [_img(image), {"type": "text", "text": "What colour is the corner?"}]}]
+    result = await AgentRuntime(engine, session, sampling=SamplingParams(max_new_tokens=64)).run(prompt)
+    trajectory = result.trajectory
+    assert trajectory.stop_reason == "final_answer", trajectory.errors
+    (tool,) = [m for m in trajectory.messages if m.role == "tool"]
+    (crop,) = [part.url for part in tool.images]
+    assert '"ok":false' not in (tool.content or "")
+    assert engine.images_seen == [(image,), (image, crop)]
+    (record,) = trajectory.segments
+    assert [(s.source, s.end - s.start) for s in record.images] == [
+        (image, GRID.pads(64, 48)),
+        (crop, GRID.pads(32, 32)),
+    ]
+    assert trajectory.task["images"] == [image]

@@ -234,7 +234,9 @@ class AgentSession:
 
     async def reset(self, prompt: str | Sequence[MessageLike], *, task: Mapping[str, Any] | None = None) -> list[int]:
         """Start an episode on `prompt` (a user message, or a whole conversation). `task` is the dataset row
-        (references for rewards, metadata). Returns the prompt ids."""
+        (references for rewards, metadata). A prompt with images gives the task its "images" (the prompt's, in
+        order) unless the row has its own, so a tool that looks at the task's images (`crop`) sees them when
+        served as when trained. Returns the prompt ids."""
         if self.started:
             self.environment = self._new_environment()
             self._clear()
@@ -258,6 +260,9 @@ class AgentSession:
         )
         self.started = True
         self.task = dict(task or {})
+        shown = [image.url for message in messages for image in message.images]
+        if shown and "images" not in self.task:  # the tools that look (crop) read the task's images
+            self.task["images"] = shown
         self.prompt_messages = list(messages)
         reset_error: BaseException | None = None
         try:
