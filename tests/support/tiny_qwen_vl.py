@@ -15,8 +15,9 @@ Face model directory (``config.json``, ``model.safetensors``, ``generation_confi
 load. It is built into ``<repo>/.cache/tiny-qwen-vl/`` (git-ignored) atomically and reused while its recipe is
 unchanged, like ``tests/support/tiny_qwen3.py``.
 
-Public API: :data:`TINY_QWEN_VL_RECIPE`, :data:`IMAGE_PAD`, :func:`build_tiny_qwen_vl`, :func:`tiny_qwen_vl_path`
-and :func:`offline_processor` (a transformers ``Qwen2VLProcessor`` on the directory, assembled without network).
+Public API: :data:`TINY_QWEN_VL_RECIPE` (and :data:`TINY_QWEN_VL_HD32_RECIPE` for vLLM's CPU build),
+:data:`IMAGE_PAD`, :func:`build_tiny_qwen_vl`, :func:`tiny_qwen_vl_path` and :func:`offline_processor` (a
+transformers ``Qwen2VLProcessor`` on the directory, assembled without network).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = [
     "IMAGE_PAD",
     "MAX_PIXELS",
     "MIN_PIXELS",
+    "TINY_QWEN_VL_HD32_RECIPE",
     "TINY_QWEN_VL_RECIPE",
     "build_tiny_qwen_vl",
     "offline_processor",
@@ -83,6 +85,14 @@ TINY_QWEN_VL_RECIPE: dict[str, Any] = {
     "seed": 4321,
 }
 """Everything that decides the weights and the image grid; a change here rebuilds the cached directory."""
+
+TINY_QWEN_VL_HD32_RECIPE: dict[str, Any] = {
+    **TINY_QWEN_VL_RECIPE,
+    "text": {**TINY_QWEN_VL_RECIPE["text"], "hidden_size": 128, "intermediate_size": 256},
+    "mrope_section": [4, 6, 6],  # 4 + 6 + 6 = 32 / 2
+}
+"""The same model with text heads of size 32 (width 128): vLLM's CPU attention has no kernel below 32. Cache it
+under its own name: ``tiny_qwen_vl_path(tokenizer, recipe=TINY_QWEN_VL_HD32_RECIPE, name="tiny-qwen-vl-hd32")``."""
 
 _NEEDED = (
     "config.json",
