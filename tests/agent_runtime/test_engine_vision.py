@@ -40,7 +40,12 @@ Image = pytest.importorskip("PIL.Image")
 from agent_runtime.engines.hf import HFEngine  # noqa: E402  (after the skips: it imports torch)
 from tests.agent_runtime.test_engine_vllm import ReplayingAsyncLLM  # noqa: E402
 from tests.support.completions_server import CompletionsServer  # noqa: E402
-from tests.support.tiny_qwen_vl import IMAGE_PAD, offline_processor, tiny_qwen_vl_path  # noqa: E402
+from tests.support.tiny_qwen_vl import (  # noqa: E402
+    IMAGE_PAD,
+    TINY_QWEN3_VL_RECIPE,
+    offline_processor,
+    tiny_qwen_vl_path,
+)
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
 PROMPT = (
@@ -140,27 +145,45 @@ def test_the_vision_model_takes_images_and_a_text_model_does_not(
     assert not without_processor.accepts_images
 
 
-def test_greedy_with_images_equals_transformers_processor_and_forward(
-    vl_engine: HFEngine, processor: Any, pictures: list[Any]
-) -> None:
+def assert_greedy_equals_reference(engine: HFEngine, processor: Any, pictures: list[Any]) -> None:
+    """The engine's greedy ids and logprobs on `pictures` against `reference` on the processor's own inputs."""
     urls = [data_url(p) for p in pictures]
     inputs = processor(text=[PROMPT], images=pictures, return_tensors="pt")
-    prompt = expanded(vl_engine.tokenizer, PROMPT, urls)  # type: ignore[arg-type]
+    prompt = expanded(engine.tokenizer, PROMPT, urls)  # type: ignore[arg-type]
     assert prompt == inputs["input_ids"][0].tolist()  # the engine's contract: pads expanded as the processor does
     assert prompt.count(IMAGE_PAD) == int(inputs["image_grid_thw"].prod(-1).sum()) // 4 > 2
-    ours = generate(vl_engine, prompt, GREEDY, urls)
-    ids, logits = reference(vl_engine.model, inputs, GREEDY.max_new_tokens, vl_engine.stop_token_ids)
+    ours = generate(engine, prompt, GREEDY, urls)
+    ids, logits = reference(engine.model, inputs, GREEDY.max_new_tokens, engine.stop_token_ids)
     assert ours.ids == ids
     assert len(set(ids)) > 3, "the tiny model should not just repeat a token"
     assert ours.logprobs is not None
     expected = [float(torch.log_softmax(step, -1)[token]) for step, token in zip(logits, ids, strict=True)]
     assert ours.logprobs == pytest.approx(expected, abs=1e-4)
     # the pixels matter: other pictures of the same sizes change the answer's first distribution
-    others = [picture(100, 150, seed=3), picture(60, 44, seed=4)]
+    others = [picture(*p.size, seed=10 + k) for k, p in enumerate(pictures)]
     other_inputs = processor(text=[PROMPT], images=others, return_tensors="pt")
     assert other_inputs["input_ids"].tolist() == inputs["input_ids"].tolist()
-    _, other_logits = reference(vl_engine.model, other_inputs, 1, ())
+    _, other_logits = reference(engine.model, other_inputs, 1, ())
     assert float((other_logits[0] - logits[0]).abs().max()) > 1e-2
+
+
+def test_greedy_with_images_equals_transformers_processor_and_forward(
+    vl_engine: HFEngine, processor: Any, pictures: list[Any]
+) -> None:
+    assert_greedy_equals_reference(vl_engine, processor, pictures)
+
+
+def test_qwen3_vl_greedy_with_images_equals_transformers_processor_and_forward(
+    qwen3_tokenizer_file: Path, pictures: list[Any]
+) -> None:
+    """The same check on a tiny Qwen3-VL (patch 16, interleaved 3-D RoPE, deepstack vision features)."""
+    model_dir = tiny_qwen_vl_path(qwen3_tokenizer_file, recipe=TINY_QWEN3_VL_RECIPE, name="tiny-qwen3-vl")
+    engine = HFEngine.from_pretrained(model_dir, device="cpu", dtype="float32")
+    try:
+        assert engine.accepts_images and type(engine.model).__name__ == "Qwen3VLForConditionalGeneration"
+        assert_greedy_equals_reference(engine, offline_processor(model_dir), pictures)
+    finally:
+        asyncio.run(engine.close())
 
 
 def test_sampled_logprobs_are_raw_and_a_seed_repeats(vl_engine: HFEngine, processor: Any, pictures: list[Any]) -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "IMAGE_PAD",
     "MAX_PIXELS",
     "MIN_PIXELS",
+    "TINY_QWEN3_VL_RECIPE",
     "TINY_QWEN_VL_HD32_RECIPE",
     "TINY_QWEN_VL_RECIPE",
     "build_tiny_qwen_vl",
@@ -94,6 +95,29 @@ TINY_QWEN_VL_HD32_RECIPE: dict[str, Any] = {
 """The same model with text heads of size 32 (width 128): vLLM's CPU attention has no kernel below 32. Cache it
 under its own name: ``tiny_qwen_vl_path(tokenizer, recipe=TINY_QWEN_VL_HD32_RECIPE, name="tiny-qwen-vl-hd32")``."""
 
+TINY_QWEN3_VL_RECIPE: dict[str, Any] = {
+    "architecture": "qwen3_vl",  # Qwen3VLForConditionalGeneration: interleaved mRoPE, deepstack vision features
+    "text": {**TINY_QWEN_VL_RECIPE["text"], "head_dim": 16},
+    "rope_theta": 5_000_000.0,
+    "mrope_section": [2, 3, 3],
+    "vision": {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "deepstack_visual_indexes": [0],
+        "num_position_embeddings": 64,
+        "initializer_range": 0.3,
+    },
+    "min_pixels": 32 * 32 * 4,
+    "max_pixels": 32 * 32 * 64,
+    "seed": 4321,
+}
+"""A tiny Qwen3-VL (patch 16): ``tiny_qwen_vl_path(tokenizer, recipe=TINY_QWEN3_VL_RECIPE, name="tiny-qwen3-vl")``."""
+
 _NEEDED = (
     "config.json",
     "model.safetensors",
@@ -127,25 +151,29 @@ def _image_processor(recipe: dict[str, Any]) -> Any:
 
 def build_tiny_qwen_vl(out_dir: Path, tokenizer_json: Path, recipe: dict[str, Any] | None = None) -> None:
     """Write the model directory into `out_dir` (which must not exist yet); `recipe` defaults to
-    `TINY_QWEN_VL_RECIPE`."""
+    `TINY_QWEN_VL_RECIPE` (Qwen2.5-VL; ``"architecture": "qwen3_vl"`` builds a Qwen3-VL)."""
     import torch
-    from transformers import GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    import transformers
 
     chosen = dict(recipe or TINY_QWEN_VL_RECIPE)
+    qwen3 = chosen.get("architecture") == "qwen3_vl"
+    config_class: Any = transformers.Qwen3VLConfig if qwen3 else transformers.Qwen2_5_VLConfig
+    model_class: Any = (
+        transformers.Qwen3VLForConditionalGeneration if qwen3 else transformers.Qwen2_5_VLForConditionalGeneration
+    )
+    rope = {"rope_type": "default", "rope_theta": chosen["rope_theta"], "mrope_section": list(chosen["mrope_section"])}
+    if qwen3:
+        rope["mrope_interleaved"] = True
     text = {
         **chosen["text"],
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": chosen["rope_theta"],
-            "mrope_section": list(chosen["mrope_section"]),
-        },
+        "rope_parameters": rope,
         "bos_token_id": ENDOFTEXT,
         "eos_token_id": IM_END,
         "pad_token_id": ENDOFTEXT,
         "tie_word_embeddings": True,
     }
     vision = {**chosen["vision"], "out_hidden_size": chosen["text"]["hidden_size"]}
-    config = Qwen2_5_VLConfig(
+    config = config_class(
         text_config=text,
         vision_config=vision,
         image_token_id=IMAGE_PAD,
@@ -155,8 +183,7 @@ def build_tiny_qwen_vl(out_dir: Path, tokenizer_json: Path, recipe: dict[str, An
         tie_word_embeddings=True,
         dtype="float32",
     )
-    model_class: Any = Qwen2_5_VLForConditionalGeneration  # transformers is untyped here
-    generation_class: Any = GenerationConfig
+    generation_class: Any = transformers.GenerationConfig
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(chosen["seed"])
         model = model_class(config).eval()
