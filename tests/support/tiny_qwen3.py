@@ -16,18 +16,14 @@ Public API: :data:`TINY_QWEN3_RECIPE`, :func:`build_tiny_qwen3` and :func:`tiny_
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from tests.support.model_dir import REPO, cached_model_dir, recipe_id, write_tokenizer_files
+
 __all__ = ["TINY_QWEN3_RECIPE", "build_tiny_qwen3", "tiny_qwen3_path"]
 
-_REPO = Path(__file__).resolve().parents[2]
-_CHAT_TEMPLATE = _REPO / "tests" / "data" / "golden" / "templates" / "qwen3.jinja"
+_CHAT_TEMPLATE = REPO / "tests" / "data" / "golden" / "templates" / "qwen3.jinja"
 
 IM_END = 151645
 ENDOFTEXT = 151643
@@ -51,13 +47,6 @@ TINY_QWEN3_RECIPE: dict[str, Any] = {
     "seed": 1234,
 }
 """Everything that decides the weights; a change here rebuilds the cached directory."""
-
-
-def _recipe_id(tokenizer_json: Path, recipe: dict[str, Any]) -> str:
-    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode())
-    digest.update(_CHAT_TEMPLATE.read_bytes())
-    digest.update(hashlib.sha256(tokenizer_json.read_bytes()).digest())
-    return digest.hexdigest()[:16]
 
 
 def build_tiny_qwen3(out_dir: Path, tokenizer_json: Path, recipe: dict[str, Any] | None = None) -> None:
@@ -88,35 +77,16 @@ def build_tiny_qwen3(out_dir: Path, tokenizer_json: Path, recipe: dict[str, Any]
     )
     out_dir.mkdir(parents=True)
     model.save_pretrained(out_dir)
-    shutil.copyfile(tokenizer_json, out_dir / "tokenizer.json")
-    tokenizer_config = {
-        "tokenizer_class": "Qwen2Tokenizer",
-        "chat_template": _CHAT_TEMPLATE.read_text(encoding="utf-8"),
-        "bos_token": None,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "unk_token": None,
-        "add_prefix_space": False,
-        "clean_up_tokenization_spaces": False,
-        "errors": "replace",
-        "split_special_tokens": False,
-        "model_max_length": chosen["max_position_embeddings"],
-    }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
-    (out_dir / "recipe.json").write_text(
-        json.dumps({"id": _recipe_id(tokenizer_json, chosen), **chosen}, indent=2) + "\n", encoding="utf-8"
+    write_tokenizer_files(
+        out_dir,
+        tokenizer_json,
+        chat_template=_CHAT_TEMPLATE,
+        max_length=chosen["max_position_embeddings"],
+        recipe=chosen,
     )
-    for file in out_dir.iterdir():
-        file.chmod(0o644)  # safetensors writes 0600; the directory is shared with other tools (vLLM, a GPU box)
 
 
-def _is_current(path: Path, tokenizer_json: Path, recipe: dict[str, Any]) -> bool:
-    try:
-        written = json.loads((path / "recipe.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return False
-    needed = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
-    return written.get("id") == _recipe_id(tokenizer_json, recipe) and all((path / name).is_file() for name in needed)
+_NEEDED = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 
 
 def tiny_qwen3_path(
@@ -130,21 +100,10 @@ def tiny_qwen3_path(
     builds in a private temporary directory and renames it into place; the loser of a race discards its copy.
     A variant `recipe` (e.g. a head size another backend's kernels support) is cached under its own `name`."""
     chosen = dict(recipe or TINY_QWEN3_RECIPE)
-    target = (cache_dir or _REPO / ".cache") / name
-    if _is_current(target, tokenizer_json, chosen):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".tiny-qwen3-", dir=target.parent))
-    try:
-        build_tiny_qwen3(scratch / "model", tokenizer_json, chosen)
-        if target.exists() and not _is_current(target, tokenizer_json, chosen):
-            stale = scratch / "stale"
-            os.replace(target, stale)  # moved aside, deleted with the scratch directory
-        try:
-            os.replace(scratch / "model", target)
-        except OSError:
-            if not _is_current(target, tokenizer_json, chosen):  # someone else won the race with a good copy, or not
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return target
+    return cached_model_dir(
+        name,
+        build=lambda path: build_tiny_qwen3(path, tokenizer_json, chosen),
+        expected_id=recipe_id(tokenizer_json, chosen, _CHAT_TEMPLATE),
+        needed=_NEEDED,
+        cache_dir=cache_dir,
+    )

@@ -22,13 +22,10 @@ transformers ``Qwen2VLProcessor`` on the directory, assembled without network).
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from tests.support.model_dir import REPO, cached_model_dir, recipe_id, write_tokenizer_files
 
 __all__ = [
     "IMAGE_PAD",
@@ -42,8 +39,7 @@ __all__ = [
     "tiny_qwen_vl_path",
 ]
 
-_REPO = Path(__file__).resolve().parents[2]
-_CHAT_TEMPLATE = _REPO / "tests" / "data" / "golden" / "templates" / "qwen3_vl_instruct.jinja"
+_CHAT_TEMPLATE = REPO / "tests" / "data" / "golden" / "templates" / "qwen3_vl_instruct.jinja"
 
 IM_END = 151645
 ENDOFTEXT = 151643
@@ -128,13 +124,6 @@ _NEEDED = (
 )
 
 
-def _recipe_id(tokenizer_json: Path, recipe: dict[str, Any]) -> str:
-    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode())
-    digest.update(_CHAT_TEMPLATE.read_bytes())
-    digest.update(hashlib.sha256(tokenizer_json.read_bytes()).digest())
-    return digest.hexdigest()[:16]
-
-
 def _image_processor(recipe: dict[str, Any]) -> Any:
     import transformers
 
@@ -193,34 +182,13 @@ def build_tiny_qwen_vl(out_dir: Path, tokenizer_json: Path, recipe: dict[str, An
     out_dir.mkdir(parents=True)
     model.save_pretrained(out_dir)
     _image_processor(chosen).save_pretrained(out_dir)
-    shutil.copyfile(tokenizer_json, out_dir / "tokenizer.json")
-    tokenizer_config = {
-        "tokenizer_class": "Qwen2Tokenizer",
-        "chat_template": _CHAT_TEMPLATE.read_text(encoding="utf-8"),
-        "bos_token": None,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "unk_token": None,
-        "add_prefix_space": False,
-        "clean_up_tokenization_spaces": False,
-        "errors": "replace",
-        "split_special_tokens": False,
-        "model_max_length": chosen["text"]["max_position_embeddings"],
-    }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8")
-    (out_dir / "recipe.json").write_text(
-        json.dumps({"id": _recipe_id(tokenizer_json, chosen), **chosen}, indent=2) + "\n", encoding="utf-8"
+    write_tokenizer_files(
+        out_dir,
+        tokenizer_json,
+        chat_template=_CHAT_TEMPLATE,
+        max_length=chosen["text"]["max_position_embeddings"],
+        recipe=chosen,
     )
-    for file in out_dir.iterdir():
-        file.chmod(0o644)  # safetensors writes 0600; the directory is shared with other tools
-
-
-def _is_current(path: Path, tokenizer_json: Path, recipe: dict[str, Any]) -> bool:
-    try:
-        written = json.loads((path / "recipe.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return False
-    return written.get("id") == _recipe_id(tokenizer_json, recipe) and all((path / name).is_file() for name in _NEEDED)
 
 
 def tiny_qwen_vl_path(
@@ -233,23 +201,13 @@ def tiny_qwen_vl_path(
     """The cached model directory, built first if missing or stale (about a second). Safe against concurrent
     builders: each builds in a private temporary directory and renames it into place."""
     chosen = dict(recipe or TINY_QWEN_VL_RECIPE)
-    target = (cache_dir or _REPO / ".cache") / name
-    if _is_current(target, tokenizer_json, chosen):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".tiny-qwen-vl-", dir=target.parent))
-    try:
-        build_tiny_qwen_vl(scratch / "model", tokenizer_json, chosen)
-        if target.exists() and not _is_current(target, tokenizer_json, chosen):
-            os.replace(target, scratch / "stale")  # moved aside, deleted with the scratch directory
-        try:
-            os.replace(scratch / "model", target)
-        except OSError:
-            if not _is_current(target, tokenizer_json, chosen):  # someone else won the race with a good copy, or not
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return target
+    return cached_model_dir(
+        name,
+        build=lambda path: build_tiny_qwen_vl(path, tokenizer_json, chosen),
+        expected_id=recipe_id(tokenizer_json, chosen, _CHAT_TEMPLATE),
+        needed=_NEEDED,
+        cache_dir=cache_dir,
+    )
 
 
 def offline_processor(model_dir: Path) -> Any:
