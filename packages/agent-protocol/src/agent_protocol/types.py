@@ -224,9 +224,7 @@ def coerce_messages(messages: Iterable[MessageLike], *, images: bool = False) ->
     return out
 
 
-_TEXT_ONLY: Final = (
-    "holds an image, and this chat protocol is text-only; use a vision-language protocol (qwen3-vl)"
-)
+_TEXT_ONLY: Final = "holds an image, and this chat protocol is text-only; use a vision-language protocol (qwen3-vl)"
 
 
 def _first_image_part(message: Message) -> int:
