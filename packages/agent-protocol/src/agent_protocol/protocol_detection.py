@@ -9,8 +9,9 @@
 The template decides, because the protocol is the template's format. Each family is told by the marks of its format
 (`_FAMILY_MARKS`: harmony's ``<|channel|>`` and ``<|call|>``, Llama's ``ipython`` role, DeepSeek's ``<｜tool▁sep｜>``,
 GLM's ``[gMASK]`` and ``<arg_key>``, Mistral's ``[AVAILABLE_TOOLS]``, Qwen3-Coder's ``<function=``, Qwen3-VL's image
-placeholder with Hermes calls and no reasoning, Qwen2.5's default system prompt), and members of a family by what
-sets them apart (Llama 3.2 reads today's date, 3.1 prints a fixed one; Mistral-Small-3.2 writes ``[ARGS]``). The
+placeholder with Hermes calls and no reasoning, Qwen2.5-VL's with its default system prompt and no calls, Qwen2.5's
+default system prompt), and members of a family by what sets them apart (Llama 3.2 reads today's date, 3.1 prints
+a fixed one; Mistral-Small-3.2 writes ``[ARGS]``). The
 Qwen3 family is told by its marks (``<|im_start|>`` turns, ``<tool_call>`` calls, ``reasoning_content``) and its
 members by the generation header (one that opens ``<think>`` is a thinking-only model, one that reads
 ``enable_thinking`` the hybrid Qwen3, in its current revision if it guards ``reasoning_content is string``, else the
@@ -49,6 +50,11 @@ _FAMILY_MARKS: Final[tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]] =
         "qwen3-vl",
         ("<|im_start|>", "<|vision_start|><|image_pad|><|vision_end|>", "<tool_call>"),
         ("reasoning_content",),
+    ),
+    (
+        "qwen2.5-vl",
+        ("<|im_start|>", "<|vision_start|><|image_pad|><|vision_end|>", "You are a helpful assistant."),
+        ("<tool_call>",),
     ),
     ("qwen2.5", ("<|im_start|>", "<tool_call>", "created by Alibaba Cloud"), ("reasoning_content",)),
 )

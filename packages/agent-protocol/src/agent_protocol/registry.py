@@ -30,6 +30,7 @@ _BUILTIN: dict[str, str] = {
     "qwen2.5": "qwen2_5",
     "qwen3-coder": "qwen3_coder",
     "qwen3-vl": "qwen_vl",
+    "qwen2.5-vl": "qwen2_5_vl",
     "llama3.1": "llama3",
     "llama3.2": "llama3",
     "deepseek-v3.1": "deepseek_v31",

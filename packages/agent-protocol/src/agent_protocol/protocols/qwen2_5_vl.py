@@ -1,0 +1,108 @@
+"""The Qwen2.5-VL family's chat format (the Qwen2-VL-Instruct template, which Qwen2.5-VL-Instruct ships unchanged):
+plain ChatML with images, no tools, in Python.
+
+    <|im_start|>system
+    You are a helpful assistant.<|im_end|>
+    <|im_start|>user
+    What is in <|vision_start|><|image_pad|><|vision_end|>this picture?<|im_end|>
+    <|im_start|>assistant
+    A cat.<|im_end|>
+    <|im_start|>tool
+    <|vision_start|><|image_pad|><|vision_end|>the crop<|im_end|>
+
+Mirrors the official template (golden: `qwen2_5_vl_instruct`): "You are a helpful assistant." as the system message
+when the first message is not one; then every message, whatever its role and position, as
+`<|im_start|>{role}\\n` + its content + `<|im_end|>\\n`, each image `<|vision_start|><|image_pad|><|vision_end|>`
+where it sat among the text parts (in any role: the template renders them all, so all are accepted and sent).
+The template renders no tools and no tool calls: `tools=` and an assistant message with `tool_calls` are refused
+(the render would silently drop them); a tool agent wants the qwen3-vl protocol's Hermes format. Video parts and
+`add_vision_id` are refused as in qwen3-vl (the latter is not an option: its numbering runs across the conversation,
+which a turn's feedback cannot know).
+
+Parsing is vLLM's `hermes` tool parser with no reasoning parser, as qwen3-vl (inherited): the template prompts for no
+calls, but a `<tool_call>` block the model writes is read as a call, as vLLM with `--tool-call-parser hermes` would;
+`render_generation` writes calls that way, so the parser inverts it. The template is append-only, so the transcript
+of an episode without calls is the official render of its conversation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
+from agent_protocol.chatml import IM_END, IM_START, feedback_opening
+from agent_protocol.errors import MessageError
+from agent_protocol.protocols.qwen_vl import QwenVLProtocol, _content, _tool_calls
+from agent_protocol.types import Message, MessageLike, ToolSpecLike, coerce_messages, coerce_tools
+
+__all__ = ["DEFAULT_SYSTEM", "PROTOCOLS", "Qwen25VLProtocol"]
+
+#: the system message the template writes when the conversation does not open with one
+DEFAULT_SYSTEM: Final = "You are a helpful assistant."
+
+
+class Qwen25VLProtocol(QwenVLProtocol):
+    """The Qwen2-VL / Qwen2.5-VL-Instruct template: ChatML with images in any role, no tools."""
+
+    name = "qwen2.5-vl"
+
+    def __repr__(self) -> str:
+        return "Qwen25VLProtocol()"
+
+    def render_messages(
+        self,
+        messages: Iterable[MessageLike],
+        *,
+        tools: Iterable[ToolSpecLike] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> str:
+        if coerce_tools(tools):
+            raise MessageError(
+                "tools",
+                "the official Qwen2.5-VL template renders no tools; use the qwen3-vl protocol's Hermes format "
+                "for tool agents",
+            )
+        msgs = _without_calls(coerce_messages(messages, images=True))
+        out = [f"{IM_START}system\n{DEFAULT_SYSTEM}{IM_END}\n"] if msgs and msgs[0].role != "system" else []
+        out.extend(_turn(msg) for msg in msgs)
+        if add_generation_prompt:
+            out.append(self.generation_prompt)
+        return "".join(out)
+
+    def render_feedback(
+        self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
+    ) -> str:
+        msgs = feedback_messages(messages, images=True)  # a system message renders where it stands
+        return feedback_opening(turn_closed=turn_closed) + "".join(_turn(m) for m in msgs) + self.generation_prompt
+
+    def render_generation(self, message: MessageLike) -> str:
+        msg = generated_message(message, images=True)
+        if msg.images:
+            raise MessageError("message.content", "a generated turn holds no image: a model writes text")
+        return (msg.content or "") + _tool_calls(msg) + IM_END
+
+
+def _without_calls(msgs: list[Message]) -> list[Message]:
+    """`msgs`, refusing an assistant message with tool calls: the template renders none, so they would vanish."""
+    for index, message in enumerate(msgs):
+        if message.tool_calls:
+            raise MessageError(
+                f"messages[{index}].tool_calls",
+                "the official Qwen2.5-VL template renders no tool calls; use the qwen3-vl protocol's Hermes format "
+                "for tool agents",
+            )
+    return msgs
+
+
+def _turn(msg: Message) -> str:
+    """One message as the template writes it, whatever its role."""
+    return f"{IM_START}{msg.role}\n{_content(msg)}{IM_END}\n"
+
+
+def _qwen2_5_vl() -> ChatProtocol:
+    return Qwen25VLProtocol()
+
+
+#: registered name -> factory (see agent_protocol.registry)
+PROTOCOLS: Final = {"qwen2.5-vl": _qwen2_5_vl}
