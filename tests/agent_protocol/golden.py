@@ -24,6 +24,7 @@ TEMPLATE_PROTOCOLS = {
     "qwen2.5_instruct": "qwen2.5",
     "qwen3_coder": "qwen3-coder",
     "qwen3_vl_instruct": "qwen3-vl",
+    "qwen2_5_vl_instruct": "qwen2.5-vl",
     "llama3.1_instruct": "llama3.1",
     "llama3.2_instruct": "llama3.2",
     "deepseek_v3.1": "deepseek-v3.1",

@@ -25,6 +25,7 @@ def test_known_names() -> None:
         "mistral-small-3.2",
         "mistral-v0.3",
         "qwen2.5",
+        "qwen2.5-vl",
         "qwen3",
         "qwen3-2504",
         "qwen3-coder",

@@ -217,7 +217,7 @@ def test_bad_image_parts_name_message_and_part(part: Any, location: str, problem
     assert info.value.location == f"messages[1].{location}"
 
 
-TEXT_ONLY = [name for name in list_protocols() if name != "qwen3-vl"]
+TEXT_ONLY = [name for name in list_protocols() if not get_protocol(name).accepts_images]
 
 
 @pytest.mark.parametrize("name", TEXT_ONLY)
