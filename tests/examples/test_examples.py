@@ -121,7 +121,11 @@ def test_qwen3_answers_every_question_with_both_tools(qwen3_smoke: qwen3_smoke_m
     assert qwen3_smoke.streamed[-1].startswith("[final]") and "reward=1.00" in qwen3_smoke.streamed[-1]
 
 
-@pytest.mark.parametrize("protocol", list_protocols())
+#: the recipe is a tool agent: every family but qwen2.5-vl, whose official template renders no tools (it refuses them)
+TOOL_FAMILIES = [name for name in list_protocols() if name != "qwen2.5-vl"]
+
+
+@pytest.mark.parametrize("protocol", TOOL_FAMILIES)
 def test_the_qwen3_recipe_runs_in_every_family(protocol: str) -> None:
     # The same agent in each family's format, on its tokenizer: the policy reads prompts with a reader learned
     # from the family's renderer and answers with messages the family's protocol writes. An unreadable prompt,
