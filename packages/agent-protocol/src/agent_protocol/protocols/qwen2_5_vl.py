@@ -33,7 +33,7 @@ from typing import Final
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.chatml import IM_END, IM_START, feedback_opening
 from agent_protocol.errors import MessageError
-from agent_protocol.protocols.qwen_vl import QwenVLProtocol, _content, _tool_calls
+from agent_protocol.protocols.qwen_vl import QwenVLProtocol, content_with_images, hermes_calls
 from agent_protocol.types import Message, MessageLike, ToolSpecLike, coerce_messages, coerce_tools
 
 __all__ = ["DEFAULT_SYSTEM", "PROTOCOLS", "Qwen25VLProtocol"]
@@ -80,7 +80,7 @@ class Qwen25VLProtocol(QwenVLProtocol):
         msg = generated_message(message, images=True)
         if msg.images:
             raise MessageError("message.content", "a generated turn holds no image: a model writes text")
-        return (msg.content or "") + _tool_calls(msg) + IM_END
+        return (msg.content or "") + hermes_calls(msg) + IM_END
 
 
 def _without_calls(msgs: list[Message]) -> list[Message]:
@@ -97,7 +97,7 @@ def _without_calls(msgs: list[Message]) -> list[Message]:
 
 def _turn(msg: Message) -> str:
     """One message as the template writes it, whatever its role."""
-    return f"{IM_START}{msg.role}\n{_content(msg)}{IM_END}\n"
+    return f"{IM_START}{msg.role}\n{content_with_images(msg)}{IM_END}\n"
 
 
 def _qwen2_5_vl() -> ChatProtocol:

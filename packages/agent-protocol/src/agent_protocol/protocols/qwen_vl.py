@@ -54,7 +54,15 @@ from agent_protocol.types import (
     coerce_tools,
 )
 
-__all__ = ["IMAGE_PAD", "IMAGE_PLACEHOLDER", "PROTOCOLS", "QwenVLProtocol", "image_urls"]
+__all__ = [
+    "IMAGE_PAD",
+    "IMAGE_PLACEHOLDER",
+    "PROTOCOLS",
+    "QwenVLProtocol",
+    "content_with_images",
+    "hermes_calls",
+    "image_urls",
+]
 
 VISION_START: Final = "<|vision_start|>"
 IMAGE_PAD: Final = "<|image_pad|>"
@@ -105,7 +113,7 @@ class QwenVLProtocol(ChatProtocol):
 
     def render_generation(self, message: MessageLike) -> str:
         (msg,) = _shown([generated_message(message, images=True)])
-        return (msg.content or "") + _tool_calls(msg) + IM_END
+        return (msg.content or "") + hermes_calls(msg) + IM_END
 
     def parse_turn(self, text: str, *, call_id_prefix: str = "call") -> Action:
         content, calls = split_tool_calls(strip_end_marker(text), call_id_prefix=call_id_prefix)
@@ -129,7 +137,7 @@ def _shown(msgs: list[Message]) -> list[Message]:
     return msgs
 
 
-def _content(message: Message) -> str:
+def content_with_images(message: Message) -> str:
     """The message's text with each image's placeholder where the image sat."""
     text = message.content or ""
     if not message.images:
@@ -151,7 +159,7 @@ def _system_block(msgs: list[Message], specs: list[ToolSpec]) -> str:
     return f"{IM_START}system\n{msgs[0].content or ''}{IM_END}\n" if has_system else ""
 
 
-def _tool_calls(msg: Message) -> str:
+def hermes_calls(msg: Message) -> str:
     """The calls after the content: each a Hermes block, after a newline unless it opens an empty turn."""
     return "".join(("\n" if j > 0 or msg.content else "") + hermes_call(call) for j, call in enumerate(msg.tool_calls))
 
@@ -161,15 +169,15 @@ def _render_body(msgs: list[Message]) -> list[str]:
     out: list[str] = []
     for index, msg in enumerate(msgs):
         if msg.role == "user":
-            out.append(f"{IM_START}user\n{_content(msg)}{IM_END}\n")
+            out.append(f"{IM_START}user\n{content_with_images(msg)}{IM_END}\n")
         elif msg.role == "assistant":
-            out.append(f"{IM_START}assistant\n{msg.content or ''}{_tool_calls(msg)}{IM_END}\n")
+            out.append(f"{IM_START}assistant\n{msg.content or ''}{hermes_calls(msg)}{IM_END}\n")
         elif msg.role == "tool":
             opens = index == 0 or msgs[index - 1].role != "tool"
             closes = index == len(msgs) - 1 or msgs[index + 1].role != "tool"
             out.append(
                 (f"{IM_START}user" if opens else "")
-                + f"\n<tool_response>\n{_content(msg)}\n</tool_response>"
+                + f"\n<tool_response>\n{content_with_images(msg)}\n</tool_response>"
                 + (f"{IM_END}\n" if closes else "")
             )
     return out
