@@ -21,7 +21,6 @@ Three runs of the recipe, loaded as the apps load it:
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import io
 import re
 import sys
@@ -176,27 +175,16 @@ def expert(prompt: Prompt, images: Sequence[str]) -> str:
 
 # -- engines ------------------------------------------------------------------------------------------------------
 
-_CALL_IMAGES: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("call_images", default=())
-
 
 class LookingEngine(ScriptedEngine):
     """A `ScriptedEngine` whose policy is given each call's decoded prompt and its images (`policy(prompt,
     images)`), as a vision-language model is given pixels with its ids."""
 
     def __init__(self, tokenizer: Tokenizer, policy: Callable[[Prompt, Sequence[str]], str]) -> None:
-        def answer(prompt_ids: Sequence[int]) -> str:
-            return policy(Prompt.parse(tokenizer.decode(prompt_ids)), _CALL_IMAGES.get())
+        def answer(prompt_ids: Sequence[int], images: Sequence[str]) -> str:
+            return policy(Prompt.parse(tokenizer.decode(prompt_ids)), images)
 
-        super().__init__(tokenizer, policy=answer)
-
-    async def generate(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, images: Sequence[str] = ()
-    ) -> Generation:
-        token = _CALL_IMAGES.set(tuple(images))
-        try:
-            return await super().generate(prompt_ids, sampling, images=images)
-        finally:
-            _CALL_IMAGES.reset(token)
+        super().__init__(tokenizer, image_policy=answer)
 
 
 class HandOff(LLMEngine):

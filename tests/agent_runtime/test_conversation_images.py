@@ -211,3 +211,21 @@ async def test_a_tool_image_reaches_the_transcript_and_the_next_engine_call(toke
         (crop, GRID.pads(32, 32)),
     ]
     assert trajectory.task["images"] == [image]
+
+
+@run_async
+async def test_a_scripted_image_policy_sees_each_calls_images(tokenizer: HFTokenizer) -> None:
+    """`ScriptedEngine(image_policy=...)` answers by looking at the call's images, as a vision model would."""
+    small, large = data_url(20, 20), data_url(300, 300)
+
+    def look(prompt_ids: Any, images: Any) -> str:
+        assert PAD in list(prompt_ids)
+        return ("large" if images == (large,) else "small") + "<|im_end|>"
+
+    for image, answer in ((small, "small"), (large, "large")):
+        engine = ScriptedEngine(tokenizer, image_policy=look)
+        session = AgentSession("qwen3-vl", FunctionCallEnvironment(), tokenizer=tokenizer, max_new_tokens=8)
+        result = await AgentRuntime(engine, session).run([{"role": "user", "content": [_img(image)]}])
+        assert result.trajectory.final_answer == answer
+    with pytest.raises(ValueError, match="not both"):
+        ScriptedEngine(tokenizer, policy=lambda ids: "x", image_policy=look)

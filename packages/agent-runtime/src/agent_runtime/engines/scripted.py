@@ -4,7 +4,8 @@ tokenizer, and it applies the same stop and length rules a real engine does.
 
 A script is a list of steps, consumed in order; each is a completion text (tokenized once, here), a list of
 ids (used as is), or an exception instance (raised, to test a dead engine). A `policy` callable can be given
-instead, to answer each prompt by looking at it (for many concurrent episodes).
+instead, to answer each prompt by looking at it (for many concurrent episodes); an `image_policy` also looks at
+the call's images (their references, in pad order), as a vision-language model is given pixels with its ids.
 
 `calls` records every prompt received, for assertions: a `PromptView` as it came (O(1): views never change), any
 other sequence copied. `record=False` keeps nothing (benchmarks, long runs whose memory should not grow).
@@ -19,10 +20,11 @@ from agent_protocol import Tokenizer
 from agent_runtime.engines.base import Generation, LLMEngine, PromptView, SamplingParams
 from agent_runtime.errors import EngineError
 
-__all__ = ["ScriptStep", "ScriptedEngine"]
+__all__ = ["ImagePolicy", "ScriptStep", "ScriptedEngine"]
 
 ScriptStep = str | Sequence[int] | BaseException
 Policy = Callable[[Sequence[int]], ScriptStep]
+ImagePolicy = Callable[[Sequence[int], Sequence[str]], ScriptStep]
 
 
 class ScriptedEngine(LLMEngine):
@@ -35,6 +37,7 @@ class ScriptedEngine(LLMEngine):
         script: Iterable[ScriptStep] = (),
         *,
         policy: Policy | None = None,
+        image_policy: ImagePolicy | None = None,
         context_length: int = 32768,
         stop_token_ids: Sequence[int] | None = None,
         logprob: float | None = None,
@@ -46,8 +49,12 @@ class ScriptedEngine(LLMEngine):
         if stop_token_ids is None:
             stop_token_ids = [i for t in ("<|im_end|>", "<|endoftext|>") if (i := tokenizer.token_to_id(t)) is not None]
         self.stop_token_ids = tuple(stop_token_ids)
+        if policy is not None and image_policy is not None:
+            raise ValueError("give a policy or an image_policy, not both")
         self._script = [self._prepare(step) for step in script]
-        self._policy = policy
+        self._policy: ImagePolicy | None = image_policy
+        if policy is not None:
+            self._policy = lambda prompt_ids, images: policy(prompt_ids)
         self._logprob = logprob
         self._delay_s = delay_s
         self._record = record
@@ -75,7 +82,7 @@ class ScriptedEngine(LLMEngine):
         if self._delay_s:
             await asyncio.sleep(self._delay_s)
         if self._policy is not None:
-            step = self._prepare(self._policy(prompt_ids))
+            step = self._prepare(self._policy(prompt_ids, images))
         elif self._script:
             step = self._script.pop(0)
         else:
