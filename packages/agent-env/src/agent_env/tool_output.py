@@ -102,11 +102,10 @@ def check_tool_images(images: Sequence[object], limits: ImageLimits = DEFAULT_IM
 def _checked(where: str, image: object, limits: ImageLimits) -> str:
     if isinstance(image, (bytes, bytearray, memoryview)):
         data = bytes(image)
-        _check_bytes(where, len(data), limits)
     elif isinstance(image, str):
         try:
-            check_image_url(image)
-            if not image.startswith("data:"):
+            if not image.startswith("data:"):  # a data URL is checked as `read_image` decodes it, once
+                check_image_url(image)
                 _check_bytes(where, _file_size(image), limits)  # before reading: a huge file is never loaded
             data = read_image(image)
         except ValueError as e:
