@@ -69,7 +69,13 @@ def test_the_tokenizer_encodes_through_the_cache_and_reuses_a_system_prompt() ->
     prompts = [f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nWhat is {i}?<|im_end|>\n" for i in range(5)]
     hits = tok.pieces.hits
     assert [tok.encode(p) for p in prompts] == [whole(tok, p) for p in prompts]
-    assert tok.pieces.hits - hits == 4
+    assert tok.pieces.hits - hits == 3 * 4  # the system piece and the two runs of added tokens, after the first
+    # After the first prompt, only what is new is encoded: the user's message (the text between its added tokens).
+    encoded: list[str] = []
+    assert tok.pieces.encode(
+        prompts[0].replace("What is 0?", "Why?"), lambda texts: encoded.extend(texts) or [whole(tok, t) for t in texts]
+    ) == whole(tok, prompts[0].replace("What is 0?", "Why?"))
+    assert encoded == ["user\nWhy?"]
     plain = HFTokenizer(tok.backend, piece_cache=False)
     assert plain.pieces is None
     assert [plain.encode(p) for p in prompts] == [whole(tok, p) for p in prompts]

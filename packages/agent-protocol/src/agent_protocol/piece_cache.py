@@ -14,9 +14,11 @@ take its ids from a cache. That holds when
 
 `PieceCache.for_backend` checks these on the tokenizer's own configuration and gives `None` when one fails (the
 tokenizer then encodes every text whole, as before). The cut is the tokenizer's own leftmost-longest match of the
-added tokens' contents; pieces of at least `min_chars` characters are cached (least recently used first out,
-bounded in pieces and characters); shorter runs between cached pieces are encoded together, as one text. The
-tests compare this path with a whole encode over every family's renders and their real tokenizers.
+added tokens' contents. A piece of at least `min_chars` characters is a part of its own; shorter pieces and the
+added tokens around them form runs, which start and end at an added token (or the text's ends) and so encode on
+their own as exactly as a piece does. Every part is looked up in the cache (least recently used first out, bounded
+in pieces and characters) and only the missing ones are encoded: an episode's prompt encodes its new user message
+alone. The tests compare this path with a whole encode over every family's renders and their real tokenizers.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any, Final
 
 __all__ = ["PieceCache"]
 
-MIN_PIECE_CHARS: Final = 256  # shorter pieces cost less to encode than to look up and keep
+MIN_PIECE_CHARS: Final = 8  # a shorter piece joins the run around it (a run of added tokens and short text)
 MAX_PIECES: Final = 512
 MAX_CHARS: Final = 4_000_000  # about 16 MB of text and 4 MB of ids at most
 
@@ -39,8 +41,9 @@ _Part = list[int] | array[int] | str  # ids known already (a cached piece's, an 
 
 
 class PieceCache:
-    """Exact reuse of long pieces' ids. `encode(text, encode_many)` cuts `text` at added tokens, takes each long
-    piece from the cache and encodes the rest (the runs between, the pieces it misses) with one `encode_many`."""
+    """Exact reuse of pieces' ids. `encode(text, encode_many)` cuts `text` at added tokens into parts (long
+    pieces, and the runs between them), takes each part it has from the cache and encodes the parts it misses with
+    one `encode_many`."""
 
     def __init__(
         self,
@@ -123,15 +126,20 @@ class PieceCache:
         return len(self._pieces)
 
     def _cut(self, text: str, start: int, end: int, parts: list[_Part], misses: dict[int, str]) -> None:
-        """The run `text[start:end]` (pieces too short to cache, and added tokens) as one part."""
+        """The run `text[start:end]` (pieces too short to cache on their own, and added tokens) as one part: an
+        added token's id, or the run's cached ids (it starts and ends at an added token or the text's end, so it
+        is encoded on its own as exactly as a piece is), or the run itself, to encode and keep."""
         if start >= end:
             return
         run = text[start:end]
         token_id = self.added.get(run)
-        parts.append([token_id] if token_id is not None else run)
+        if token_id is not None:
+            parts.append([token_id])
+        else:
+            self._take(run, parts, misses)
 
     def _take(self, piece: str, parts: list[_Part], misses: dict[int, str]) -> None:
-        """A long piece: its cached ids, or the piece itself, to encode and keep."""
+        """A piece or a run: its cached ids, or the text itself, to encode and keep."""
         with self._lock:
             found = self._pieces.get(piece)
             if found is not None:

@@ -6,8 +6,8 @@ tokenizer's added-token matching turns them into their ids. This module knows no
 `HFTokenizer.encode` takes tokenizers' batch path for texts of `GIL_FREE_MIN_CHARS` characters or more: the same
 ids, but it releases the GIL while it works (the single-text path holds it), so a long conversation encoded on a
 worker thread does not stop the other threads, an event loop's included. Texts of `PIECE_CACHE_MIN_CHARS` or more
-go through a `PieceCache` (`piece_cache.py`) when the tokenizer allows it: the same ids, with long pieces between
-added tokens (a recipe's system prompt and tool listing) encoded once; what it does encode goes in one call, the
+go through a `PieceCache` (`piece_cache.py`) when the tokenizer allows it: the same ids, with the pieces between
+added tokens (a recipe's system prompt and tool listing, the runs between messages) encoded once; what it does encode goes in one call, the
 batch path for a long text.
 """
 
@@ -22,7 +22,7 @@ import tokenizers
 
 from agent_protocol.errors import TokenizerLoadError
 from agent_protocol.images import VisionGrid
-from agent_protocol.piece_cache import MIN_PIECE_CHARS, PieceCache
+from agent_protocol.piece_cache import PieceCache
 
 __all__ = [
     "GIL_FREE_MIN_CHARS",
@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 GIL_FREE_MIN_CHARS: Final = 8192  # about 2,000 tokens: a few milliseconds of encoding
-PIECE_CACHE_MIN_CHARS: Final = 2 * MIN_PIECE_CHARS  # a shorter text is encoded whole: nothing long to reuse
+PIECE_CACHE_MIN_CHARS: Final = 512  # a shorter text (a turn's feedback) is encoded whole, in one call
 
 
 @runtime_checkable
