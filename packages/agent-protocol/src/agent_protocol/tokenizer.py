@@ -7,8 +7,8 @@ tokenizer's added-token matching turns them into their ids. This module knows no
 ids, but it releases the GIL while it works (the single-text path holds it), so a long conversation encoded on a
 worker thread does not stop the other threads, an event loop's included. Texts of `PIECE_CACHE_MIN_CHARS` or more
 go through a `PieceCache` (`piece_cache.py`) when the tokenizer allows it: the same ids, with the pieces between
-added tokens (a recipe's system prompt and tool listing, the runs between messages) encoded once; what it does encode goes in one call, the
-batch path for a long text.
+added tokens (a recipe's system prompt and tool listing, the runs between messages) encoded once; what it does
+encode goes in one call, the batch path for a long text.
 """
 
 from __future__ import annotations
