@@ -371,17 +371,23 @@ async def _invoke(target: ToolBase, arguments: Any, context: ToolContext, clock:
     `clock` learns when the tool's own code started and finished: on its thread for an isolated tool, here for a
     shared one (whose threads, if it starts any, are its own business)."""
     budget = _budget_of(target)
-    with thread_budget(*(() if budget is None else (budget,))):
-        if target.event_loop == "shared":
-            clock.started = time.monotonic()
-            try:
-                return await _contained(lambda: target.call(arguments, context))
-            finally:
-                clock.finished = True
-        with timed(clock):
-            return await run_coroutine_in_thread(
-                lambda: _contained(lambda: target.call(arguments, context)), name=f"tool-{target.name}"
-            )
+    if budget is None:  # nothing to put in scope (entering an empty scope costs microseconds a call)
+        return await _run_where_it_says(target, arguments, context, clock)
+    with thread_budget(budget):
+        return await _run_where_it_says(target, arguments, context, clock)
+
+
+async def _run_where_it_says(target: ToolBase, arguments: Any, context: ToolContext, clock: WorkClock) -> object:
+    if target.event_loop == "shared":
+        clock.started = time.monotonic()
+        try:
+            return await _contained(lambda: target.call(arguments, context))
+        finally:
+            clock.finished = True
+    with timed(clock):
+        return await run_coroutine_in_thread(
+            lambda: _contained(lambda: target.call(arguments, context)), name=f"tool-{target.name}"
+        )
 
 
 async def _wait_own_time(task: asyncio.Task[object], clock: WorkClock, timeout: float) -> bool:
