@@ -16,6 +16,7 @@ knows sessions, engines and events; it knows nothing about HTTP or OpenRLHF.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
@@ -108,14 +109,18 @@ class AgentRuntime:
         """Run one episode, yielding events as they happen; the last event is always a `FinalEvent`. `sampling`
         replaces the runtime's for this episode (a rollout's own seed)."""
         session = session or self.new_session()
-        if self._slots is not None:
-            await self._slots.acquire()
-        try:
-            async for event in self._drive(session, prompt, task, sampling or self.sampling):
+        async with self._slot():
+            async for event in self._drive(session, prompt, task, sampling or self.sampling, steps=True):
                 yield event
-        finally:
-            if self._slots is not None:
-                self._slots.release()
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        """One of `max_concurrency` places, held for an episode (none to wait for without a cap)."""
+        if self._slots is None:
+            yield
+            return
+        async with self._slots:
+            yield
 
     async def _drive(
         self,
@@ -123,7 +128,11 @@ class AgentRuntime:
         prompt: str | Sequence[MessageLike],
         task: Mapping[str, Any] | None,
         base: SamplingParams,
+        *,
+        steps: bool,
     ) -> AsyncIterator[Event]:
+        """The episode loop. `steps`: yield each step's events; without, only an `ErrorEvent` that ends the
+        episode and the `FinalEvent` (a run that keeps no events builds none: the session records everything)."""
         started = time.perf_counter()
         generate_s = 0.0
         await session.reset(prompt, task=task)  # raises only for a prompt that cannot be rendered (caller input)
@@ -142,8 +151,11 @@ class AgentRuntime:
                 if generation.exact_text and session.tokenizer is not self.engine.tokenizer:
                     generation = msgspec.structs.replace(generation, exact_text=False)  # the session decodes its own
                 outcome = await session.step(generation)
-                for event in _step_events(session, outcome, generation):
-                    yield event
+                if steps:
+                    for event in _step_events(session, outcome, generation):
+                        yield event
+                elif outcome.error is not None:
+                    yield ErrorEvent(code=outcome.error.code, message=outcome.error.message)
         except CONTAINED as e:  # the last boundary: whatever escaped the session ends this episode only
             error = await session.contain(e)
             yield ErrorEvent(code=error.code, message=error.message)
@@ -167,7 +179,9 @@ class AgentRuntime:
     ) -> RunResult:
         """Run one episode to the end and return its final answer, trajectory and usage."""
         session = self.new_session()
-        events = [event async for event in self.stream(prompt, task=task, session=session, sampling=sampling)]
+        async with self._slot():
+            drive = self._drive(session, prompt, task, sampling or self.sampling, steps=keep_events)
+            events = [event async for event in drive]
         final = events[-1] if events else None
         if not isinstance(final, FinalEvent):
             raise RuntimeError("internal error: an episode stream ended without a FinalEvent")
