@@ -212,3 +212,26 @@ def test_events_stream_live(tokenizer: HFTokenizer) -> None:
         return seen
 
     assert asyncio.run(collect())[-1] == "FinalEvent"
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        [call("17 * 23"), answer("The answer is 391.")],
+        ["<tool_call>\n{not json\n</tool_call><|im_end|>", call("17 * 23"), answer("391")],
+        [call("17 * 23"), EngineError("the engine fell over")],  # the episode ends on the engine's error
+    ],
+    ids=["answer", "parse_error", "engine_error"],
+)
+def test_a_run_that_keeps_no_events_records_the_same_episode(tokenizer: HFTokenizer, script: list[Any]) -> None:
+    """`run()` builds step events only when it keeps them; the episode it records is the same either way."""
+    results = []
+    for keep in (True, False):
+        runtime = AgentRuntime(ScriptedEngine(tokenizer, list(script)), make_session(tokenizer))
+        results.append(asyncio.run(runtime.run(QUESTION, task={"answer": "391"}, keep_events=keep)))
+    kept, bare = results
+    assert bare.events == [] and isinstance(kept.events[-1], FinalEvent)
+    assert (bare.final_answer, bare.stop_reason, bare.reward) == (kept.final_answer, kept.stop_reason, kept.reward)
+    assert bare.trajectory.segments == kept.trajectory.segments
+    assert bare.trajectory.errors == kept.trajectory.errors
+    assert bare.usage == kept.usage
