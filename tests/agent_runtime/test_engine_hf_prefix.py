@@ -205,3 +205,38 @@ def test_prompt_ids_are_checked_as_ints_whatever_their_container(engine: HFEngin
         run(engine.generate([1, 2**70], TURN))
     with pytest.raises(ValueError, match="prompt id 151669 is outside"):
         run(engine.generate([*ids, 151669, 3], TURN))
+
+
+def test_finished_rows_leave_the_running_batch_and_the_rest_match_a_lone_run(
+    engine: HFEngine, tiny_hf_engine: HFEngine
+) -> None:
+    """Rows of one batch that finish at different steps stop being computed; the rows still running give the ids
+    and logprobs they give alone, and each finished row's kept sequence serves its next turn."""
+    alone = HFEngine(tiny_hf_engine.model, tiny_hf_engine.tokenizer, prefix_cache_sequences=0)
+    feedback = engine.tokenize(FEEDBACK)
+    prompts = [
+        engine.tokenize(f"<|im_start|>user\nQuestion {i}: what is {i} * 7?<|im_end|>\n<|im_start|>assistant\n")
+        for i in range(3)
+    ]
+    budgets = [6, 2, 4]
+    samplings = [SamplingParams(max_new_tokens=n, temperature=0.0, logprobs=True) for n in budgets]
+
+    async def together() -> list[Generation]:
+        return list(await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, samplings, strict=True))))
+
+    try:
+        batched = run(together())
+        assert engine.batch_sizes[3] == 1, f"expected one batch of three, saw {dict(engine.batch_sizes)}"
+        # steps 1-2: three rows; the 2-token row leaves, steps 3-4: two; the 4-token row leaves, steps 5-6: one
+        assert engine.row_steps == 3 + 3 + 2 + 2 + 1 + 1
+        for prompt, sampling, generation in zip(prompts, samplings, batched, strict=True):
+            lone = run(alone.generate(prompt, sampling))
+            assert generation.ids == lone.ids == reference(engine.model, prompt, sampling.max_new_tokens)
+            assert generation.logprobs == pytest.approx(lone.logprobs, abs=1e-4)
+        hits = engine.prefix_cache.hits
+        for prompt, generation in zip(prompts, batched, strict=True):
+            follow_up = prompt + generation.ids + feedback
+            assert run(engine.generate(follow_up, TURN)).ids == reference(engine.model, follow_up, TURN.max_new_tokens)
+        assert engine.prefix_cache.hits == hits + 3, "every row, finished early or not, kept its sequence"
+    finally:
+        run(alone.close())

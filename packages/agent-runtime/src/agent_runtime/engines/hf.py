@@ -38,8 +38,11 @@ prefix (left-padded to the longest prefix in the batch, straight from the kept t
 followed by the rest of its prompt (left-padded to the longest rest), with an attention mask over both and
 per-row position ids, so a batched row computes what it would alone; the test suite checks greedy batched ==
 unbatched, cached == uncached. A batch runs until its longest row is done: rows do not join a running batch (no
-continuous batching; use vLLM for that); a finished row's later positions are masked out, so its kept sequence
-is exactly its own. If a batch fails, each request is retried alone, so one bad request cannot fail its
+continuous batching; use vLLM for that). Finished rows leave it: once they are at least an eighth of the running
+rows, their sequences are kept (prefix cache) and the cache, mask and positions are cut down to the rows still
+generating (`row_steps` counts the rows computed); until then a finished row's later positions are masked out, so
+its kept sequence is exactly its own. On the calculator demo's RL rollouts about 30 % of the row-steps were
+finished rows. If a batch fails, each request is retried alone, so one bad request cannot fail its
 neighbours. The event loop only awaits a future, so it is never blocked, and the engine can be shared by
 several event loops.
 
@@ -91,6 +94,7 @@ __all__ = ["HFEngine"]
 logger = structlog.get_logger(__name__)
 
 _GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature this small means greedy
+_DROP_FINISHED_AT = 8  # finished rows leave a running batch once they are at least 1/8 of it
 
 
 @dataclass(eq=False, slots=True)
@@ -146,6 +150,7 @@ class HFEngine(LLMEngine):
         self.batch_wait_s = batch_wait_s
         #: how many batches of each size ran (a batch of 3 is three requests sharing forward passes)
         self.batch_sizes: collections.Counter[int] = collections.Counter()
+        self.row_steps = 0  # rows computed, summed over every forward pass (a finished row leaves its batch)
         # transformers renamed `past_key_values` to `cache` in the forward signature of its 5.x models
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         #: the kept sequences whose keys and values a new request continues from (see the module docstring)
@@ -385,6 +390,7 @@ class HFEngine(LLMEngine):
         logprobs: list[list[float]] = [[] for _ in batch]
         finish: list[FinishReason] = ["length"] * rows
         done = [False] * rows
+        index = list(range(rows))  # the request of each row of the running tensors (finished rows leave them)
         step_ids = input_ids
         while True:
             out = self.model(
@@ -399,29 +405,32 @@ class HFEngine(LLMEngine):
             if step_ids is input_ids and cache.get_seq_length() != past + width:
                 raise EngineError(f"hf: the model ignored its KV cache (passed as `{self._cache_kwarg}`)")
             logits = out.logits[:, -1, :].float()
-            live = [row for row in range(rows) if not done[row]]
-            greedy = logits.argmax(-1).tolist() if any(generators[row] is None for row in live) else []
-            tokens = [0] * rows  # a finished row keeps the batch rectangular; its outputs are ignored
+            self.row_steps += len(index)
+            live = [at for at, row in enumerate(index) if not done[row]]  # positions in the running tensors
+            greedy = logits.argmax(-1).tolist() if any(generators[index[at]] is None for at in live) else []
+            tokens = [0] * len(index)  # a finished row keeps the batch rectangular; its outputs are ignored
             drawn: list[int] = []
-            for row in live:
-                if generators[row] is None:
-                    tokens[row] = greedy[row]
+            for at in live:
+                if generators[index[at]] is None:
+                    tokens[at] = greedy[at]
                 else:
-                    drawn.append(row)
+                    drawn.append(at)
             if drawn:
                 picks = _sample_rows(
-                    logits[drawn], [batch[row].sampling for row in drawn], [generators[row] for row in drawn]
+                    logits[drawn],
+                    [batch[index[at]].sampling for at in drawn],
+                    [generators[index[at]] for at in drawn],
                 )
-                for row, token in zip(drawn, picks, strict=True):
-                    tokens[row] = token
-            asking = [row for row in live if wants_logprobs[row]]
+                for at, token in zip(drawn, picks, strict=True):
+                    tokens[at] = token
+            asking = [at for at in live if wants_logprobs[index[at]]]
             if asking:  # the asking rows only (torch.logsumexp is far slower than log_softmax on a CPU row)
-                chosen = torch.tensor([[tokens[row]] for row in asking], device=self.device)
+                chosen = torch.tensor([[tokens[at]] for at in asking], device=self.device)
                 values = torch.log_softmax(logits[asking], dim=-1).gather(1, chosen).squeeze(1).tolist()
-                for row, value in zip(asking, values, strict=True):
-                    logprobs[row].append(value)
-            for row in live:
-                token = tokens[row]
+                for at, value in zip(asking, values, strict=True):
+                    logprobs[index[at]].append(value)
+            for at in live:
+                row, token = index[at], tokens[at]
                 ids[row].append(token)
                 if token in stops[row]:
                     done[row], finish[row] = True, "stop"
@@ -429,15 +438,30 @@ class HFEngine(LLMEngine):
                     done[row] = True
             if all(done):
                 break
+            finished = len(index) - sum(1 for row in index if not done[row])
+            if finished and finished * _DROP_FINISHED_AT >= len(index) and positions.dim() == 2:
+                # Enough rows are done to be worth a copy of the cache without them: they are kept (prefix cache)
+                # now, from the running tensors, and every later step computes only the rows still generating.
+                if caching:
+                    self._keep(batch, prefixes, ids, cache, mask, rows=[at for at, r in enumerate(index) if done[r]],
+                               index=index)  # fmt: skip
+                stay = [at for at, row in enumerate(index) if not done[row]]
+                chosen_rows = torch.tensor(stay, device=self.device)
+                cache.batch_select_indices(chosen_rows)
+                mask, positions = mask[chosen_rows], positions[chosen_rows]
+                tokens = [tokens[at] for at in stay]
+                index = [index[at] for at in stay]
             step_ids = torch.tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(1)
             # a row that is done feeds a token that is not its own: masked, so its keys stay exactly its sequence
-            mask = torch.cat([mask, torch.tensor([[0 if d else 1] for d in done], device=self.device)], dim=1)
+            mask = torch.cat(
+                [mask, torch.tensor([[0 if done[row] else 1] for row in index], device=self.device)], dim=1
+            )
             if positions.dim() == 3:  # after an image prompt: one past the highest of the last token's 3 positions
                 positions = positions[..., -1:].amax(0, keepdim=True).expand(3, -1, -1) + 1
             else:
                 positions = positions[:, -1:] + 1
         if caching:
-            self._keep(batch, prefixes, ids, cache, mask)
+            self._keep(batch, prefixes, ids, cache, mask, rows=list(range(len(index))), index=index)
         return [
             Generation(
                 ids=ids[row],
@@ -472,17 +496,23 @@ class HFEngine(LLMEngine):
         ids: list[list[int]],
         cache: Any,
         mask: torch.Tensor,
+        *,
+        rows: list[int],
+        index: list[int],
     ) -> None:
-        """Keep each row's sequence (its prompt and generated ids but the last) from the batch's cache."""
+        """Keep the sequences (prompt and generated ids but the last) of the running tensors' `rows` (`index`: the
+        request of each running row) from the batch's cache."""
         layers = cache.layers
-        for row, (request, generated) in enumerate(zip(batch, ids, strict=True)):
-            positions = mask[row].nonzero().squeeze(1)
+        for at in rows:
+            row = index[at]
+            request, generated = batch[row], ids[row]
+            positions = mask[at].nonzero().squeeze(1)
             sequence = request.prompt + array.array("q", generated[:-1])
             if len(positions) != len(sequence):  # the layout above went wrong: keep nothing rather than garbage
                 raise EngineError(f"hf: {len(positions)} cached positions for a sequence of {len(sequence)} ids")
-            whole = len(batch) == 1 and len(positions) == mask.shape[1]  # the cache is this row alone: no copy
-            keys = [lay.keys if whole else lay.keys[row : row + 1].index_select(2, positions) for lay in layers]
-            values = [lay.values if whole else lay.values[row : row + 1].index_select(2, positions) for lay in layers]
+            whole = len(index) == 1 and len(positions) == mask.shape[1]  # the cache is this row alone: no copy
+            keys = [lay.keys if whole else lay.keys[at : at + 1].index_select(2, positions) for lay in layers]
+            values = [lay.values if whole else lay.values[at : at + 1].index_select(2, positions) for lay in layers]
             self.prefix_cache.add(Prefix(sequence, keys, values), extends=prefixes[row])
 
 
