@@ -73,6 +73,39 @@ def test_batches_align_logprobs_and_masks_on_targets() -> None:
         pad_batch([[1, 2]], [[1]], pad_id=0)
 
 
+def test_logprobs_on_targets_only_equal_the_full_head_and_give_the_same_gradients() -> None:
+    """A plain-head model projects only the trained positions onto the vocabulary: the same logprobs there, 0
+    elsewhere, and the same loss gradient as projecting every position."""
+    model = _tiny_model()
+    rng = random.Random(0)
+    ids = [[rng.randrange(1, 32) for _ in range(n)] for n in (9, 5, 12)]
+    masks = [[int(rng.random() < 0.4) for _ in seq] for seq in ids]
+    batch = pad_batch(ids, masks, pad_id=0)
+    mask = batch.target_mask
+
+    class Wrapped(torch.nn.Module):  # not a plain-head class: takes the full path, through the same weights
+        def __init__(self, inner: object) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, **kwargs: object) -> object:
+            return self.inner(**kwargs)  # type: ignore[operator]
+
+    def run(subject: object) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()  # type: ignore[attr-defined]
+        logprobs = token_logprobs(subject, batch)
+        (-(logprobs * mask).sum() / mask.sum()).backward()
+        return logprobs.detach(), [p.grad.clone() for p in model.parameters()]  # type: ignore[attr-defined]
+
+    fast, fast_grads = run(model)
+    full, full_grads = run(Wrapped(model))
+    assert mask.sum() > 0 and (mask == 0).any()
+    assert torch.allclose(fast * mask, full * mask, atol=1e-6)
+    assert bool((fast[mask == 0] == 0).all()) and bool((full[mask == 0] != 0).any())
+    for fast_grad, full_grad in zip(fast_grads, full_grads, strict=True):
+        assert torch.allclose(fast_grad, full_grad, atol=1e-6)
+
+
 def test_policy_loss_is_reinforce_at_ratio_one_and_clips_beyond() -> None:
     logprobs = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0, 0.0]])
