@@ -46,6 +46,11 @@ finished rows. If a batch fails, each request is retried alone, so one bad reque
 neighbours. The event loop only awaits a future, so it is never blocked, and the engine can be shared by
 several event loops.
 
+Attention: a text model on transformers' ``sdpa`` with grouped key/value heads (Qwen3, Llama 3, ...) is switched to
+`hf_attention.GQA_SDPA`, the same SDPA call with `enable_gqa`, which reads the grouped heads in place instead of
+copying the KV cache per layer and step (`gqa_sdpa` says whether it was). A trainer that shares the model uses it
+too: the same forward values, gradients within float rounding.
+
 Images: a Qwen2-VL-style vision-language model (Qwen2.5-VL in transformers) loaded with its directory's image
 processor has `accepts_images`; `generate(prompt_ids, sampling, images=...)` then takes the prompt with each
 image's pads expanded and the images' references in pad order (`LLMEngine`'s contract). `hf_vision.VisionInputs`
@@ -77,6 +82,7 @@ import structlog
 
 from agent_protocol import HFTokenizer, Tokenizer, TransformersTokenizer, load_tokenizer
 from agent_runtime.engines.base import FinishReason, Generation, LLMEngine, SamplingParams
+from agent_runtime.engines.hf_attention import use_gqa_sdpa
 from agent_runtime.engines.hf_prefix import Prefix, PrefixCache
 from agent_runtime.engines.hf_vision import ImageInputs, VisionInputs, is_vision_model
 from agent_runtime.errors import EngineError, EngineUnavailable
@@ -151,6 +157,8 @@ class HFEngine(LLMEngine):
         #: how many batches of each size ran (a batch of 3 is three requests sharing forward passes)
         self.batch_sizes: collections.Counter[int] = collections.Counter()
         self.row_steps = 0  # rows computed, summed over every forward pass (a finished row leaves its batch)
+        #: grouped-query attention read in place instead of copied per step (`hf_attention.use_gqa_sdpa`)
+        self.gqa_sdpa = use_gqa_sdpa(model)
         # transformers renamed `past_key_values` to `cache` in the forward signature of its 5.x models
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         #: the kept sequences whose keys and values a new request continues from (see the module docstring)
