@@ -1,10 +1,10 @@
 """The calculator demo's wall time, `apps/train` of this tree side by side with a baseline commit's.
 
-Each side runs the same command, `apps/train -- --run-dir DIR --no-progress [--preset P] [--seed S]`, in a fresh
-process with its own sources first on `sys.path` (the baseline from a temporary git worktree), one after the
-other, alternating which side goes first when repeated. Reported per run: the wall time of the process, the
-trainer's own time split (RL generation, RL updates, the rest: SFT, evaluations, checkpoints), and the figures it
-printed, so a faster run that learned less shows it.
+Each side runs the same command, `apps/train -- --run-dir DIR --no-progress --no-install [--preset P]
+[--seed S]`, in a fresh process with its own sources first on `sys.path` (the baseline from a temporary git
+worktree), one after the other, alternating which side goes first when repeated. Reported per run: the wall time
+of the process, the trainer's own time split (RL generation, RL updates, the rest: SFT, evaluations,
+checkpoints), and the figures it printed, so a faster run that learned less shows it.
 
     uv run python bench/bench_train_wall.py [--baseline ee63069] [--preset ci] [--seed 0] [--repeats 1]
 """
@@ -30,7 +30,8 @@ def run_side(tree: Path, run_dir: Path, preset: str | None, seed: int | None) ->
     paths = [str(tree / "packages" / p / "src") for p in PACKAGES] + [str(tree)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     argv = [sys.executable, str(tree / "apps" / "train" / "__main__.py"), "--", "--run-dir", str(run_dir)]
-    argv += ["--no-progress", *(["--preset", preset] if preset else [])]
+    # --no-install: a side's model must not replace the demo model `apps/serve` uses (ee63069 has the flag too)
+    argv += ["--no-progress", "--no-install", *(["--preset", preset] if preset else [])]
     argv += [] if seed is None else ["--seed", str(seed)]
     t0 = time.perf_counter()
     subprocess.run(argv, env=env, cwd=tree, check=True, stdout=subprocess.DEVNULL)
