@@ -93,12 +93,14 @@ def test_logprobs_on_targets_only_equal_the_full_head_and_give_the_same_gradient
 
     def run(subject: object) -> tuple[torch.Tensor, list[torch.Tensor]]:
         model.zero_grad()  # type: ignore[attr-defined]
-        logprobs = token_logprobs(subject, batch)
+        logprobs = token_logprobs(subject, batch, trained_only=True)
         (-(logprobs * mask).sum() / mask.sum()).backward()
         return logprobs.detach(), [p.grad.clone() for p in model.parameters()]  # type: ignore[attr-defined]
 
     fast, fast_grads = run(model)
     full, full_grads = run(Wrapped(model))
+    with torch.no_grad():  # without trained_only, every position, as before
+        assert torch.allclose(token_logprobs(model, batch), full, atol=1e-6)
     assert mask.sum() > 0 and (mask == 0).any()
     assert torch.allclose(fast * mask, full * mask, atol=1e-6)
     assert bool((fast[mask == 0] == 0).all()) and bool((full[mask == 0] != 0).any())

@@ -68,15 +68,15 @@ def values_on_targets(values: Sequence[Sequence[float]], width: int) -> torch.Te
     return out
 
 
-def token_logprobs(model: Any, batch: TokenBatch) -> torch.Tensor:
+def token_logprobs(model: Any, batch: TokenBatch, *, trained_only: bool = False) -> torch.Tensor:
     """log p(token t+1 | tokens <= t) for every position, shape [B, T-1] (float32).
 
-    On a model whose head is a plain projection (`_PLAIN_HEADS`), only the positions of `batch.target_mask` go
-    through the head and its log-softmax, the rest are 0: the same values where the mask is set (every loss here
-    multiplies by it), without projecting the prompt and tool results onto the vocabulary (a sixth of an update
-    on the demo's model). Other models get every position."""
+    `trained_only`: on a model whose head is a plain projection (`_PLAIN_HEADS`), only the positions of
+    `batch.target_mask` go through the head and its log-softmax and the rest are 0: the same values where the mask
+    is set, for a loss that multiplies by it, without projecting the prompt and tool results onto the vocabulary.
+    Other models get every position either way."""
     kind = type(model)
-    if kind.__name__ not in _PLAIN_HEADS or not kind.__module__.startswith("transformers."):
+    if not trained_only or kind.__name__ not in _PLAIN_HEADS or not kind.__module__.startswith("transformers."):
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
         logits = out.logits[:, :-1, :].float()
         logprobs: torch.Tensor = torch.log_softmax(logits, dim=-1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)

@@ -240,8 +240,8 @@ def rl_update(
         ref = None
         if ref_model is not None and kl_coef > 0:
             with torch.no_grad():
-                ref = token_logprobs(ref_model, batch)
-        logprobs = token_logprobs(model, batch)
+                ref = token_logprobs(ref_model, batch, trained_only=True)
+        logprobs = token_logprobs(model, batch, trained_only=True)
         loss, stats = policy_loss(
             logprobs, old, adv, batch.target_mask, clip_eps=clip_eps, ref_logprobs=ref, kl_coef=kl_coef
         )

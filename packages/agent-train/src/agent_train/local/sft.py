@@ -75,7 +75,7 @@ def sft_step(model: Any, optimizer: torch.optim.Optimizer, batch: Sequence[SFTEx
     """One optimizer step of mean token cross-entropy over the batch's action tokens; returns the loss."""
     tokens = pad_batch([e.ids for e in batch], [e.loss_mask for e in batch], pad_id=pad_id)
     model.train()
-    logprobs = token_logprobs(model, tokens)
+    logprobs = token_logprobs(model, tokens, trained_only=True)
     mask = tokens.target_mask
     loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1.0)
     optimizer.zero_grad(set_to_none=True)
