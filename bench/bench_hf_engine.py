@@ -12,7 +12,9 @@ commit's, on the tests' tiny random-weight Qwen3 (CPU, float32) unless said othe
 - Reject a bad 32k prompt: `generate` on 32,000 ids whose last id is outside the vocabulary, which both engines
   refuse before the model runs: the cost of checking a prompt's ids (median of 20 calls).
 
-Both engines share one model object (the same weights). The baseline's `engines/hf.py` is read from a temporary
+Each engine has its own model object with the same weights (this tree's engine switches a grouped-query model's
+attention to `hf_attention.GQA_SDPA`, which the baseline's must not inherit; until that change both engines shared
+one object). The baseline's `engines/hf.py` is read from a temporary
 git worktree of `--baseline` (default ee63069, main before issue 17) and imported by path; the rest of the
 package is this tree's (the engine's imports, `engines/base.py` and `errors.py`, did not change in between).
 Each repeat runs both sides, in alternating order; reported: min and median per side, and baseline / this tree
@@ -156,12 +158,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     from tests.support.tiny_qwen3 import tiny_qwen3_path
 
     baseline_class = baseline_module(args.baseline).HFEngine
-    subject = HFEngine.from_pretrained(tiny_qwen3_path(qwen3_tokenizer_path()), device="cpu", dtype="float32")
-    engines = {"baseline": baseline_class(subject.model, subject.tokenizer), "this tree": subject}
-    demo_model = demo_shaped_model()
+    import torch
+    import transformers
+
+    # Each side gets its own model object: this tree's engine switches a grouped-query model's attention
+    # (`hf_attention`), which the baseline's engine must not inherit through a shared model.
+    model_dir = tiny_qwen3_path(qwen3_tokenizer_path())
+    subject = HFEngine.from_pretrained(model_dir, device="cpu", dtype="float32")
+    baseline_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    engines = {"baseline": baseline_class(baseline_model, subject.tokenizer), "this tree": subject}
+    demo_model, demo_baseline_model = demo_shaped_model(), demo_shaped_model()  # seeded: the same weights
     demo_options: dict[str, Any] = {"max_batch_size": 256, "batch_wait_s": 0.05}  # the local trainer's
     demo_engines = {
-        "baseline": baseline_class(demo_model, subject.tokenizer, **demo_options),
+        "baseline": baseline_class(demo_baseline_model, subject.tokenizer, **demo_options),
         "this tree": HFEngine(demo_model, subject.tokenizer, **demo_options),
     }
     sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0)
