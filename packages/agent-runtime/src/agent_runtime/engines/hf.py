@@ -446,14 +446,14 @@ class HFEngine(LLMEngine):
                     done[row] = True
             if all(done):
                 break
-            finished = len(index) - sum(1 for row in index if not done[row])
+            stay = [at for at, row in enumerate(index) if not done[row]]
+            finished = len(index) - len(stay)
             if finished and finished * _DROP_FINISHED_AT >= len(index) and positions.dim() == 2:
                 # Enough rows are done to be worth a copy of the cache without them: they are kept (prefix cache)
                 # now, from the running tensors, and every later step computes only the rows still generating.
                 if caching:
-                    self._keep(batch, prefixes, ids, cache, mask, rows=[at for at, r in enumerate(index) if done[r]],
-                               index=index)  # fmt: skip
-                stay = [at for at, row in enumerate(index) if not done[row]]
+                    leaving = [at for at, row in enumerate(index) if done[row]]
+                    self._keep(batch, prefixes, ids, cache, mask, rows=leaving, index=index)
                 chosen_rows = torch.tensor(stay, device=self.device)
                 cache.batch_select_indices(chosen_rows)
                 mask, positions = mask[chosen_rows], positions[chosen_rows]
