@@ -19,6 +19,7 @@ from typing import Any, Final
 
 import torch
 import transformers
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 __all__ = ["GQA_SDPA", "use_gqa_sdpa"]
 
@@ -39,8 +40,6 @@ def sdpa_gqa_forward(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract; with a mask and grouped heads, SDPA reads the groups in place."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     if (
         attention_mask is None
         or getattr(module, "num_key_value_groups", 1) == 1
