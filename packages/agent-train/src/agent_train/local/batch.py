@@ -78,14 +78,17 @@ def token_logprobs(model: Any, batch: TokenBatch, *, trained_only: bool = False)
     kind = type(model)
     if not trained_only or kind.__name__ not in _PLAIN_HEADS or not kind.__module__.startswith("transformers."):
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-        logits = out.logits[:, :-1, :].float()
-        logprobs: torch.Tensor = torch.log_softmax(logits, dim=-1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
-        return logprobs
+        return _target_logprobs(out.logits[:, :-1, :], batch.targets)
     hidden = model.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
     where = batch.target_mask > 0
-    logits = model.lm_head(hidden.last_hidden_state[:, :-1][where]).float()
-    picked = torch.log_softmax(logits, dim=-1).gather(-1, batch.targets[where].unsqueeze(-1)).squeeze(-1)
-    return torch.zeros(where.shape, dtype=picked.dtype).masked_scatter(where, picked)
+    picked = _target_logprobs(model.lm_head(hidden.last_hidden_state[:, :-1][where]), batch.targets[where])
+    return picked.new_zeros(where.shape).masked_scatter(where, picked)
+
+
+def _target_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The log-softmax of `logits` (float32) at each of `targets` (one per row of the last dimension)."""
+    logprobs: torch.Tensor = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return logprobs
 
 
 _PLAIN_HEADS = frozenset({"Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM"})
