@@ -59,6 +59,7 @@ def test_cached_ids_equal_whole_encodes_on_every_render(family: str, min_chars: 
         assert pieces.encode(text, lambda runs, t=tok: [whole(t, r) for r in runs]) == whole(tok, text), text[:200]
     assert pieces.hits > 0
     assert pieces.misses > 0
+    assert pieces.head_hits > 0
 
 
 def test_the_tokenizer_encodes_through_the_cache_and_reuses_a_system_prompt() -> None:
@@ -67,9 +68,13 @@ def test_the_tokenizer_encodes_through_the_cache_and_reuses_a_system_prompt() ->
     tok.pieces.clear()
     system = "You answer with the calculator. " * 40
     prompts = [f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nWhat is {i}?<|im_end|>\n" for i in range(5)]
-    hits = tok.pieces.hits
+    hits, head_hits = tok.pieces.hits, tok.pieces.head_hits
     assert [tok.encode(p) for p in prompts] == [whole(tok, p) for p in prompts]
-    assert tok.pieces.hits - hits == 3 * 4  # the system piece and the two runs of added tokens, after the first
+    # The second prompt takes the system piece and the two runs of added tokens from the cache, and keeps what
+    # they start (up to the new user message) as a head; each later prompt takes that head in one lookup, and its
+    # closing run.
+    assert tok.pieces.hits - hits == 3 + 3 * 1
+    assert tok.pieces.head_hits - head_hits == 3
     # After the first prompt, only what is new is encoded: the user's message (the text between its added tokens).
     encoded: list[str] = []
     assert tok.pieces.encode(
@@ -79,6 +84,41 @@ def test_the_tokenizer_encodes_through_the_cache_and_reuses_a_system_prompt() ->
     plain = HFTokenizer(tok.backend, piece_cache=False)
     assert plain.pieces is None
     assert [plain.encode(p) for p in prompts] == [whole(tok, p) for p in prompts]
+
+
+def with_tokens(*contents: str) -> HFTokenizer:
+    """Qwen3's tokenizer with more added tokens."""
+    backend = tokenizers.Tokenizer.from_str(tokenizer("qwen3").backend.to_str())
+    backend.add_special_tokens([tokenizers.AddedToken(c, normalized=False) for c in contents])
+    return HFTokenizer(backend)
+
+
+def test_a_head_is_taken_only_where_the_new_text_is_cut_as_it_was() -> None:
+    # "<x>yz" is an added token that starts with another one, "<x>": a head that ends after "<x>" must not be
+    # taken for a text that goes on with "yz", where the tokenizer reads one token across the head's end.
+    tok = with_tokens("<x>", "<x>yz")
+    assert tok.pieces is not None
+    pieces = PieceCache(tok.pieces.added, min_chars=1, min_head_chars=1)
+    start = "<|im_start|>" + "a" * 300
+
+    def encode(text: str) -> list[int]:
+        return pieces.encode(text, lambda runs: [whole(tok, r) for r in runs])
+
+    for tail in ("<x>q1", "<x>q2", "<x>q3"):
+        assert encode(start + tail) == whole(tok, start + tail)
+    assert pieces.head_hits == 1  # kept by the second text (everything up to its new piece), taken by the third
+    for tail, taken in (("<x>yz", False), ("<x>y", True), ("<x>", True), ("<x>yzq4", True)):
+        used = pieces.head_hits
+        assert encode(start + tail) == whole(tok, start + tail), tail
+        assert pieces.head_hits == used + taken, tail
+    # ("<x>" is the head itself; "<x>yzq4" takes the head "<x>yz" kept by the first text of the loop.)
+    # A text that starts with a head but is cut elsewhere (the head's end is inside one of its pieces) does not
+    # take it either.
+    used = pieces.head_hits
+    assert encode(start + "<x>q3 more") == whole(tok, start + "<x>q3 more")
+    text = start[:200]
+    assert encode(text) == whole(tok, text)
+    assert pieces.head_hits == used + 1
 
 
 ALPHABET = string.printable + "éü中文😀\u0301 \t\n"
@@ -93,9 +133,9 @@ def test_any_text_cut_anywhere_encodes_as_a_whole(parts: list[str]) -> None:
     for family in FAMILIES:
         tok = tokenizer(family)
         assert tok.pieces is not None
-        pieces = PieceCache(tok.pieces.added, min_chars=1)
-        for _ in range(2):
-            assert pieces.encode(text, lambda runs, t=tok: [whole(t, r) for r in runs]) == whole(tok, text)
+        pieces = PieceCache(tok.pieces.added, min_chars=1, min_head_chars=1)
+        for cut in (len(text), len(text), len(text) // 2, len(text) // 3, len(text)):  # heads of this text taken
+            assert pieces.encode(text[:cut], lambda runs, t=tok: [whole(t, r) for r in runs]) == whole(tok, text[:cut])
 
 
 def test_the_cache_is_bounded_in_pieces_and_characters() -> None:
