@@ -98,14 +98,21 @@ whatever their state; `max_hung` bounds leaked ones. Past either, new calls are 
 _scope: contextvars.ContextVar[tuple[ThreadBudget, ...]] = contextvars.ContextVar("agent_env_thread_budgets")
 
 
-@contextlib.contextmanager
-def thread_budget(*budgets: ThreadBudget) -> Iterator[None]:
-    """Count threads started in this context (and in tasks created from it) against `budgets` as well."""
-    token = _scope.set((*_scope.get(()), *budgets))
-    try:
-        yield
-    finally:
-        _scope.reset(token)
+class thread_budget:  # a context manager named like a function, as contextlib's are
+    """Count threads started in this context (and in tasks created from it) against `budgets` as well.
+
+    A class, not a generator context manager: the tool runner enters one per call, and this costs a third."""
+
+    __slots__ = ("_budgets", "_token")
+
+    def __init__(self, *budgets: ThreadBudget) -> None:
+        self._budgets = budgets
+
+    def __enter__(self) -> None:
+        self._token = _scope.set((*_scope.get(()), *self._budgets))
+
+    def __exit__(self, *exc: object) -> None:
+        _scope.reset(self._token)
 
 
 @dataclass(eq=False)

@@ -143,7 +143,7 @@ class Environment(ABC):
 
     def tool_context(self) -> ToolContext:
         """The context tool calls of the current step run with (the episode's own `state`, and its `task`)."""
-        return ToolContext(episode_id=self.episode_id, step=self.step_count, state=self.state, task=self.task)
+        return ToolContext.of(self.episode_id, self.step_count, "", self.state, self.task)
 
     async def run_tools(self, action: Action) -> list[Observation]:
         """Answer every call of `action` (see `ToolRunner.run`)."""

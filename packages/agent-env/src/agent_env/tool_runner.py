@@ -54,6 +54,7 @@ This module knows tools and observations; it knows nothing about episodes, steps
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 import time
 import weakref
@@ -329,9 +330,7 @@ class ToolRunner:
 def _for_call(base: ToolContext, call_id: str) -> ToolContext:
     """`base` for one call (`dataclasses.replace` costs tens of microseconds; a plain ToolContext is rebuilt)."""
     if type(base) is ToolContext:
-        return ToolContext(
-            episode_id=base.episode_id, step=base.step, call_id=call_id, state=base.state, task=base.task
-        )
+        return ToolContext.of(base.episode_id, base.step, call_id, base.state, base.task)
     return replace(base, call_id=call_id)
 
 
@@ -369,25 +368,29 @@ def _budget_of(target: ToolBase) -> ThreadBudget | None:
 async def _invoke(target: ToolBase, arguments: Any, context: ToolContext, clock: WorkClock) -> object:
     """Run one call where the tool says (its own loop and thread, or this loop), with its thread budget.
     `clock` learns when the tool's own code started and finished: on its thread for an isolated tool, here for a
-    shared one (whose threads, if it starts any, are its own business)."""
+    shared one (whose threads, if it starts any, are its own business). A BaseException the tool raises comes out
+    as `ContainedBaseException`, except the cancellation of this call itself, which propagates."""
     budget = _budget_of(target)
-    if budget is None:  # nothing to put in scope (entering an empty scope costs microseconds a call)
-        return await _run_where_it_says(target, arguments, context, clock)
-    with thread_budget(budget):
-        return await _run_where_it_says(target, arguments, context, clock)
-
-
-async def _run_where_it_says(target: ToolBase, arguments: Any, context: ToolContext, clock: WorkClock) -> object:
-    if target.event_loop == "shared":
-        clock.started = time.monotonic()
-        try:
-            return await _contained(lambda: target.call(arguments, context))
-        finally:
-            clock.finished = True
-    with timed(clock):
-        return await run_coroutine_in_thread(
-            lambda: _contained(lambda: target.call(arguments, context)), name=f"tool-{target.name}"
-        )
+    scope = thread_budget(budget) if budget is not None else contextlib.nullcontext()
+    if target.event_loop != "shared":
+        with scope, timed(clock):
+            return await run_coroutine_in_thread(
+                lambda: _contained(lambda: target.call(arguments, context)), name=f"tool-{target.name}"
+            )
+    # The hot path (the calculator): one coroutine, no thread, no nested awaits of the runner's own.
+    clock.started = time.monotonic()
+    try:
+        with scope:
+            return await target.call(arguments, context)
+    except Exception:
+        raise
+    except BaseException as e:
+        contained = _contain(e)
+        if contained is e:
+            raise
+        raise contained from None
+    finally:
+        clock.finished = True
 
 
 async def _wait_own_time(task: asyncio.Task[object], clock: WorkClock, timeout: float) -> bool:
@@ -414,19 +417,26 @@ async def _wait_own_time(task: asyncio.Task[object], clock: WorkClock, timeout: 
 
 
 async def _contained(start: Callable[[], Awaitable[object]]) -> object:
-    """Await the tool; a BaseException it raises becomes `ContainedBaseException`, except the cancellation
-    of this call itself, which propagates."""
+    """Await the tool (on its own loop); a BaseException it raises comes out as `_contain` says."""
     try:
         return await start()
-    except asyncio.CancelledError as e:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise
-        raise ContainedBaseException(e) from None
     except Exception:
         raise
     except BaseException as e:
-        raise ContainedBaseException(e) from None
+        contained = _contain(e)
+        if contained is e:
+            raise
+        raise contained from None
+
+
+def _contain(error: BaseException) -> BaseException:
+    """What a tool's BaseException becomes: the cancellation of the call itself stays what it is (it must
+    propagate); any other, a stray CancelledError included, is wrapped in `ContainedBaseException`."""
+    if isinstance(error, asyncio.CancelledError):
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            return error
+    return ContainedBaseException(error)
 
 
 def _consume_outcome(task: asyncio.Task[object]) -> None:
