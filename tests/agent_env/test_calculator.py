@@ -7,6 +7,8 @@ import json
 from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent_env.tool_runner import ToolRunner
 from agent_env.tools.calculator import CalculatorError, CalculatorTool, calculator, evaluate, format_number
@@ -108,3 +110,48 @@ def test_through_the_runner_errors_are_tool_error_observations() -> None:
     assert bad_field.code == "invalid_arguments" and "`expr`" in json.loads(bad_field.content)["error"]["message"]
     assert too_long.code == "tool_error"
     assert calculator.spec.parameters["properties"]["expression"]["type"] == "string"
+
+
+def _trees(depth: int) -> st.SearchStrategy[tuple[str, Fraction | None]]:
+    """Expressions with their exact value (None where a division by zero happens), computed here with
+    Fraction arithmetic on the tree: independent of the calculator's int-while-integral path."""
+    number = st.one_of(
+        st.integers(-50, 50).map(lambda n: (f"({n})", Fraction(n))),
+        st.decimals(-20, 20, places=2, allow_nan=False).map(lambda d: (f"({d})", Fraction(d))),
+    )
+    if depth == 0:
+        return number
+
+    def combine(
+        left: tuple[str, Fraction | None], op: str, right: tuple[str, Fraction | None]
+    ) -> tuple[str, Fraction | None]:
+        (lt, lv), (rt, rv) = left, right
+        text = f"({lt} {op} {rt})"
+        if lv is None or rv is None:
+            return text, None
+        if op == "/":
+            return text, None if rv == 0 else lv / rv
+        return text, {"+": lv + rv, "-": lv - rv, "*": lv * rv}[op]
+
+    sub = _trees(depth - 1)
+    power = st.tuples(sub, st.integers(-3, 3)).map(
+        lambda t: (
+            f"({t[0][0]}) ** {t[1]}",
+            None if t[0][1] is None or (t[0][1] == 0 and t[1] < 0) else t[0][1] ** t[1],
+        )
+    )
+    return st.one_of(number, power, st.builds(combine, sub, st.sampled_from("+-*/"), sub))
+
+
+@given(_trees(3))
+@settings(max_examples=300, deadline=None, derandomize=True)
+def test_the_integer_path_gives_the_exact_value_of_any_expression(case: tuple[str, Fraction | None]) -> None:
+    text, value = case
+    if value is None:
+        with pytest.raises(CalculatorError, match="division by zero"):
+            evaluate(text, max_length=10_000)
+        return
+    got = evaluate(text, max_length=10_000)
+    assert type(got) is Fraction
+    assert got == value
+    assert format_number(got) == format_number(value)
