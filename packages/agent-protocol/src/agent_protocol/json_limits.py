@@ -42,7 +42,9 @@ def loads_bounded(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
         raise JsonLimitError(f"it is nested too deeply (more than {max_depth} levels are refused)") from e
     except ValueError as e:  # CPython's guard against converting huge integers
         raise JsonLimitError(f"it holds a number too long to read ({_first_line(e)})") from e
-    check_json_value(value, max_depth=max_depth, strings=_SURROGATE_ESCAPE.search(text) is not None)
+    strings = _SURROGATE_ESCAPE.search(text) is not None
+    if strings or text.count("{") + text.count("[") > max_depth:  # else no container can nest that deep
+        check_json_value(value, max_depth=max_depth, strings=strings)
     return value
 
 
