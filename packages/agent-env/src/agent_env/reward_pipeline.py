@@ -31,6 +31,7 @@ from typing import Final
 import msgspec
 import structlog
 
+from agent_env.deadlines import deadline
 from agent_env.reward import (
     EpisodeRecord,
     ProcessRewardStrategy,
@@ -162,7 +163,7 @@ class RewardPipeline:
         context: dict[str, int],
     ) -> RewardScore:
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with deadline(self.timeout_s):
                 outcome = await run()
             score = outcome if isinstance(outcome, RewardScore) else RewardScore(value=float(outcome))
         except TimeoutError:

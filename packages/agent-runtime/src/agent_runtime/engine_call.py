@@ -7,23 +7,23 @@ tools-mode serving alike.
     else:
         generation = outcome
 
-Whatever the engine does, the caller gets a `Generation` or an `EngineFailure`: past `timeout_s` it is
-``engine_timeout``; an `EngineError` says its own code (``engine_error``, ``engine_bad_output``,
-``engine_timeout``); any other exception, `SystemExit` included, is ``engine_error``. Cancellation of the caller
-propagates. Retries belong to the engines that can retry (the HTTP engine retries what is worth retrying, within
-its own deadline). A context with images goes to an engine that takes them (`LLMEngine.accepts_images`), with
-them; a text-only engine gets no call, and the failure says why. This module knows engines and codes, not
-sessions or HTTP.
+Whatever the engine does, the caller gets a `Generation` or an `EngineFailure`: past `timeout_s` (measured by
+`agent_env.deadlines.deadline`: up to 1 % late, with no timer per call) it is ``engine_timeout``; an `EngineError`
+says its own code (``engine_error``, ``engine_bad_output``, ``engine_timeout``); any other exception, `SystemExit`
+included, is ``engine_error``. Cancellation of the caller propagates. Retries belong to the engines that can retry
+(the HTTP engine retries what is worth retrying, within its own deadline). A context with images goes to an engine
+that takes them (`LLMEngine.accepts_images`), with them; a text-only engine gets no call, and the failure says why.
+This module knows engines and codes, not sessions or HTTP.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
 import msgspec
 import structlog
 
+from agent_env.deadlines import deadline
 from agent_runtime.engines.base import Generation, LLMEngine, SamplingParams
 from agent_runtime.errors import EngineError, EngineErrorCode
 
@@ -53,7 +53,7 @@ async def call_engine(
         message = f"{engine.name} is a text-only engine; the conversation holds {len(images)} image(s)"
         return EngineFailure(code="engine_error", message=message)
     try:
-        async with asyncio.timeout(timeout_s):
+        async with deadline(timeout_s):  # asyncio.timeout's behaviour, without a timer per call
             if images:
                 # `images=` is part of the contract of an engine that `accepts_images` (see LLMEngine.generate)
                 return await engine.generate(prompt_ids, sampling, images=images)  # type: ignore[call-arg]

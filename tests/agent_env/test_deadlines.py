@@ -1,0 +1,152 @@
+"""`deadline`: asyncio.timeout's behaviour (checked side by side with it), shared timers, bounded lateness."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from agent_env.deadlines import MIN_GRAIN_S, deadline
+from agent_env.deadlines import _timers_of as timers_of
+
+TIMEOUTS: list[Callable[[float | None], Any]] = [asyncio.timeout, deadline]
+
+
+@pytest.mark.parametrize("timeout", TIMEOUTS, ids=["asyncio.timeout", "deadline"])
+def test_a_block_past_its_time_raises_timeout_error_and_the_task_goes_on(
+    timeout: Callable[[float | None], Any],
+) -> None:
+    async def main() -> tuple[float, int, str]:
+        t0 = time.perf_counter()
+        with pytest.raises(TimeoutError):
+            async with timeout(0.05):
+                await asyncio.sleep(5)
+        took = time.perf_counter() - t0
+        task = asyncio.current_task()
+        assert task is not None
+        await asyncio.sleep(0)  # no cancellation is left pending on the task
+        return took, task.cancelling(), "still running"
+
+    took, cancelling, state = asyncio.run(main())
+    assert 0.05 <= took < 0.05 + MIN_GRAIN_S + 0.5
+    assert cancelling == 0
+    assert state == "still running"
+
+
+@pytest.mark.parametrize("timeout", TIMEOUTS, ids=["asyncio.timeout", "deadline"])
+def test_a_block_in_time_is_untouched(timeout: Callable[[float | None], Any]) -> None:
+    async def main() -> str:
+        async with timeout(5):
+            await asyncio.sleep(0.01)
+            value = "done"
+        async with timeout(None):
+            await asyncio.sleep(0.01)
+        return value
+
+    assert asyncio.run(main()) == "done"
+
+
+@pytest.mark.parametrize("timeout", TIMEOUTS, ids=["asyncio.timeout", "deadline"])
+def test_a_cancellation_from_outside_stays_a_cancellation(timeout: Callable[[float | None], Any]) -> None:
+    async def worker(entered: asyncio.Event) -> None:
+        async with timeout(5):
+            entered.set()
+            await asyncio.sleep(5)
+
+    async def main() -> None:
+        entered = asyncio.Event()
+        task = asyncio.create_task(worker(entered))
+        await entered.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("timeout", TIMEOUTS, ids=["asyncio.timeout", "deadline"])
+def test_an_outside_cancellation_that_meets_the_deadline_is_not_a_timeout(
+    timeout: Callable[[float | None], Any],
+) -> None:
+    async def worker(entered: asyncio.Event) -> None:
+        async with timeout(0.05):
+            entered.set()
+            time.sleep(0.2)  # past the deadline without yielding: both cancellations are pending at once
+            await asyncio.sleep(5)
+
+    async def main() -> None:
+        entered = asyncio.Event()
+        task = asyncio.create_task(worker(entered))
+        await entered.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("timeout", TIMEOUTS, ids=["asyncio.timeout", "deadline"])
+def test_nested_the_inner_one_fires_and_the_outer_one_goes_on(timeout: Callable[[float | None], Any]) -> None:
+    async def main() -> list[str]:
+        seen = []
+        async with timeout(5):
+            try:
+                async with timeout(0.02):
+                    await asyncio.sleep(5)
+            except TimeoutError:
+                seen.append("inner timed out")
+            await asyncio.sleep(0.01)
+            seen.append("outer finished")
+        return seen
+
+    assert asyncio.run(main()) == ["inner timed out", "outer finished"]
+
+
+def test_many_blocks_share_timers_and_leave_none_behind() -> None:
+    async def one(index: int) -> str:
+        try:
+            async with deadline(0.1):
+                await asyncio.sleep(0.01 if index % 2 else 5)
+            return "in time"
+        except TimeoutError:
+            return "timed out"
+
+    async def main() -> tuple[list[str], int, int]:
+        loop = asyncio.get_running_loop()
+        tasks = [asyncio.create_task(one(i)) for i in range(1000)]
+        await asyncio.sleep(0)
+        windows = len(timers_of(loop).due)  # one timer each
+        results = await asyncio.gather(*tasks)
+        await asyncio.sleep(0.05)
+        return results, windows, len(timers_of(loop).due)
+
+    results, windows, left = asyncio.run(main())
+    assert results.count("in time") == 500 and results.count("timed out") == 500
+    assert 1 <= windows <= 3  # the 1,000 deadlines entered within a few ms fall in one or two 10 ms windows
+    assert left == 0
+
+
+def test_a_long_deadline_fires_late_by_at_most_one_percent() -> None:
+    async def main() -> float:
+        t0 = time.perf_counter()
+        with pytest.raises(TimeoutError):
+            async with deadline(1.0):
+                await asyncio.sleep(5)
+        return time.perf_counter() - t0
+
+    took = asyncio.run(main())
+    assert 1.0 <= took < 1.0 + 0.01 + 0.3  # its window, and a loaded machine's scheduling
+
+
+def test_deadline_needs_a_task() -> None:
+    async def main() -> None:
+        async with deadline(1):
+            pass
+
+    coroutine = main()
+    with pytest.raises(RuntimeError):  # no running loop, so no task
+        coroutine.send(None)
+    coroutine.close()
