@@ -180,3 +180,18 @@ def test_close_releases_the_client(fresh: CompletionsServer, tokenizer: Tokenize
     call(engine, [1, 2, 3], GREEDY)  # closes after the call
     with pytest.raises(EngineUnavailable, match="closed"):
         run(engine.generate([1, 2, 3], GREEDY))
+
+
+def test_request_bodies_carry_plain_int_ids_from_a_view_or_any_integer_sequence() -> None:
+    import numpy as np
+
+    from agent_runtime.engines.base import PromptView, plain_ids
+
+    ids = [151644, 872, 198, 9707, 151645, 7, 8]
+    view = PromptView(ids, 5)
+    ids.append(9)  # a transcript grows after the request is made: the view, and what is sent, do not
+    assert plain_ids(view) == [151644, 872, 198, 9707, 151645]
+    assert plain_ids(np.array(ids[:3], dtype=np.int32)) == [151644, 872, 198]
+    assert all(type(i) is int for i in plain_ids(np.array(ids, dtype=np.int64)))
+    with pytest.raises(TypeError):
+        plain_ids([1.0, 2.0])

@@ -66,6 +66,7 @@ from agent_runtime.engines.base import (
     Generation,
     LLMEngine,
     SamplingParams,
+    plain_ids,
     tokenizer_vocab_size,
     validate_generation,
 )
@@ -179,7 +180,7 @@ class OpenAIEngine(LLMEngine):
         """The JSON body sent for one generation (public so callers can log or replay it)."""
         body: dict[str, Any] = {
             "model": self.model,
-            "prompt": [int(i) for i in prompt_ids],
+            "prompt": plain_ids(prompt_ids),
             "max_tokens": max_tokens,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
@@ -205,7 +206,7 @@ class OpenAIEngine(LLMEngine):
         cannot be read or runs of pads that are not one per image."""
         if not self.accepts_images or self.image_pad_id is None:
             raise ValueError("openai: this engine's model is text-only (its tokenizer has no image grid)")
-        collapsed = collapse_image_pads([int(i) for i in prompt_ids], {self.image_pad_id})
+        collapsed = collapse_image_pads(plain_ids(prompt_ids), {self.image_pad_id})
         runs = collapsed.count(self.image_pad_id)
         if runs != len(images):
             raise ValueError(f"openai: the prompt holds {runs} runs of image pads for {len(images)} images")

@@ -47,6 +47,7 @@ from agent_runtime.engines.base import (
     Generation,
     LLMEngine,
     SamplingParams,
+    plain_ids,
     tokenizer_vocab_size,
     validate_generation,
 )
@@ -162,7 +163,7 @@ class VLLMEngine(LLMEngine):
     def tokens_prompt(self, prompt_ids: Sequence[int], images: Sequence[Any] = ()) -> Any:
         """vLLM's `TokensPrompt` for one request: the ids, or with decoded `images` the ids with each run of image
         pads collapsed and the images as `multi_modal_data`. ValueError when the runs are not one per image."""
-        prompt = [int(i) for i in prompt_ids]
+        prompt = plain_ids(prompt_ids)
         if not images:
             return self._vllm["TokensPrompt"](prompt_token_ids=prompt)
         if self.image_pad_id is None:
