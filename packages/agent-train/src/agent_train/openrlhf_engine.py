@@ -40,7 +40,7 @@ import msgspec
 from agent_protocol import Tokenizer
 from agent_protocol.images import read_image
 from agent_runtime import EngineError, Generation, LLMEngine, SamplingParams
-from agent_runtime.engines.base import tokenizer_vocab_size, validate_generation
+from agent_runtime.engines.base import plain_ids, tokenizer_vocab_size, validate_generation
 from agent_runtime.errors import EngineBadOutput
 
 __all__ = ["OpenRLHFEngine", "generation_from_output", "turn_sampling_params"]
@@ -91,7 +91,7 @@ class OpenRLHFEngine(LLMEngine):
         multi_modal_data = {"image": [self._picture(url) for url in images]} if images else None
         try:
             output = await self.rollout_engine.generate(
-                [int(i) for i in prompt_ids], params, multi_modal_data=multi_modal_data
+                plain_ids(prompt_ids), params, multi_modal_data=multi_modal_data
             )
         except Exception as e:
             raise EngineError(f"openrlhf: the rollout engine failed: {type(e).__name__}: {e}") from e
