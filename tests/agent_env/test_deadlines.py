@@ -49,11 +49,14 @@ def test_a_block_in_time_is_untouched(timeout: Callable[[float | None], Any]) ->
     assert asyncio.run(main()) == "done"
 
 
-@pytest.mark.parametrize("timeout", TIMEOUTS, ids=["asyncio.timeout", "deadline"])
-def test_a_cancellation_from_outside_stays_a_cancellation(timeout: Callable[[float | None], Any]) -> None:
+def cancel_from_outside(timeout: Callable[[float | None], Any], seconds: float, *, overrun_s: float = 0.0) -> None:
+    """Cancel a task from outside while it is inside `timeout(seconds)`, after it ran `overrun_s` without
+    yielding; the task must end with CancelledError."""
+
     async def worker(entered: asyncio.Event) -> None:
-        async with timeout(5):
+        async with timeout(seconds):
             entered.set()
+            time.sleep(overrun_s)
             await asyncio.sleep(5)
 
     async def main() -> None:
@@ -65,27 +68,19 @@ def test_a_cancellation_from_outside_stays_a_cancellation(timeout: Callable[[flo
             await task
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("timeout", TIMEOUTS, ids=["asyncio.timeout", "deadline"])
+def test_a_cancellation_from_outside_stays_a_cancellation(timeout: Callable[[float | None], Any]) -> None:
+    cancel_from_outside(timeout, 5)
 
 
 @pytest.mark.parametrize("timeout", TIMEOUTS, ids=["asyncio.timeout", "deadline"])
 def test_an_outside_cancellation_that_meets_the_deadline_is_not_a_timeout(
     timeout: Callable[[float | None], Any],
 ) -> None:
-    async def worker(entered: asyncio.Event) -> None:
-        async with timeout(0.05):
-            entered.set()
-            time.sleep(0.2)  # past the deadline without yielding: both cancellations are pending at once
-            await asyncio.sleep(5)
-
-    async def main() -> None:
-        entered = asyncio.Event()
-        task = asyncio.create_task(worker(entered))
-        await entered.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(main())
+    # past the deadline without yielding: both cancellations are pending at once
+    cancel_from_outside(timeout, 0.05, overrun_s=0.2)
 
 
 @pytest.mark.parametrize("timeout", TIMEOUTS, ids=["asyncio.timeout", "deadline"])

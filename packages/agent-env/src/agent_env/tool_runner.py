@@ -60,7 +60,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import msgspec
 import structlog
@@ -385,10 +385,7 @@ async def _invoke(target: ToolBase, arguments: Any, context: ToolContext, clock:
     except Exception:
         raise
     except BaseException as e:
-        contained = _contain(e)
-        if contained is e:
-            raise
-        raise contained from None
+        _raise_contained(e)
     finally:
         clock.finished = True
 
@@ -417,26 +414,23 @@ async def _wait_own_time(task: asyncio.Task[object], clock: WorkClock, timeout: 
 
 
 async def _contained(start: Callable[[], Awaitable[object]]) -> object:
-    """Await the tool (on its own loop); a BaseException it raises comes out as `_contain` says."""
+    """Await the tool (on its own loop); a BaseException it raises comes out as `_raise_contained` says."""
     try:
         return await start()
     except Exception:
         raise
     except BaseException as e:
-        contained = _contain(e)
-        if contained is e:
-            raise
-        raise contained from None
+        _raise_contained(e)
 
 
-def _contain(error: BaseException) -> BaseException:
-    """What a tool's BaseException becomes: the cancellation of the call itself stays what it is (it must
+def _raise_contained(error: BaseException) -> NoReturn:
+    """Raise what a tool's BaseException becomes: the cancellation of the call itself stays what it is (it must
     propagate); any other, a stray CancelledError included, is wrapped in `ContainedBaseException`."""
     if isinstance(error, asyncio.CancelledError):
         task = asyncio.current_task()
         if task is not None and task.cancelling():
-            return error
-    return ContainedBaseException(error)
+            raise error
+    raise ContainedBaseException(error) from None
 
 
 def _consume_outcome(task: asyncio.Task[object]) -> None:

@@ -173,11 +173,12 @@ class PieceCache:
         for length in self._head_lengths:
             if length > len(text):
                 continue
+            start = text[:length]
             with self._lock:
-                head = self._heads.get(text[:length])
+                head = self._heads.get(start)
                 if head is None:
                     continue
-                self._heads.move_to_end(text[:length])
+                self._heads.move_to_end(start)
             found = []
             for match in self.pattern.finditer(text, head.rescan_from):
                 if match.start() >= length:
