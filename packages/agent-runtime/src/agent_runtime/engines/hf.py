@@ -46,6 +46,11 @@ finished rows. If a batch fails, each request is retried alone, so one bad reque
 neighbours. The event loop only awaits a future, so it is never blocked, and the engine can be shared by
 several event loops.
 
+Output layer: on the CPU, a float32 Llama, Mistral, Qwen2 or Qwen3 model's decode steps of at most
+`hf_head.MAX_ROWS` rows run the backbone and take their logits from `hf_head.TransposedHead`, a copy of the output
+layer's weight stored ``[hidden, vocab]``: the same sums, several times faster than `nn.Linear`'s layout for a few
+rows (one row of the tiny Qwen3's 151,669 x 64 head: 4.5 -> 1.1 ms). `head` is None where it does not apply.
+
 Attention: a text model on transformers' ``sdpa`` with grouped key/value heads (Qwen3, Llama 3, ...) is switched to
 `hf_attention.GQA_SDPA`, the same SDPA call with `enable_gqa`, which reads the grouped heads in place instead of
 copying the KV cache per layer and step (`gqa_sdpa` says whether it was). A trainer that shares the model uses it
@@ -83,6 +88,8 @@ import structlog
 from agent_protocol import HFTokenizer, Tokenizer, TransformersTokenizer, load_tokenizer
 from agent_runtime.engines.base import FinishReason, Generation, LLMEngine, SamplingParams
 from agent_runtime.engines.hf_attention import use_gqa_sdpa
+from agent_runtime.engines.hf_head import MAX_ROWS as MAX_HEAD_ROWS
+from agent_runtime.engines.hf_head import TransposedHead
 from agent_runtime.engines.hf_prefix import Prefix, PrefixCache
 from agent_runtime.engines.hf_vision import ImageInputs, VisionInputs, is_vision_model
 from agent_runtime.errors import EngineError, EngineUnavailable
@@ -160,7 +167,10 @@ class HFEngine(LLMEngine):
         #: grouped-query attention read in place instead of copied per step (`hf_attention.use_gqa_sdpa`)
         self.gqa_sdpa = use_gqa_sdpa(model)
         # transformers renamed `past_key_values` to `cache` in the forward signature of its 5.x models
-        self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._cache_kwarg = _cache_kwarg(model)
+        #: a decode step's logits from the output layer's weight kept transposed (CPU float32, `hf_head`), or None
+        self.head = TransposedHead.of(model)
+        self._head_cache_kwarg = _cache_kwarg(self.head.backbone) if self.head is not None else self._cache_kwarg
         #: the kept sequences whose keys and values a new request continues from (see the module docstring)
         self.prefix_cache = PrefixCache(max_sequences=prefix_cache_sequences, max_tokens=prefix_cache_tokens)
         #: whether requests use `prefix_cache` (off when a bound is 0 or the model's cache cannot be resumed)
@@ -401,18 +411,9 @@ class HFEngine(LLMEngine):
         index = list(range(rows))  # the request of each row of the running tensors (finished rows leave them)
         step_ids = input_ids
         while True:
-            out = self.model(
-                input_ids=step_ids,
-                attention_mask=mask,
-                position_ids=positions,
-                use_cache=True,
-                logits_to_keep=1,
-                **{self._cache_kwarg: cache},
-                **(extra if step_ids is input_ids else {}),
-            )
+            logits = self._logits(step_ids, mask, positions, cache, extra if step_ids is input_ids else {})
             if step_ids is input_ids and cache.get_seq_length() != past + width:
                 raise EngineError(f"hf: the model ignored its KV cache (passed as `{self._cache_kwarg}`)")
-            logits = out.logits[:, -1, :].float()
             self.row_steps += len(index)
             live = [at for at, row in enumerate(index) if not done[row]]  # positions in the running tensors
             greedy = logits.argmax(-1).tolist() if any(generators[index[at]] is None for at in live) else []
@@ -480,6 +481,23 @@ class HFEngine(LLMEngine):
             )
             for row, request in enumerate(batch)
         ]
+
+    def _logits(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Any,
+        extra: dict[str, torch.Tensor],
+    ) -> torch.Tensor:
+        """One forward step: the last position's logits of each row, in float32 (rows x vocab)."""
+        inputs = {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions, "use_cache": True}
+        if self.head is not None and not extra and input_ids.shape[0] <= MAX_HEAD_ROWS:
+            hidden = self.head.backbone(**inputs, **{self._head_cache_kwarg: cache}).last_hidden_state
+            return self.head.logits(hidden[:, -1, :])
+        out = self.model(**inputs, logits_to_keep=1, **{self._cache_kwarg: cache}, **extra)
+        logits: torch.Tensor = out.logits[:, -1, :].float()
+        return logits
 
     def _batch_cache(self, prefixes: list[Prefix | None], reused: list[int], past: int) -> Any:
         """A new cache holding each row's kept prefix, left-padded to `past` positions (the mask hides the pad)."""
@@ -556,6 +574,11 @@ def _model_eos_ids(model: Any) -> tuple[int, ...]:
         if found:
             break
     return tuple(found)
+
+
+def _cache_kwarg(module: Any) -> str:
+    """The name `module`'s forward takes its KV cache by (transformers 5.x renamed `past_key_values` to `cache`)."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def _prefix_resumable(model: Any) -> bool:
