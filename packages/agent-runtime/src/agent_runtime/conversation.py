@@ -299,7 +299,8 @@ class Conversation:
         return error
 
     def usage(self) -> Usage:
-        completion = sum(sum(t.loss_mask) for t in self.segments)
+        # the loss mask is 1 exactly on the action spans: their lengths, not a sum over every token's mask
+        completion = sum(s.end - s.start for t in self.segments for s in t.spans if s.kind == "action")
         total = sum(len(t) for t in self.segments)
         return Usage(prompt_tokens=total - completion, completion_tokens=completion, generations=self.generations)
 

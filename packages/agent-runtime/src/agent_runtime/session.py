@@ -23,8 +23,8 @@ runtime and the training executor do) and knows nothing about HTTP or OpenRLHF.
 from __future__ import annotations
 
 import copy
+import os
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -142,7 +142,7 @@ class AgentSession:
         if isinstance(source, Environment):
             # One instance per episode: a shallow copy shares the read-only tools and gets its own state on reset.
             env = copy.copy(source)
-            env.episode_id = uuid.uuid4().hex[:12]
+            env.episode_id = os.urandom(6).hex()
             return env
         env = source()
         if not isinstance(env, Environment):
