@@ -20,6 +20,7 @@ from agent_protocol import get_protocol
 from agent_runtime.engines.base import Generation, SamplingParams
 from agent_runtime.engines.hf import HFEngine
 from agent_runtime.errors import ContextBudgetExceeded, EngineError, EngineUnavailable
+from tests.support.greedy_reference import greedy_reference
 
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)
 PROMPTS = [
@@ -58,12 +59,7 @@ def test_greedy_matches_transformers_generate(tiny_hf_engine: HFEngine) -> None:
     for index in range(len(PROMPTS)):
         prompt = prompt_ids(engine, index)
         generation = run(engine.generate(prompt, GREEDY))
-        with torch.inference_mode():
-            reference = engine.model.generate(
-                torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                max_new_tokens=8, do_sample=False,
-            )[0, len(prompt) :].tolist()  # fmt: skip
-        assert generation.ids == reference
+        assert generation.ids == greedy_reference(engine.model, prompt, 8)
         assert len(set(generation.ids)) > 1, "the tiny model should not just repeat one token"
         assert generation.finish_reason == "length"
         assert generation.text == engine.tokenizer.decode(generation.ids)

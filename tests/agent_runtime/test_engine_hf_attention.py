@@ -16,9 +16,11 @@ pytest.importorskip("transformers")
 import torch
 import transformers
 
+from agent_protocol import HFTokenizer
 from agent_runtime.engines.base import SamplingParams
 from agent_runtime.engines.hf import HFEngine
 from agent_runtime.engines.hf_attention import GQA_SDPA, use_gqa_sdpa
+from tests.support.greedy_reference import greedy_reference
 
 
 def load(model_dir: Path, attn: str = "sdpa") -> Any:
@@ -52,7 +54,7 @@ def test_the_grouped_call_gives_the_logits_of_sdpa_batched_and_cached(tiny_qwen3
 
 def test_the_engine_switches_and_gives_the_ids_of_sdpa_generate(tiny_qwen3_dir: Path) -> None:
     plain, grouped = load(tiny_qwen3_dir).eval(), load(tiny_qwen3_dir)
-    engine = HFEngine(grouped, _tokenizer(tiny_qwen3_dir), max_batch_size=4)
+    engine = HFEngine(grouped, HFTokenizer.from_file(tiny_qwen3_dir), max_batch_size=4)
     try:
         assert engine.gqa_sdpa and grouped.config._attn_implementation == GQA_SDPA
         prompts = [[(7 * i + 3 * j) % 900 + 20 for j in range(9 + 4 * i)] for i in range(4)]
@@ -64,12 +66,7 @@ def test_the_engine_switches_and_gives_the_ids_of_sdpa_generate(tiny_qwen3_dir: 
         got = asyncio.run(together())
         assert engine.batch_sizes[4] == 1
         for prompt, ids in zip(prompts, got, strict=True):
-            with torch.inference_mode():
-                out = plain.generate(
-                    torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                    max_new_tokens=6, do_sample=False,
-                )  # fmt: skip
-            assert ids == [int(i) for i in out[0, len(prompt) :]]
+            assert ids == greedy_reference(plain, prompt, 6)
     finally:
         asyncio.run(engine.close())
 
@@ -84,9 +81,3 @@ def test_models_it_does_not_apply_to_are_left_as_they_are(tiny_qwen3_dir: Path) 
     ungrouped = transformers.Qwen3ForCausalLM(config)
     assert ungrouped.config._attn_implementation == "sdpa"
     assert not use_gqa_sdpa(ungrouped) and ungrouped.config._attn_implementation == "sdpa"
-
-
-def _tokenizer(model_dir: Path) -> Any:
-    from agent_protocol import HFTokenizer
-
-    return HFTokenizer.from_file(model_dir / "tokenizer.json")

@@ -16,10 +16,12 @@ pytest.importorskip("transformers")
 import torch
 import transformers
 
+from agent_protocol import HFTokenizer
 from agent_runtime.engines import hf_head
 from agent_runtime.engines.base import SamplingParams
 from agent_runtime.engines.hf import HFEngine
 from agent_runtime.engines.hf_head import TransposedHead
+from tests.support.greedy_reference import greedy_reference
 
 
 def load(model_dir: Path) -> Any:
@@ -84,7 +86,7 @@ def test_a_change_of_weights_makes_a_new_copy(tiny_qwen3_dir: Path) -> None:
 
 def test_the_engine_uses_it_and_gives_the_ids_of_generate(tiny_qwen3_dir: Path) -> None:
     reference, model = load(tiny_qwen3_dir), load(tiny_qwen3_dir)
-    engine = HFEngine(model, _tokenizer(tiny_qwen3_dir), max_batch_size=8)
+    engine = HFEngine(model, HFTokenizer.from_file(tiny_qwen3_dir), max_batch_size=8)
     used = []
     logits = engine.head.logits  # type: ignore[union-attr]
     engine.head.logits = lambda hidden: used.append(hidden.shape[0]) or logits(hidden)  # type: ignore[method-assign,union-attr]
@@ -101,12 +103,7 @@ def test_the_engine_uses_it_and_gives_the_ids_of_generate(tiny_qwen3_dir: Path) 
         assert used and max(used) <= hf_head.MAX_ROWS  # the lone request's steps; the batch of 5 ran the model's
         assert engine.batch_sizes[1] >= 1 and engine.batch_sizes[5] == 1
         for prompt, ids in zip(prompts, got, strict=True):
-            with torch.inference_mode():
-                out = reference.generate(
-                    torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                    max_new_tokens=7, do_sample=False,
-                )  # fmt: skip
-            assert ids == [int(i) for i in out[0, len(prompt) :]]
+            assert ids == greedy_reference(reference, prompt, 7)
     finally:
         asyncio.run(engine.close())
 
@@ -141,9 +138,3 @@ def _row_cache(cache: Any, row: int, model: Any) -> Any:
     for index, layer in enumerate(cache.layers):
         copy.update(layer.keys[row : row + 1].clone(), layer.values[row : row + 1].clone(), index)
     return copy
-
-
-def _tokenizer(model_dir: Path) -> Any:
-    from agent_protocol import HFTokenizer
-
-    return HFTokenizer.from_file(model_dir / "tokenizer.json")

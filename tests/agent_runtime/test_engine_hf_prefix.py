@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 import pytest
@@ -20,6 +20,7 @@ import transformers
 
 from agent_runtime.engines.base import Generation, PromptView, SamplingParams
 from agent_runtime.engines.hf import HFEngine
+from tests.support.greedy_reference import greedy_reference
 
 TURN = SamplingParams(max_new_tokens=6, temperature=0.0)
 OPENING = "<|im_start|>user\nWhat is 12 * 34 + 5? Use the calculator.<|im_end|>\n<|im_start|>assistant\n"
@@ -28,16 +29,6 @@ FEEDBACK = "<|im_end|>\n<|im_start|>user\n<tool_response>\n413\n</tool_response>
 
 def run[T](coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
-
-
-def reference(model: Any, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
-    """Greedy ids from transformers' own `generate` over the whole prompt (no kept prefix)."""
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([list(prompt)]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=max_new_tokens, do_sample=False,
-        )  # fmt: skip
-    return [int(i) for i in out[0, len(prompt) :]]
 
 
 def episode(engine: HFEngine, opening: str, turns: int) -> Iterator[tuple[list[int], Generation]]:
@@ -62,7 +53,7 @@ def test_each_turn_continues_from_the_last_and_gives_the_ids_of_a_full_prefill(e
     assert engine.prefix_caching
     turns = list(episode(engine, OPENING, 4))
     for prompt, generation in turns:
-        assert generation.ids == reference(engine.model, prompt, TURN.max_new_tokens)
+        assert generation.ids == greedy_reference(engine.model, prompt, TURN.max_new_tokens)
     assert (engine.prefix_cache.hits, engine.prefix_cache.misses) == (3, 1)
     # every turn after the first prefilled only its last generated id and the feedback
     expected_reuse = sum(len(prompt) + len(generation.ids) - 1 for prompt, generation in turns[:-1])
@@ -106,11 +97,12 @@ def test_a_batch_mixes_rows_with_kept_prefixes_of_different_lengths(engine: HFEn
     assert engine.batch_sizes[3] == 1, f"expected one batch of three, saw {dict(engine.batch_sizes)}"
     assert engine.prefix_cache.hits == hits + 2
     for prompt, generation, budget in zip(prompts, batched, budgets, strict=True):
-        assert generation.ids == reference(engine.model, prompt, budget)
+        assert generation.ids == greedy_reference(engine.model, prompt, budget)
     # what each row kept is its own sequence: the next turn of every episode still matches a full prefill
     for prompt, generation in zip(prompts, batched, strict=True):
         follow_up = prompt + generation.ids + feedback
-        assert run(engine.generate(follow_up, TURN)).ids == reference(engine.model, follow_up, TURN.max_new_tokens)
+        expected = greedy_reference(engine.model, follow_up, TURN.max_new_tokens)
+        assert run(engine.generate(follow_up, TURN)).ids == expected
     assert engine.prefix_cache.hits == hits + 5
 
 
@@ -126,8 +118,8 @@ def test_a_weight_change_drops_every_kept_prefix(tiny_hf_engine: HFEngine) -> No
         follow_up = second_prompt + second.ids + engine.tokenize(FEEDBACK)  # extends the kept sequence
         after = run(engine.generate(follow_up, TURN))
         assert engine.prefix_cache.hits == 1, "a kept prefix from the old weights was reused"
-        assert after.ids == reference(model, follow_up, TURN.max_new_tokens)
-        assert after.ids != reference(tiny_hf_engine.model, follow_up, TURN.max_new_tokens), "weights unchanged?"
+        assert after.ids == greedy_reference(model, follow_up, TURN.max_new_tokens)
+        assert after.ids != greedy_reference(tiny_hf_engine.model, follow_up, TURN.max_new_tokens), "weights unchanged?"
         engine.clear_prefix_cache()
         run(engine.generate(first_prompt + first.ids, TURN))
         assert len(engine.prefix_cache) == 1 and engine.prefix_cache.hits == 1
@@ -170,7 +162,7 @@ def test_a_sliding_window_model_always_prefills_in_full(tiny_hf_engine: HFEngine
         prompt = list(range(1, 30))
         first = run(engine.generate(prompt, TURN))
         follow_up = prompt + first.ids + [5, 6, 7]
-        assert run(engine.generate(follow_up, TURN)).ids == reference(model, follow_up, TURN.max_new_tokens)
+        assert run(engine.generate(follow_up, TURN)).ids == greedy_reference(model, follow_up, TURN.max_new_tokens)
         assert engine.prefix_cache.hits == 0 and len(engine.prefix_cache) == 0
     finally:
         run(engine.close())
@@ -231,12 +223,13 @@ def test_finished_rows_leave_the_running_batch_and_the_rest_match_a_lone_run(
         assert engine.row_steps == 3 + 3 + 2 + 2 + 1 + 1
         for prompt, sampling, generation in zip(prompts, samplings, batched, strict=True):
             lone = run(alone.generate(prompt, sampling))
-            assert generation.ids == lone.ids == reference(engine.model, prompt, sampling.max_new_tokens)
+            assert generation.ids == lone.ids == greedy_reference(engine.model, prompt, sampling.max_new_tokens)
             assert generation.logprobs == pytest.approx(lone.logprobs, abs=1e-4)
         hits = engine.prefix_cache.hits
         for prompt, generation in zip(prompts, batched, strict=True):
             follow_up = prompt + generation.ids + feedback
-            assert run(engine.generate(follow_up, TURN)).ids == reference(engine.model, follow_up, TURN.max_new_tokens)
+            expected = greedy_reference(engine.model, follow_up, TURN.max_new_tokens)
+            assert run(engine.generate(follow_up, TURN)).ids == expected
         assert engine.prefix_cache.hits == hits + 3, "every row, finished early or not, kept its sequence"
     finally:
         run(alone.close())

@@ -167,10 +167,9 @@ class HFEngine(LLMEngine):
         #: grouped-query attention read in place instead of copied per step (`hf_attention.use_gqa_sdpa`)
         self.gqa_sdpa = use_gqa_sdpa(model)
         # transformers renamed `past_key_values` to `cache` in the forward signature of its 5.x models
-        self._cache_kwarg = _cache_kwarg(model)
+        self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         #: a decode step's logits from the output layer's weight kept transposed (CPU float32, `hf_head`), or None
         self.head = TransposedHead.of(model)
-        self._head_cache_kwarg = _cache_kwarg(self.head.backbone) if self.head is not None else self._cache_kwarg
         #: the kept sequences whose keys and values a new request continues from (see the module docstring)
         self.prefix_cache = PrefixCache(max_sequences=prefix_cache_sequences, max_tokens=prefix_cache_tokens)
         #: whether requests use `prefix_cache` (off when a bound is 0 or the model's cache cannot be resumed)
@@ -492,10 +491,11 @@ class HFEngine(LLMEngine):
     ) -> torch.Tensor:
         """One forward step: the last position's logits of each row, in float32 (rows x vocab)."""
         inputs = {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions, "use_cache": True}
+        inputs[self._cache_kwarg] = cache  # the stock models `hf_head` allows pass it on to their backbone by name
         if self.head is not None and not extra and input_ids.shape[0] <= MAX_HEAD_ROWS:
-            hidden = self.head.backbone(**inputs, **{self._head_cache_kwarg: cache}).last_hidden_state
+            hidden = self.head.backbone(**inputs).last_hidden_state
             return self.head.logits(hidden[:, -1, :])
-        out = self.model(**inputs, logits_to_keep=1, **{self._cache_kwarg: cache}, **extra)
+        out = self.model(**inputs, logits_to_keep=1, **extra)
         logits: torch.Tensor = out.logits[:, -1, :].float()
         return logits
 
@@ -574,11 +574,6 @@ def _model_eos_ids(model: Any) -> tuple[int, ...]:
         if found:
             break
     return tuple(found)
-
-
-def _cache_kwarg(module: Any) -> str:
-    """The name `module`'s forward takes its KV cache by (transformers 5.x renamed `past_key_values` to `cache`)."""
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 def _prefix_resumable(model: Any) -> bool:
