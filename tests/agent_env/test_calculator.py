@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 from fractions import Fraction
@@ -11,7 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_env.tool_runner import ToolRunner
-from agent_env.tools.calculator import CalculatorError, CalculatorTool, calculator, evaluate, format_number
+from agent_env.tools.calculator import (
+    CalculatorError,
+    CalculatorTool,
+    _Evaluator,
+    _read_plain,
+    calculator,
+    evaluate,
+    format_number,
+)
 from agent_protocol.types import ToolCall
 
 
@@ -155,3 +164,64 @@ def test_the_integer_path_gives_the_exact_value_of_any_expression(case: tuple[st
     assert type(got) is Fraction
     assert got == value
     assert format_number(got) == format_number(value)
+
+
+def _by_ast(text: str) -> Fraction | str:
+    """What the `ast` reader makes of `text`: its value, or the calculator's message (the reference)."""
+    evaluator = _Evaluator(text, max_exponent=10_000, max_bits=10_000)
+    try:
+        return Fraction(evaluator.visit(ast.parse(text, mode="eval").body))
+    except SyntaxError:
+        return "syntax error"
+    except CalculatorError as e:
+        return e.message
+
+
+def _by_plain(text: str) -> Fraction | str | None:
+    """What the plain reader makes of `text`: None when it leaves it to `ast`."""
+    postfix = _read_plain(text)
+    if postfix is None:
+        return None
+    try:
+        return Fraction(_Evaluator(text, max_exponent=10_000, max_bits=10_000).run(postfix))
+    except CalculatorError as e:
+        return e.message
+
+
+@given(st.text(alphabet="0123456789.+-*/() \t", max_size=24))
+@settings(max_examples=3000, deadline=None, derandomize=True)
+def test_the_plain_reader_agrees_with_ast_on_any_text_of_its_alphabet(text: str) -> None:
+    """Any text of numbers, operators, parentheses and blanks: where the plain reader gives an answer it is the
+    one `ast` gives (value, or the same error in the same order); where `ast` gives a value, the plain reader
+    gives it too (it leaves to `ast` only what is malformed or refused, such as ``//`` and ``007``)."""
+    text = text.strip()
+    reference, plain = _by_ast(text), _by_plain(text)
+    if plain is not None:
+        assert plain == reference, text
+    elif isinstance(reference, Fraction):
+        raise AssertionError(f"{text!r} has the value {reference} and the plain reader refused it")
+
+
+@given(_trees(3))
+@settings(max_examples=300, deadline=None, derandomize=True)
+def test_the_plain_reader_reads_every_generated_expression(case: tuple[str, Fraction | None]) -> None:
+    text, _ = case
+    assert _read_plain(text) is not None, text
+    assert _by_plain(text) == _by_ast(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["-2 ** 2", "2 ** -3 * 4", "2 ** 3 ** 2", "--1", "+-+1", "-(2) ** 2", "2 * -3 ** 2", "(1 + 2) * 3 - 4 / 8",
+     "1 - 2 - 3", "64 / 4 / 2", "2 ** -2 ** -1", "\t7 *\t(1.5 - .5) ", "00 + 0.50 + 5.", "1 / (2 - 2) + 1 / 0"],
+)  # fmt: skip
+def test_the_plain_reader_follows_pythons_precedence(text: str) -> None:
+    assert _read_plain(text.strip()) is not None
+    assert _by_plain(text.strip()) == _by_ast(text.strip())
+
+
+@pytest.mark.parametrize("text", ["2 // 3", "007", "1.2.3", "2 3", "2(3)", "()", "(1", "1)", "1 +", "* 2", "2 * * 3"])
+def test_the_plain_reader_leaves_what_it_does_not_accept_to_ast(text: str) -> None:
+    assert _read_plain(text) is None
+    with pytest.raises(CalculatorError):
+        evaluate(text)

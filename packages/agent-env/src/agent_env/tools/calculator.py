@@ -1,10 +1,17 @@
 """The `calculator` tool: exact arithmetic on + - * / ** and parentheses, without `eval`.
 
-The expression is parsed with `ast` and only numbers, the five operators, unary minus/plus and parentheses
-are walked; anything else (names, calls, attributes, ``^``, ``%``, ``//``) is refused with a message naming
+The expression is read as Python reads it: only numbers, the five operators, unary minus/plus and parentheses
+are evaluated; anything else (names, calls, attributes, ``^``, ``%``, ``//``) is refused with a message naming
 it. Numbers are integers or decimals (``0.1`` is exactly one tenth, never a binary float); values are exact
 (`int` while integral, else `fractions.Fraction`), so ``1/3*3`` is ``1``. ``×``, ``÷`` and ``−`` are read as
 ``*``, ``/`` and ``-``.
+
+Two readers, one result. A plain expression (integers and decimals such as ``12``, ``0.5``, the five operators,
+parentheses, spaces and tabs) is read by `_read_plain`, a shunting-yard parser with Python's precedences: about
+2.5 us where `ast.parse` took 8 (it was most of a calculator call). Anything else, or anything it does not accept
+(``007``, ``1.2.3``, ``2 3``), goes to `ast`, whose messages say what is wrong. Both evaluate in the same order,
+so a plain expression gives the value or the error `ast` would (the tests compare the two on every text of the
+plain alphabet up to 24 characters that hypothesis draws, and on generated expressions).
 
 Bounds: the expression's length (default 200 characters), a power's exponent (default |e| <= 10000) and the
 size of every intermediate value (default 10000 bits, about 3000 digits), so no input can make the tool spin.
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 from decimal import Decimal, InvalidOperation, localcontext
 from fractions import Fraction
 from typing import Annotated, Any, Final
@@ -52,6 +60,18 @@ _REFUSED_OPERATORS: Final[dict[type[ast.operator], str]] = {
 }
 _LOOKALIKES: Final = str.maketrans({"×": "*", "÷": "/", "−": "-"})
 _MAX_ROOT_DEGREE: Final = 64
+_PLAIN_MAX_CHARS: Final = 1000  # longer texts go to `ast` (which also bounds the nesting)
+_PLAIN_TEXT: Final = re.compile(r"[-+*/()0-9. \t]*")
+_PLAIN_TOKENS: Final = re.compile(r"\*\*|[-+*/()]|[0-9.]+")
+_BINARY: Final[dict[str, tuple[int, type[ast.operator]]]] = {
+    "+": (1, ast.Add),
+    "-": (1, ast.Sub),
+    "*": (2, ast.Mult),
+    "/": (2, ast.Div),
+    "**": (4, ast.Pow),  # right-associative, and above the unary signs: -2**2 is -(2**2), 2**-1 is 2**(-1)
+}
+_UNARY_PRECEDENCE: Final = 3
+_DIGITS: Final = frozenset("0123456789.")
 
 Exact = int | Fraction  # a value while it is computed (see `_Evaluator`)
 
@@ -71,16 +91,84 @@ def evaluate(expression: str, *, max_length: int = 200, max_exponent: int = 10_0
 
 
 def _evaluate(expression: str, *, max_length: int, max_exponent: int, max_bits: int) -> Exact:
-    text = expression.translate(_LOOKALIKES).strip()
+    text = (expression if expression.isascii() else expression.translate(_LOOKALIKES)).strip()
     if not text:
         raise CalculatorError("the expression is empty")
     if len(text) > max_length:
         raise CalculatorError(f"the expression is {len(text)} characters long; the limit is {max_length}")
+    evaluator = _Evaluator(text, max_exponent=max_exponent, max_bits=max_bits)
+    plain = _read_plain(text) if len(text) <= _PLAIN_MAX_CHARS else None
+    if plain is not None:
+        return evaluator.run(plain)
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError as e:
         raise CalculatorError(f"not a valid expression: {e.msg}") from e
-    return _Evaluator(text, max_exponent=max_exponent, max_bits=max_bits).visit(tree.body)
+    return evaluator.visit(tree.body)
+
+
+# A plain expression in postfix order: (kind, text) with kind _INT or _DECIMAL (a number's literal), _NEGATE, or
+# _BINARY_OP (the operator's symbol). A unary plus leaves its operand as it is, so it is not written down.
+_INT, _DECIMAL, _NEGATE, _BINARY_OP = range(4)
+_Postfix = list[tuple[int, str]]
+
+
+def _read_plain(text: str) -> _Postfix | None:
+    """`text` in postfix order when it is a well-formed plain expression (see the module docstring), else None:
+    then `ast` reads it, and says what is wrong. Shunting-yard with Python's precedences."""
+    if not _PLAIN_TEXT.fullmatch(text):
+        return None
+    out: _Postfix = []
+    stack: list[str] = []  # "(", binary operators, and "-u"/"+u" for the unary signs
+    want_operand = True
+    for token in _PLAIN_TOKENS.findall(text):
+        if want_operand:
+            if token[0] in _DIGITS:
+                if token.isdigit():  # ASCII digits only (the text matched `_PLAIN_TEXT`)
+                    if token[0] == "0" and token.strip("0"):
+                        return None  # Python refuses leading zeros (``007``), not ``00``: let `ast` say so
+                    out.append((_INT, token))
+                elif token.count(".") == 1 and token != ".":
+                    out.append((_DECIMAL, token))
+                else:
+                    return None  # ``1.2.3``, ``.``
+                want_operand = False
+            elif token == "(":
+                stack.append("(")
+            elif token == "-" or token == "+":
+                stack.append(token + "u")
+            else:
+                return None
+        elif token == ")":
+            while stack and stack[-1] != "(":
+                _emit(stack.pop(), out)
+            if not stack:
+                return None
+            stack.pop()
+        elif token in _BINARY:
+            precedence = _BINARY[token][0]
+            while stack and stack[-1] != "(":
+                top = stack[-1]
+                above = _UNARY_PRECEDENCE if top[-1] == "u" else _BINARY[top][0]
+                if above < precedence or (above == precedence and token == "**"):
+                    break
+                _emit(stack.pop(), out)
+            stack.append(token)
+            want_operand = True
+        else:
+            return None  # an operand right after an operand (``2 3``, ``2(3)``)
+    if want_operand or "(" in stack:
+        return None
+    while stack:
+        _emit(stack.pop(), out)
+    return out
+
+
+def _emit(operator: str, out: _Postfix) -> None:
+    if operator == "-u":
+        out.append((_NEGATE, operator))
+    elif operator != "+u":
+        out.append((_BINARY_OP, operator))
 
 
 class _Evaluator:
@@ -91,6 +179,21 @@ class _Evaluator:
         self.source = source
         self.max_exponent = max_exponent
         self.max_bits = max_bits
+
+    def run(self, postfix: _Postfix) -> Exact:
+        """The value of a plain expression (`_read_plain`), in the order `visit` takes the same tree."""
+        values: list[Exact] = []
+        for kind, text in postfix:
+            if kind == _INT:
+                values.append(self._checked(int(text)))
+            elif kind == _DECIMAL:
+                values.append(self._decimal(text))
+            elif kind == _NEGATE:
+                values[-1] = -values[-1]
+            else:
+                right = values.pop()
+                values[-1] = self._checked(self._apply(_BINARY[text][1], values[-1], right))
+        return values[0]
 
     def visit(self, node: ast.expr) -> Exact:
         if isinstance(node, ast.BinOp):
@@ -111,7 +214,10 @@ class _Evaluator:
             return self._checked(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise CalculatorError(f"{value!r} is not a number")
-        literal = (ast.get_source_segment(self.source, node) or repr(value)).replace("_", "")
+        return self._decimal((ast.get_source_segment(self.source, node) or repr(value)).replace("_", ""))
+
+    def _decimal(self, literal: str) -> Exact:
+        """A decimal literal's exact value (``0.1`` is one tenth)."""
         try:
             exact = Decimal(literal)
         except InvalidOperation as e:
@@ -153,6 +259,10 @@ class _Evaluator:
         return _simplest(Fraction(base) ** power)  # an int's negative power is a float; a Fraction's is exact
 
     def _checked(self, value: Exact) -> Exact:
+        if type(value) is int:
+            if value.bit_length() > self.max_bits:
+                raise CalculatorError(f"an intermediate value is larger than {self.max_bits} bits")
+            return value
         if max(value.numerator.bit_length(), value.denominator.bit_length()) > self.max_bits:
             raise CalculatorError(f"an intermediate value is larger than {self.max_bits} bits")
         return value
