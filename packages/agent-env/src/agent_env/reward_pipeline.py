@@ -115,8 +115,8 @@ class RewardPipeline:
         results_of = self._run_all(
             {name: (functools.partial(s.score, episode), s.fallback) for name, s in self.result.items()}, context={}
         )
-        if not self.process:  # no step has anything to run: no task per step
-            steps = tuple(StepReward(total=0.0) for _ in episode.steps)
+        if not self.process:  # no step has anything to run: no task per step, and one (frozen) zero for every step
+            steps = (StepReward(total=0.0),) * len(episode.steps)
             results = await results_of
         else:
             async with asyncio.TaskGroup() as group:

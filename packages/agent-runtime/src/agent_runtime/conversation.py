@@ -30,6 +30,7 @@ records the right code (`stage_code`).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import Final, Literal
@@ -69,6 +70,14 @@ _STAGE_CODES: Final[dict[Stage, StageCode]] = {
 }
 
 
+@functools.lru_cache(maxsize=256)
+def _clamped(base: SamplingParams, max_new_tokens: int, stop_token_ids: tuple[int, ...]) -> SamplingParams:
+    """`base` with this budget and these stop tokens added (frozen, so one object serves every turn that asks the
+    same: the turns of an episode, and every episode of a rollout, mostly do)."""
+    stops = base.stop_token_ids + tuple(i for i in stop_token_ids if i not in base.stop_token_ids)
+    return msgspec.structs.replace(base, max_new_tokens=max_new_tokens, stop_token_ids=stops)
+
+
 def stage_code(stage: Stage) -> StageCode:
     """The error code of an exception raised while `stage` ran (``internal_error`` outside every stage)."""
     return _STAGE_CODES.get(stage, "internal_error")
@@ -90,9 +99,8 @@ class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
         summary's budget is its own (`summary_max_new_tokens`, within the context), not capped by the turn limit
         of `base`: a recipe with short turns would otherwise cut every summary short."""
         base = base or SamplingParams()
-        stops = base.stop_token_ids + tuple(i for i in self.stop_token_ids if i not in base.stop_token_ids)
         budget = self.max_new_tokens if self.purpose == "summary" else min(base.max_new_tokens, self.max_new_tokens)
-        return msgspec.structs.replace(base, max_new_tokens=budget, stop_token_ids=stops)
+        return _clamped(base, budget, self.stop_token_ids)
 
 
 class Reply(msgspec.Struct, frozen=True, kw_only=True):

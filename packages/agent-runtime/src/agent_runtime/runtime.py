@@ -57,12 +57,13 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     @classmethod
     def of(cls, session: AgentSession, events: list[Event] | None = None) -> RunResult:
         """The result of `session`'s finished episode (what its `FinalEvent` says, and its trajectory)."""
+        trajectory = session.record()
         return cls(
             final_answer=session.final_answer,
             stop_reason=session.stop_reason,
             reward=session.reward,
-            usage=session.usage(),
-            trajectory=session.record(),
+            usage=trajectory.usage,  # counted once, for both
+            trajectory=trajectory,
             events=events or [],
         )
 
