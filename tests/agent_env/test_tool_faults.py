@@ -79,7 +79,7 @@ def message_of(observation: Observation) -> str:
 
 
 @pytest.mark.parametrize("kind", sorted(RAISED))
-@pytest.mark.parametrize("event_loop", ["isolated", "shared"])
+@pytest.mark.parametrize("event_loop", ["isolated", "shared", "inline"])
 def test_an_async_tool_that_raises_a_base_exception_is_a_tool_error(kind: str, event_loop: EventLoopMode) -> None:
     runner = ToolRunner([raiser(kind, asynchronous=True, event_loop=event_loop), add])
     boom, after = run_guarded(runner.run([call("boom"), call("add", "c2", a=1, b=2)]))
@@ -88,8 +88,9 @@ def test_an_async_tool_that_raises_a_base_exception_is_a_tool_error(kind: str, e
 
 
 @pytest.mark.parametrize("kind", sorted(RAISED))
-def test_a_sync_tool_that_raises_a_base_exception_is_a_tool_error(kind: str) -> None:
-    runner = ToolRunner([raiser(kind, asynchronous=False), add])
+@pytest.mark.parametrize("event_loop", [None, "inline"])
+def test_a_sync_tool_that_raises_a_base_exception_is_a_tool_error(kind: str, event_loop: EventLoopMode | None) -> None:
+    runner = ToolRunner([raiser(kind, asynchronous=False, event_loop=event_loop), add])
     boom, after = run_guarded(runner.run([call("boom"), call("add", "c2", a=1, b=2)]))
     assert boom.code == "tool_error" and message_of(boom).startswith(f"{kind}")
     assert after.ok and after.content == "3"
@@ -99,7 +100,7 @@ def test_a_tool_that_raises_cancelled_error_itself_is_a_tool_error() -> None:
     async def fn() -> str:
         raise asyncio.CancelledError
 
-    modes: tuple[EventLoopMode, ...] = ("isolated", "shared")
+    modes: tuple[EventLoopMode, ...] = ("isolated", "shared", "inline")
     for event_loop in modes:
         runner = ToolRunner([FunctionTool(fn, name="quit", event_loop=event_loop)])
         [observation] = run_guarded(runner.run([call("quit")]))
@@ -367,3 +368,80 @@ def test_bad_isolation_settings_are_refused_when_the_runner_is_built() -> None:
         ToolRunner([broken])
     with pytest.raises(ToolDefinitionError, match="event_loop must be"):
         FunctionTool(add.fn, event_loop="main")  # type: ignore[arg-type]
+
+
+def test_an_inline_tool_runs_in_place_in_the_callers_task_and_thread() -> None:
+    """No task, no thread: the call runs inside the caller's own step (the calculator's hot path)."""
+    seen: dict[str, object] = {}
+
+    async def where_async() -> str:
+        seen["task"], seen["thread"] = asyncio.current_task(), threading.get_ident()
+        return "async"
+
+    def where_sync() -> str:
+        seen["sync_thread"] = threading.get_ident()
+        return "sync"
+
+    runner = ToolRunner(
+        [
+            FunctionTool(where_async, name="a", event_loop="inline"),
+            FunctionTool(where_sync, name="s", event_loop="inline"),
+        ]
+    )
+
+    async def main() -> tuple[list[Observation], object, int]:
+        return await runner.run([call("a")]), asyncio.current_task(), len(asyncio.all_tasks())
+
+    [answer], caller, tasks = asyncio.run(main())
+    assert answer.ok and answer.content == "async"
+    assert seen["task"] is caller and seen["thread"] == threading.get_ident() and tasks == 1
+    [both_a, both_s] = run_guarded(runner.run([call("a"), call("s", "c2")]))
+    assert both_a.content == "async" and both_s.content == "sync"
+    assert seen["sync_thread"] == threading.get_ident()
+
+
+def test_an_inline_tool_that_awaits_is_a_tool_error_and_its_coroutine_is_closed() -> None:
+    closed = threading.Event()
+
+    async def waits() -> str:
+        try:
+            await asyncio.sleep(0.01)
+        finally:
+            closed.set()
+        return "never"
+
+    runner = ToolRunner([FunctionTool(waits, name="waits", event_loop="inline"), add])
+    with capture_logs() as logs:
+        waited, after = run_guarded(runner.run([call("waits"), call("add", "c2", a=2, b=3)]))
+    assert waited.code == "tool_error" and "inline tool and awaited" in message_of(waited)
+    assert "event_loop='shared'" in message_of(waited)
+    assert closed.is_set() and after.ok and after.content == "5"
+    assert [e["tool"] for e in logs if e["event"] == "tool_raised"] == ["waits"]
+
+
+def test_an_inline_tool_past_its_timeout_is_answered_and_reported_not_cut() -> None:
+    async def slow() -> str:
+        time.sleep(0.4)  # nothing can interrupt code that does not await: it is reported instead
+        return "late"
+
+    runner = ToolRunner([FunctionTool(slow, name="slow", event_loop="inline", timeout_s=0.1)])
+    with capture_logs() as logs:
+        [late] = run_guarded(runner.run([call("slow")]))
+    assert late.ok and late.content == "late"
+    [event] = [e for e in logs if e["event"] == "tool_stalled_the_event_loop"]
+    assert event["tool"] == "slow" and event["overrun_s"] >= 0.2
+
+
+def test_an_unknown_event_loop_mode_is_refused_with_the_modes() -> None:
+    with pytest.raises(ToolDefinitionError, match="isolated, shared, inline"):
+        FunctionTool(add.fn, name="x", event_loop="elsewhere")  # type: ignore[arg-type]
+
+    class Odd(ToolBase):
+        name = "odd"
+        event_loop = "elsewhere"  # type: ignore[assignment]
+
+        async def call(self, arguments: Any, context: ToolContext) -> str:
+            return ""
+
+    with pytest.raises(ToolDefinitionError, match="not 'elsewhere'"):
+        ToolRunner([Odd()])

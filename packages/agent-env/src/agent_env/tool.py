@@ -26,6 +26,8 @@ a fresh event loop in its own thread, so a coroutine that blocks (``time.sleep``
 client) blocks only itself and its timeout still fires on time; ``"shared"`` runs it on the caller's loop,
 which a tool bound to that loop needs (an MCP session, a client or lock created on the main loop). A shared
 tool must await and never block: nothing can interrupt it, and every episode on the loop waits for it.
+``"inline"`` is for small, bounded computations that never await (the calculator): the call runs in place, in
+the caller's step, with no task, timer or thread (a sync function is called directly); see `tool_runner.py`.
 `max_hung_calls` caps how many of a tool's calls may still be running after their timeout before new calls
 are refused (see `tool_runner.py`).
 
@@ -52,12 +54,21 @@ from agent_env.errors import ToolDefinitionError
 from agent_env.schema import check_arguments, convert_arguments, struct_schema
 from agent_protocol.types import ToolSpec
 
-__all__ = ["DEFAULT_MAX_HUNG_CALLS", "EventLoopMode", "FunctionTool", "ToolBase", "ToolContext", "tool"]
+__all__ = [
+    "DEFAULT_MAX_HUNG_CALLS",
+    "EVENT_LOOP_MODES",
+    "EventLoopMode",
+    "FunctionTool",
+    "ToolBase",
+    "ToolContext",
+    "tool",
+]
 
 _TOOL_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 _EMPTY_SCHEMA: Final[dict[str, Any]] = {"type": "object", "properties": {}}
 
-EventLoopMode = Literal["isolated", "shared"]
+EventLoopMode = Literal["isolated", "shared", "inline"]
+EVENT_LOOP_MODES: Final[tuple[EventLoopMode, ...]] = ("isolated", "shared", "inline")
 """Where a tool's coroutine runs: on its own loop and thread per call, or on the caller's loop."""
 
 DEFAULT_MAX_HUNG_CALLS: Final = 16
@@ -94,7 +105,8 @@ class ToolBase(ABC):
     Class or instance attributes: `name`, `description`, `parameters` (a JSON schema object),
     `timeout_s` (None: the environment's default, 30 s), `max_output_chars` (None: the environment's),
     `event_loop` (``"isolated"``: each call on its own loop and thread; ``"shared"``: on the caller's loop,
-    for a tool bound to it; see the module docstring) and `max_hung_calls` (calls still running after their
+    for a tool bound to it; ``"inline"``: in place, for bounded work that never awaits; see the module
+    docstring) and `max_hung_calls` (calls still running after their
     timeout before new calls are refused with ``tool_unavailable``; None: only the process-wide cap).
     """
 
@@ -153,8 +165,8 @@ class FunctionTool(ToolBase):
         self.max_output_chars = max_output_chars
         self.strict = strict
         self._is_async = inspect.iscoroutinefunction(fn)
-        if event_loop not in (None, "isolated", "shared"):
-            raise ToolDefinitionError(f"tool {self.name!r}: event_loop must be 'isolated' or 'shared'")
+        if event_loop not in (None, *EVENT_LOOP_MODES):
+            raise ToolDefinitionError(f"tool {self.name!r}: event_loop must be one of {', '.join(EVENT_LOOP_MODES)}")
         if max_hung_calls is not None and max_hung_calls < 1:
             raise ToolDefinitionError(f"tool {self.name!r}: max_hung_calls must be at least 1 (or None)")
         # A sync function's coroutine only awaits its thread: it cannot block a loop, so it needs none of its own.
@@ -211,6 +223,8 @@ class FunctionTool(ToolBase):
         if self._is_async:
             result: object = await self.fn(**kwargs)
             return result
+        if self.event_loop == "inline":  # bounded work, called in place: no thread
+            return self.fn(**kwargs)
         return await run_in_daemon_thread(lambda: self.fn(**kwargs), name=f"tool-{self.name}")
 
 
