@@ -623,3 +623,15 @@ def test_session_seam_when_the_model_announces_the_wrong_role() -> None:
     assert official_text.count(seam) == 1
     expected = official_text.replace(seam, "</tool_call><|user|><|observation|>") + USER
     assert segment.ids == tokenizer.encode(expected)
+
+
+@pytest.mark.parametrize("where", ["value", "key"])
+def test_a_lone_surrogate_in_an_argument_is_an_invalid_call_not_an_argument(where: str) -> None:
+    """Found by the large fuzz run (AGENT_FUZZ_EXAMPLES=5000): a value kept as text (or a key) holding a lone
+    surrogate came out as an argument no tokenizer or log can take. It is refused like any unreadable call."""
+    bad = chr(0xD800)
+    key, value = (bad, "1") if where == "key" else ("x", bad)
+    text = f"<tool_call>calculator\n<arg_key>{key}</arg_key>\n<arg_value>{value}</arg_value>\n</tool_call>"
+    [call] = get_protocol("glm-4.5").parse_assistant_text(text).tool_calls
+    assert call.error is not None and call.error.code == "invalid_arguments"
+    assert "lone surrogate" in call.error.message and call.arguments == {}

@@ -62,7 +62,7 @@ from agent_protocol.broken_call import broken_call
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import MessageError
 from agent_protocol.hermes_parser import split_reasoning
-from agent_protocol.json_limits import loads_bounded
+from agent_protocol.json_limits import check_json_value, loads_bounded
 from agent_protocol.template_json import tojson
 from agent_protocol.types import (
     Action,
@@ -294,6 +294,7 @@ def _arguments(text: str) -> dict[str, Any]:
             raise ValueError(f"the value of {_preview(key)} is never closed with </arg_value>")
         arguments[key] = _value(text[pos + len(VALUE_OPEN) : value_end].strip())
         pos = _skip_space(text, value_end + len(VALUE_CLOSE))
+    check_json_value(arguments)  # a value kept as text, or a key, may hold what no tokenizer or log can take
     return arguments
 
 
