@@ -46,7 +46,7 @@ limits do), a call that comes back well past its timeout is reported as a shared
 awaits anyway gets ``tool_error`` saying it must be a shared one (its coroutine is closed). Measured: `run`
 with one calculator call, 17.7 us shared and 14.0 us inline (min of three 20,000-call loops; the task a shared
 call needs in case it awaits is the difference), and more in a rollout, where every allocation weighs on a
-loaded heap: `bench/bench_runtime.py` went from 202 to 195 us a step.
+loaded heap (`bench/bench_runtime.py`: 202 -> 195 us a step, measured with three small per-episode trims beside it).
 
 Valid calls in one turn run concurrently. What a common turn costs: a single call runs without a task group,
 and a shared tool's coroutine starts eagerly (`asyncio.Task(..., eager_start=True)`): one that finishes without
