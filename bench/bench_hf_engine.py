@@ -6,6 +6,9 @@ commit's, on the tests' tiny random-weight Qwen3 (CPU, float32) unless said othe
   runtime sends it (token-in, token-out). `--new-tokens` greedy ids, logprobs asked (the runtime's default). The
   engine under test starts each repeat with an empty prefix cache, so what it reuses is the previous turn only.
 - Batch of 8 turns: the same for 8 episodes whose timed turns arrive together (one batch).
+- 8 turns arriving apart: 8 episodes' turns (about 200-id openings) sent `--gap-ms` apart, as turns come back from
+  their tools at different times; reported: the mean time from a turn's send to its answer. This tree's engine
+  takes a turn that arrives while a batch runs into that batch; the baseline's waits for the batch to end.
 - 64 episodes x 4 turns on a model of the calculator demo's shape (vocabulary 1024, so a decode step is cheap
   and the prefill weighs more), all started at once with the local trainer's batching (up to 256 rows, 50 ms
   wait): a rollout as `apps/train` runs it, without the environment.
@@ -21,7 +24,7 @@ Each repeat runs both sides, in alternating order; reported: min and median per 
 (above 1: this tree is faster). Every timed turn's ids must be equal on both sides, or the script fails.
 
     uv run python bench/bench_hf_engine.py [--baseline ee63069] [--histories 1000 3000] [--new-tokens 32]
-        [--repeats 5]
+        [--repeats 5] [--gap-ms 10]
 """
 
 from __future__ import annotations
@@ -101,6 +104,26 @@ def timed_turns(engine: Any, openings: Sequence[list[int]], sampling: Any) -> tu
     return time.perf_counter() - started, [g.ids for g in generations]
 
 
+def staggered_turns(
+    engine: Any, prompts: Sequence[list[int]], sampling: Any, gap_s: float
+) -> tuple[float, list[list[int]]]:
+    """Send `prompts` one every `gap_s` seconds; the mean time from a send to its answer, and the ids."""
+    if hasattr(engine, "clear_prefix_cache"):
+        engine.clear_prefix_cache()
+
+    async def send(prompt: list[int], delay: float) -> tuple[float, list[int]]:
+        await asyncio.sleep(delay)
+        started = time.perf_counter()
+        generation = await engine.generate(prompt, sampling)
+        return time.perf_counter() - started, generation.ids
+
+    async def all_turns() -> list[tuple[float, list[int]]]:
+        return list(await asyncio.gather(*(send(p, i * gap_s) for i, p in enumerate(prompts))))
+
+    answers = asyncio.run(all_turns())
+    return statistics.mean(seconds for seconds, _ in answers), [ids for _, ids in answers]
+
+
 def reject_time(engine: Any, bad_prompt: list[int], sampling: Any) -> float:
     async def once() -> float:
         started = time.perf_counter()
@@ -148,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--histories", type=int, nargs="+", default=[1000, 3000])
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--gap-ms", type=float, default=10.0, help="between the arrivals of the staggered turns")
     args = parser.parse_args(argv)
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
@@ -203,6 +227,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     for history in args.histories:
         turn_case(f"turn at {history} tokens of history", [opening(subject, history, 0)])
     turn_case("batch of 8 turns at 1000 tokens", [opening(subject, 1000, seed) for seed in range(8)])
+    staggered = [opening(subject, 200, seed) for seed in range(8)]
+
+    def staggered_case(side: str) -> float:
+        seconds, ids = staggered_turns(engines[side], staggered, sampling, args.gap_ms / 1e3)
+        record("staggered", side, ids)
+        return seconds
+
+    cases[f"8 turns arriving {args.gap_ms:g} ms apart (mean latency)"] = staggered_case
     cases["64 episodes x 4 turns, demo-shaped model"] = rollout_case
     bad = [*(opening(subject, 1000, 0) * 32)[:31_999], subject.vocab_size]
     cases["reject a bad 32k prompt"] = lambda side: reject_time(engines[side], bad, sampling)

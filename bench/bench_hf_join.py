@@ -1,0 +1,123 @@
+"""What does taking new requests into a running batch buy? `HFEngine` with `join_running=True` (the default) side
+by side with the same engine with it off, on the tests' tiny random-weight Qwen3 (CPU, float32), interleaved in one
+run.
+
+- N turns arriving apart: 8 episodes' first turns (about 200-id openings, `--new-tokens` greedy ids, logprobs
+  asked) sent `gap` ms apart, as turns come back from their tools at different times. Reported: the mean time from
+  a turn's send to its answer (what a waiting agent sees), and the time until the last answer.
+- 64 episodes x 4 turns on a model of the calculator demo's shape, with the local trainer's batching (up to 256
+  rows, 50 ms wait): a rollout as `apps/train` runs it, without the environment (see `bench_hf_engine.py`).
+
+Both sides start each repeat with an empty prefix cache. Every case's ids must be equal on both sides (joined rows
+compute what they compute alone), or the script fails. Each repeat runs both sides, alternating which goes first;
+reported: min and median per side, and off / on (above 1: joining is faster).
+
+    uv run python bench/bench_hf_join.py [--gaps 5 10 20] [--new-tokens 32] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_hf_engine import demo_shaped_model, opening, rollout, staggered_turns  # noqa: E402
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gaps", type=float, nargs="+", default=[5.0, 10.0, 20.0], help="ms between arrivals")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    from agent_runtime import SamplingParams
+    from agent_runtime.engines.hf import HFEngine
+    from tests.support.qwen3_tokenizer import qwen3_tokenizer_path
+    from tests.support.tiny_qwen3 import tiny_qwen3_path
+
+    on = HFEngine.from_pretrained(tiny_qwen3_path(qwen3_tokenizer_path()), device="cpu", dtype="float32")
+    engines = {"off": HFEngine(on.model, on.tokenizer, join_running=False), "on": on}
+    demo_model = demo_shaped_model()
+    demo_options: dict[str, Any] = {"max_batch_size": 256, "batch_wait_s": 0.05}  # the local trainer's
+    demo_engines = {
+        "off": HFEngine(demo_model, on.tokenizer, join_running=False, **demo_options),
+        "on": HFEngine(demo_model, on.tokenizer, **demo_options),
+    }
+    sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0)
+    prompts = [opening(on, 200, seed) for seed in range(8)]
+
+    cases: dict[str, Callable[[str], float]] = {}
+    outputs: dict[str, dict[str, list[list[int]]]] = {}
+
+    def record(name: str, side: str, ids: list[list[int]]) -> None:
+        if outputs.setdefault(name, {}).setdefault(side, ids) != ids:
+            raise RuntimeError(f"{name}: joining {side} gave different ids on a repeat")
+
+    def staggered_case(gap_ms: float) -> None:
+        last: dict[str, float] = {}
+
+        def mean_latency(side: str) -> float:
+            started = time.perf_counter()
+            seconds, ids = staggered_turns(engines[side], prompts, sampling, gap_ms / 1e3)
+            last[side] = time.perf_counter() - started
+            record(f"gap {gap_ms}", side, ids)
+            return seconds
+
+        cases[f"8 turns {gap_ms:g} ms apart: mean latency"] = mean_latency
+        cases[f"8 turns {gap_ms:g} ms apart: until the last answer"] = lambda side: last[side]
+
+    def rollout_case(side: str) -> float:
+        engine = demo_engines[side]
+        engine.clear_prefix_cache()
+        started = time.perf_counter()
+        ids = asyncio.run(rollout(engine, 64, 4, sampling))
+        record("rollout", side, ids)
+        return time.perf_counter() - started
+
+    for gap in args.gaps:
+        staggered_case(gap)
+    cases["64 episodes x 4 turns, demo-shaped model"] = rollout_case
+
+    times: dict[str, dict[str, list[float]]] = {name: {side: [] for side in engines} for name in cases}
+    for repeat in range(args.repeats):
+        order = list(engines) if repeat % 2 == 0 else list(reversed(engines))
+        for name, case in cases.items():
+            for side in order:
+                times[name][side].append(case(side))
+        print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr)
+    for name, by_side in outputs.items():
+        if by_side["off"] != by_side["on"]:
+            raise RuntimeError(f"{name}: the ids differ with joining on and off")
+
+    joined = engines["on"].joined_requests + demo_engines["on"].joined_requests
+    print(f"CPU float32, {args.new_tokens} new greedy tokens per turn, {args.repeats} interleaved repeats; ids equal")
+    print(f"with joining on and off in every case; {joined} requests joined a running batch\n")
+    print("| case | joining off min / median | joining on min / median | off / on (min, median) |")
+    print("|---|---:|---:|---:|")
+    for name, by_side in times.items():
+        off, on_times = by_side["off"], by_side["on"]
+        print(
+            f"| {name} | {min(off) * 1e3:.1f} / {statistics.median(off) * 1e3:.1f} ms "
+            f"| {min(on_times) * 1e3:.1f} / {statistics.median(on_times) * 1e3:.1f} ms "
+            f"| {min(off) / min(on_times):.2f}x, {statistics.median(off) / statistics.median(on_times):.2f}x |"
+        )
+    for engine in [*engines.values(), *demo_engines.values()]:
+        asyncio.run(engine.close())
+
+
+if __name__ == "__main__":
+    main()
