@@ -99,8 +99,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             for side in order:
                 times[name][side].append(case(side))
         print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr)
-    for name, by_side in outputs.items():
-        if by_side["off"] != by_side["on"]:
+    for name, ids_by_side in outputs.items():
+        if ids_by_side["off"] != ids_by_side["on"]:
             raise RuntimeError(f"{name}: the ids differ with joining on and off")
 
     joined = engines["on"].joined_requests + demo_engines["on"].joined_requests

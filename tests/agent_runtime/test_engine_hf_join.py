@@ -48,7 +48,9 @@ def alone(tiny_hf_engine: HFEngine) -> Iterator[HFEngine]:
 
 
 async def join_after_first_step(
-    engine: HFEngine, first: tuple[Sequence[int], SamplingParams], later: list[tuple[Sequence[int], SamplingParams]]
+    engine: HFEngine,
+    first: tuple[Sequence[int], SamplingParams],
+    later: Sequence[tuple[Sequence[int], SamplingParams]],
 ) -> list[asyncio.Task[Generation]]:
     """Start `first`, wait until its batch has computed a step, then send `later`: they arrive mid-batch."""
     steps = engine.row_steps
