@@ -20,7 +20,7 @@ from agent_runtime.errors import EngineError
 from tests.agent_runtime.test_engine_hf import PoisonedModel
 from tests.support.greedy_reference import greedy_reference
 
-LONG = SamplingParams(max_new_tokens=48, temperature=0.0, logprobs=True)  # the row the others join
+LONG = SamplingParams(max_new_tokens=64, temperature=0.0, logprobs=True)  # the row the others join
 FEEDBACK = "<|im_end|>\n<|im_start|>user\n<tool_response>\n413\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 
 
