@@ -165,6 +165,33 @@ async def rollout(engine: Any, episodes: int, turns: int, sampling: Any) -> list
     return list(await asyncio.gather(*(episode(i) for i in range(episodes))))
 
 
+def interleaved(
+    cases: dict[str, Callable[[str], float]], sides: list[str], repeats: int
+) -> dict[str, dict[str, list[float]]]:
+    """Each case's seconds per side over `repeats` rounds, the sides alternating which goes first."""
+    times: dict[str, dict[str, list[float]]] = {name: {side: [] for side in sides} for name in cases}
+    for repeat in range(repeats):
+        order = sides if repeat % 2 == 0 else list(reversed(sides))
+        for name, case in cases.items():
+            for side in order:
+                times[name][side].append(case(side))
+        print(f"repeat {repeat + 1}/{repeats} done", file=sys.stderr)
+    return times
+
+
+def print_table(times: dict[str, dict[str, list[float]]], old: str, new: str) -> None:
+    """A markdown table: min / median of each side, and old / new (above 1: `new` is faster)."""
+    print(f"| case | {old} min / median | {new} min / median | {old} / {new} (min, median) |")
+    print("|---|---:|---:|---:|")
+    for name, by_side in times.items():
+        a, b = by_side[old], by_side[new]
+        print(
+            f"| {name} | {min(a) * 1e3:.1f} / {statistics.median(a) * 1e3:.1f} ms "
+            f"| {min(b) * 1e3:.1f} / {statistics.median(b) * 1e3:.1f} ms "
+            f"| {min(a) / min(b):.2f}x, {statistics.median(a) / statistics.median(b):.2f}x |"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", default=DEFAULT_BASELINE, help="the commit whose engines/hf.py is the baseline")
@@ -239,28 +266,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     bad = [*(opening(subject, 1000, 0) * 32)[:31_999], subject.vocab_size]
     cases["reject a bad 32k prompt"] = lambda side: reject_time(engines[side], bad, sampling)
 
-    times: dict[str, dict[str, list[float]]] = {name: {side: [] for side in engines} for name in cases}
-    for repeat in range(args.repeats):
-        order = list(engines) if repeat % 2 == 0 else list(reversed(engines))
-        for name, case in cases.items():
-            for side in order:
-                times[name][side].append(case(side))
-        print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr)
+    times = interleaved(cases, list(engines), args.repeats)
     for name, by_side in outputs.items():
         if by_side["baseline"] != by_side["this tree"]:
             raise RuntimeError(f"{name}: this tree's ids differ from the baseline's")
 
     print(f"CPU float32, {args.new_tokens} new greedy tokens per turn (logprobs asked), {args.repeats} repeats")
     print(f"interleaved; baseline: {args.baseline} engines/hf.py; ids equal on both sides for every timed case\n")
-    print("| case | baseline min / median | this tree min / median | baseline / this tree (min, median) |")
-    print("|---|---:|---:|---:|")
-    for name, by_side in times.items():
-        old, new = by_side["baseline"], by_side["this tree"]
-        print(
-            f"| {name} | {min(old) * 1e3:.1f} / {statistics.median(old) * 1e3:.1f} ms "
-            f"| {min(new) * 1e3:.1f} / {statistics.median(new) * 1e3:.1f} ms "
-            f"| {min(old) / min(new):.2f}x, {statistics.median(old) / statistics.median(new):.2f}x |"
-        )
+    print_table(times, "baseline", "this tree")
     for engine in [*engines.values(), *demo_engines.values()]:
         asyncio.run(engine.close())
 

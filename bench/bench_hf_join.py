@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -33,7 +32,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_hf_engine import demo_shaped_model, opening, rollout, staggered_turns  # noqa: E402
+from bench_hf_engine import (  # noqa: E402
+    demo_shaped_model,
+    interleaved,
+    opening,
+    print_table,
+    rollout,
+    staggered_turns,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -92,13 +98,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         staggered_case(gap)
     cases["64 episodes x 4 turns, demo-shaped model"] = rollout_case
 
-    times: dict[str, dict[str, list[float]]] = {name: {side: [] for side in engines} for name in cases}
-    for repeat in range(args.repeats):
-        order = list(engines) if repeat % 2 == 0 else list(reversed(engines))
-        for name, case in cases.items():
-            for side in order:
-                times[name][side].append(case(side))
-        print(f"repeat {repeat + 1}/{args.repeats} done", file=sys.stderr)
+    times = interleaved(cases, list(engines), args.repeats)
     for name, ids_by_side in outputs.items():
         if ids_by_side["off"] != ids_by_side["on"]:
             raise RuntimeError(f"{name}: the ids differ with joining on and off")
@@ -106,15 +106,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     joined = engines["on"].joined_requests + demo_engines["on"].joined_requests
     print(f"CPU float32, {args.new_tokens} new greedy tokens per turn, {args.repeats} interleaved repeats; ids equal")
     print(f"with joining on and off in every case; {joined} requests joined a running batch\n")
-    print("| case | joining off min / median | joining on min / median | off / on (min, median) |")
-    print("|---|---:|---:|---:|")
-    for name, by_side in times.items():
-        off, on_times = by_side["off"], by_side["on"]
-        print(
-            f"| {name} | {min(off) * 1e3:.1f} / {statistics.median(off) * 1e3:.1f} ms "
-            f"| {min(on_times) * 1e3:.1f} / {statistics.median(on_times) * 1e3:.1f} ms "
-            f"| {min(off) / min(on_times):.2f}x, {statistics.median(off) / statistics.median(on_times):.2f}x |"
-        )
+    print_table(times, "off", "on")
     for engine in [*engines.values(), *demo_engines.values()]:
         asyncio.run(engine.close())
 
