@@ -50,11 +50,10 @@ first tokens sampled, and their rows appended to the running ones: the shorter o
 left-padded to the longer, so every row keeps its own positions and sees only its own keys, and a joined row gives
 the ids it gives alone (`tests/agent_runtime/test_engine_hf_join.py`; `joined_requests` counts them). It needs the
 same `DynamicLayer` cache as the prefix cache; image requests never join or are joined. `bench/bench_hf_join.py`:
-8 turns arriving 5-20 ms apart are answered 1.16-1.52x sooner on average (medians of two runs) than with
-joining off. If a batch fails,
-each request it had not answered is retried alone (without joining), so one bad request cannot fail its
-neighbours. The event loop only awaits a future, so it is never blocked, and the engine can be shared by several
-event loops.
+8 turns arriving 5-20 ms apart are answered 1.16-1.52x sooner on average (medians of two runs) than with joining
+off. If a batch fails, each request it had not answered is retried alone (without joining), so one bad request
+cannot fail its neighbours. The event loop only awaits a future, so it is never blocked, and the engine can be
+shared by several event loops.
 
 Output layer: on the CPU, a float32 Llama, Mistral, Qwen2 or Qwen3 model's decode steps of at most
 `hf_head.MAX_ROWS` rows run the backbone and take their logits from `hf_head.TransposedHead`, a copy of the output
