@@ -433,21 +433,14 @@ class HFEngine(LLMEngine):
                 self._weights_seen = weights
         join = join and vision is None and self._resumable
         running = [self._row(request, caching) for request in batch]  # the row of each row of the running tensors
-        step_ids, mask, positions, cache = self._prefill_inputs(running)
-        extra: dict[str, torch.Tensor] = {}
-        if vision is not None:  # the pixels go in with the prompt; its positions are 3-D (3, 1, len)
-            extra = {"pixel_values": vision.pixel_values, "image_grid_thw": vision.image_grid_thw}
-            positions = vision.positions
-        logits = self._logits(step_ids, mask, positions, cache, extra)
-        if cache.get_seq_length() != mask.shape[1]:
-            raise EngineError(f"hf: the model ignored its KV cache (passed as `{self._cache_kwarg}`)")
+        logits, mask, positions, cache = self._prefill(running, vision)
         while True:
             self.row_steps += len(running)
             tokens = self._advance(running, logits, cache, mask, caching)
             stay = [at for at, row in enumerate(running) if not row.done]
-            newcomers = self._newcomers(self.max_batch_size - len(stay)) if join and stay else []
             if not stay:
                 break
+            newcomers = self._newcomers(self.max_batch_size - len(stay)) if join else []
             finished = len(running) - len(stay)
             if finished and (newcomers or finished * _DROP_FINISHED_AT >= len(running)) and positions.dim() == 2:
                 # Enough rows are done to be worth a copy of the cache without them (they were kept and answered as
@@ -471,9 +464,11 @@ class HFEngine(LLMEngine):
         stops = frozenset(self.stop_token_ids) | frozenset(request.sampling.stop_token_ids)
         return _Row(request, prefix, stops, _generator(request.sampling, self.device))
 
-    def _prefill_inputs(self, rows: list[_Row]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
-        """The first forward's input ids, mask, positions and cache for `rows`: each row laid out as
-        [pad][kept prefix][pad][rest of the prompt]; the prefix part lives only in the cache."""
+    def _prefill(
+        self, rows: list[_Row], vision: ImageInputs | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+        """The first forward of `rows`: its logits, and the mask, positions and cache it leaves. Each row is laid
+        out as [pad][kept prefix][pad][rest of the prompt]; the prefix part lives only in the cache."""
         # a row reuses its kept prefix, except for the prompt's last id: its logits start the generation
         reused = [0 if r.prefix is None else min(len(r.prefix.ids), len(r.request.prompt) - 1) for r in rows]
         self.prefix_cache.reused_tokens += sum(reused)
@@ -488,7 +483,15 @@ class HFEngine(LLMEngine):
             mask[at, past + width - len(rest) :] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past:]  # each row counts from its first real token
-        return input_ids, mask, positions, self._batch_cache([r.prefix for r in rows], reused, past)
+        cache = self._batch_cache([r.prefix for r in rows], reused, past)
+        extra: dict[str, torch.Tensor] = {}
+        if vision is not None:  # the pixels go in with the prompt; its positions are 3-D (3, 1, len)
+            extra = {"pixel_values": vision.pixel_values, "image_grid_thw": vision.image_grid_thw}
+            positions = vision.positions
+        logits = self._logits(input_ids, mask, positions, cache, extra)
+        if cache.get_seq_length() != mask.shape[1]:
+            raise EngineError(f"hf: the model ignored its KV cache (passed as `{self._cache_kwarg}`)")
+        return logits, mask, positions, cache
 
     def _advance(
         self, rows: list[_Row], logits: torch.Tensor, cache: Any, mask: torch.Tensor, caching: bool
@@ -566,10 +569,7 @@ class HFEngine(LLMEngine):
         positions and sees only its own keys. `running` is extended in place."""
         self.joined_requests += len(newcomers)
         rows = [self._row(request, caching) for request in newcomers]
-        first_ids, first_mask, first_positions, joined = self._prefill_inputs(rows)
-        logits = self._logits(first_ids, first_mask, first_positions, joined, {})
-        if joined.get_seq_length() != first_mask.shape[1]:
-            raise EngineError(f"hf: the model ignored its KV cache (passed as `{self._cache_kwarg}`)")
+        logits, first_mask, first_positions, joined = self._prefill(rows, None)
         self.row_steps += len(rows)
         tokens = self._advance(rows, logits, joined, first_mask, caching)
         new_ids, new_mask, new_positions = self._next_inputs(rows, tokens, first_mask, first_positions)
