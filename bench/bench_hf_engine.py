@@ -165,6 +165,32 @@ async def rollout(engine: Any, episodes: int, turns: int, sampling: Any) -> list
     return list(await asyncio.gather(*(episode(i) for i in range(episodes))))
 
 
+class SameIds:
+    """The ids of every timed case, per side: each side must give the same ids on every repeat (`record`), and the
+    two sides each other's (`check`), or the run is not a fair comparison and the script fails."""
+
+    def __init__(self) -> None:
+        self.outputs: dict[str, dict[str, list[list[int]]]] = {}
+
+    def record(self, name: str, side: str, ids: list[list[int]]) -> None:
+        if self.outputs.setdefault(name, {}).setdefault(side, ids) != ids:
+            raise RuntimeError(f"{name}: {side} gave different ids on a repeat")
+
+    def check(self, one: str, other: str) -> None:
+        for name, by_side in self.outputs.items():
+            if by_side[one] != by_side[other]:
+                raise RuntimeError(f"{name}: the ids of {one} and {other} differ")
+
+
+def timed_rollout(engine: Any, sampling: Any) -> tuple[float, list[list[int]]]:
+    """`rollout` of 64 episodes x 4 turns from an empty prefix cache: its seconds and ids."""
+    if hasattr(engine, "clear_prefix_cache"):
+        engine.clear_prefix_cache()
+    started = time.perf_counter()
+    ids = asyncio.run(rollout(engine, 64, 4, sampling))
+    return time.perf_counter() - started, ids
+
+
 def interleaved(
     cases: dict[str, Callable[[str], float]], sides: list[str], repeats: int
 ) -> dict[str, dict[str, list[float]]]:
@@ -227,28 +253,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0)
 
     cases: dict[str, Callable[[str], float]] = {}
-    outputs: dict[str, dict[str, list[list[int]]]] = {}
-
-    def record(name: str, side: str, ids: list[list[int]]) -> None:
-        if outputs.setdefault(name, {}).setdefault(side, ids) != ids:
-            raise RuntimeError(f"{name}: the {side} gave different ids on a repeat")
+    same = SameIds()
 
     def turn_case(name: str, openings: list[list[int]]) -> None:
         def case(side: str) -> float:
             seconds, ids = timed_turns(engines[side], openings, sampling)
-            record(name, side, ids)
+            same.record(name, side, ids)
             return seconds
 
         cases[name] = case
 
     def rollout_case(side: str) -> float:
-        engine = demo_engines[side]
-        if hasattr(engine, "clear_prefix_cache"):
-            engine.clear_prefix_cache()
-        started = time.perf_counter()
-        ids = asyncio.run(rollout(engine, 64, 4, sampling))
-        seconds = time.perf_counter() - started
-        record("rollout", side, ids)
+        seconds, ids = timed_rollout(demo_engines[side], sampling)
+        same.record("rollout", side, ids)
         return seconds
 
     for history in args.histories:
@@ -258,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def staggered_case(side: str) -> float:
         seconds, ids = staggered_turns(engines[side], staggered, sampling, args.gap_ms / 1e3)
-        record("staggered", side, ids)
+        same.record("staggered", side, ids)
         return seconds
 
     cases[f"8 turns arriving {args.gap_ms:g} ms apart (mean latency)"] = staggered_case
@@ -267,9 +284,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     cases["reject a bad 32k prompt"] = lambda side: reject_time(engines[side], bad, sampling)
 
     times = interleaved(cases, list(engines), args.repeats)
-    for name, by_side in outputs.items():
-        if by_side["baseline"] != by_side["this tree"]:
-            raise RuntimeError(f"{name}: this tree's ids differ from the baseline's")
+    same.check("baseline", "this tree")
 
     print(f"CPU float32, {args.new_tokens} new greedy tokens per turn (logprobs asked), {args.repeats} repeats")
     print(f"interleaved; baseline: {args.baseline} engines/hf.py; ids equal on both sides for every timed case\n")

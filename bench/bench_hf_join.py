@@ -33,12 +33,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_hf_engine import (  # noqa: E402
+    SameIds,
     demo_shaped_model,
     interleaved,
     opening,
     print_table,
-    rollout,
     staggered_turns,
+    timed_rollout,
 )
 
 
@@ -67,11 +68,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     prompts = [opening(on, 200, seed) for seed in range(8)]
 
     cases: dict[str, Callable[[str], float]] = {}
-    outputs: dict[str, dict[str, list[list[int]]]] = {}
-
-    def record(name: str, side: str, ids: list[list[int]]) -> None:
-        if outputs.setdefault(name, {}).setdefault(side, ids) != ids:
-            raise RuntimeError(f"{name}: joining {side} gave different ids on a repeat")
+    same = SameIds()
 
     def staggered_case(gap_ms: float) -> None:
         last: dict[str, float] = {}
@@ -80,28 +77,23 @@ def main(argv: Sequence[str] | None = None) -> None:
             started = time.perf_counter()
             seconds, ids = staggered_turns(engines[side], prompts, sampling, gap_ms / 1e3)
             last[side] = time.perf_counter() - started
-            record(f"gap {gap_ms}", side, ids)
+            same.record(f"gap {gap_ms}", side, ids)
             return seconds
 
         cases[f"8 turns {gap_ms:g} ms apart: mean latency"] = mean_latency
         cases[f"8 turns {gap_ms:g} ms apart: until the last answer"] = lambda side: last[side]
 
     def rollout_case(side: str) -> float:
-        engine = demo_engines[side]
-        engine.clear_prefix_cache()
-        started = time.perf_counter()
-        ids = asyncio.run(rollout(engine, 64, 4, sampling))
-        record("rollout", side, ids)
-        return time.perf_counter() - started
+        seconds, ids = timed_rollout(demo_engines[side], sampling)
+        same.record("rollout", side, ids)
+        return seconds
 
     for gap in args.gaps:
         staggered_case(gap)
     cases["64 episodes x 4 turns, demo-shaped model"] = rollout_case
 
     times = interleaved(cases, list(engines), args.repeats)
-    for name, ids_by_side in outputs.items():
-        if ids_by_side["off"] != ids_by_side["on"]:
-            raise RuntimeError(f"{name}: the ids differ with joining on and off")
+    same.check("off", "on")
 
     joined = engines["on"].joined_requests + demo_engines["on"].joined_requests
     print(f"CPU float32, {args.new_tokens} new greedy tokens per turn, {args.repeats} interleaved repeats; ids equal")
