@@ -53,7 +53,14 @@ same `DynamicLayer` cache as the prefix cache; image requests never join or are 
 8 turns arriving 5-20 ms apart are answered 1.16-1.52x sooner on average (medians of two runs) than with joining
 off. If a batch fails, each request it had not answered is retried alone (without joining), so one bad request
 cannot fail its neighbours. The event loop only awaits a future, so it is never blocked, and the engine can be
-shared by several event loops.
+shared by several event loops. A request whose caller gave up (its task cancelled) before the worker took it is
+never run.
+
+Closing: `close()` refuses new requests at once; what was sent before runs on for up to `timeout_s` (30 s by
+default; None waits for all of it). Then the running batch stops at its next step and every request not answered
+yet fails with `EngineUnavailable`, so a shutdown never waits on a long generation. A model stuck inside one forward
+pass cannot be interrupted from Python: close() then fails the requests itself `ABORT_GRACE_S` later and returns,
+and the worker (a daemon thread) ends when that pass does.
 
 Output layer: on the CPU, a float32 Llama, Mistral, Qwen2 or Qwen3 model's decode steps of at most
 `hf_head.MAX_ROWS` rows run the backbone and take their logits from `hf_head.TransposedHead`, a copy of the output
@@ -83,6 +90,7 @@ import array
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import inspect
 import queue
 import threading
@@ -117,6 +125,12 @@ logger = structlog.get_logger(__name__)
 
 _GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature this small means greedy
 _DROP_FINISHED_AT = 8  # finished rows leave a running batch once they are at least 1/8 of it
+CLOSE_TIMEOUT_S = 30.0  # close(): how long the requests sent before it may run on
+ABORT_GRACE_S = 5.0  # then: how long close() waits for the running batch to stop (a forward pass or two)
+
+
+class _Closed(Exception):
+    """Raised in the worker when close() stops a running batch."""
 
 
 @dataclass(eq=False, slots=True)
@@ -210,6 +224,8 @@ class HFEngine(LLMEngine):
         self._lock = threading.Lock()
         self._worker: threading.Thread | None = None
         self._closed = False
+        self._abort = threading.Event()  # close() ran out of time: stop the running batch, run nothing more
+        self._taken: list[_Request] = []  # what the worker took and runs now (close() fails them if it must)
         #: the image side (None: the engine takes no images, as the model or its image processor is missing)
         self.vision = (
             VisionInputs(model, image_processor) if image_processor is not None and is_vision_model(model) else None
@@ -325,21 +341,38 @@ class HFEngine(LLMEngine):
         engine cannot see, such as a new `model` object)."""
         self._weights_seen = None
 
-    async def close(self) -> None:
+    async def close(self, *, timeout_s: float | None = CLOSE_TIMEOUT_S) -> None:
+        """Refuse new requests, let the ones sent before run on for up to `timeout_s` seconds (None: until they
+        are done), then stop: every request not answered by then fails with `EngineUnavailable` (module docstring).
+        """
+        if timeout_s is not None and timeout_s < 0:
+            raise ValueError(f"timeout_s must be >= 0 (or None), got {timeout_s}")
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             worker = self._worker
             self._queue.put(None)
-        if worker is not None:
-            await asyncio.to_thread(worker.join)
+        if worker is None:
+            return
+        await asyncio.to_thread(worker.join, timeout_s)
+        if not worker.is_alive():
+            return
+        logger.warning("hf_close_stopping_running_batch", timeout_s=timeout_s, running=len(self._taken))
+        self._abort.set()
+        await asyncio.to_thread(worker.join, ABORT_GRACE_S)
+        if worker.is_alive():  # stuck in a forward pass: answer for it; it ends when the pass returns
+            logger.warning("hf_close_model_not_returning", grace_s=ABORT_GRACE_S)
+            stuck = EngineUnavailable("hf: the engine was closed while this request ran (the model did not return)")
+            for request in list(self._taken):
+                _fail(request.future, stuck)
+            self._fail_queued()
 
     # -- the worker thread ---------------------------------------------------------------------------------
 
     def _serve(self) -> None:
         running = True
-        while running:
+        while running and not self._abort.is_set():
             first = self._next(None)
             if first is None:
                 break
@@ -355,15 +388,21 @@ class HFEngine(LLMEngine):
                     break
                 batch.append(item)
             live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+            self._taken = live
             if live:
                 self._run(live)
-        while True:  # a request queued after close() must not wait forever
+            self._taken = []
+        self._fail_queued()
+
+    def _fail_queued(self) -> None:
+        """Fail every request still waiting (taken or queued): after close(), none will run."""
+        while True:
             try:
                 late = self._next(0)
-            except queue.Empty:
+            except (queue.Empty, IndexError):  # IndexError: close() and the worker both emptied `_pending`
                 return
             if late is not None and late.future.set_running_or_notify_cancel():
-                late.future.set_exception(EngineUnavailable("hf: the engine was closed before this request ran"))
+                _fail(late.future, EngineUnavailable("hf: the engine was closed before this request ran"))
 
     def _next(self, timeout: float | None) -> _Request | None:
         """The next request (or the close marker): one a running batch took but could not join first."""
@@ -386,6 +425,7 @@ class HFEngine(LLMEngine):
                 self._pending.append(item)
             elif item.future.set_running_or_notify_cancel():
                 joining.append(item)
+                self._taken.append(item)
         return joining
 
     def _run(self, batch: list[_Request]) -> None:
@@ -397,10 +437,16 @@ class HFEngine(LLMEngine):
     def _run_group(self, batch: list[_Request], *, join: bool) -> None:
         """Run `batch` (requests that join it are appended to it); if it fails, retry alone, without joining,
         each request it had not answered yet."""
+        if self._abort.is_set():
+            self._fail_closed(batch)
+            return
         started = time.perf_counter()
         self.batch_sizes[len(batch)] += 1
         try:
             self._generate_batch(batch, join=join)
+        except _Closed:
+            self._fail_closed(batch)
+            return
         except Exception as e:
             unanswered = [r for r in batch if not r.future.done()]
             if len(batch) > 1:
@@ -412,9 +458,14 @@ class HFEngine(LLMEngine):
             error = EngineError(f"hf: generation failed: {type(e).__name__}: {e}")
             error.__cause__ = e
             for request in unanswered:
-                request.future.set_exception(error)
+                _fail(request.future, error)
             return
         logger.debug("hf_batch_done", batch_size=len(batch), seconds=round(time.perf_counter() - started, 4))
+
+    def _fail_closed(self, batch: list[_Request]) -> None:
+        closed = EngineUnavailable("hf: the engine was closed while this request ran")
+        for request in batch:
+            _fail(request.future, closed)
 
     def _weights_version(self) -> tuple[tuple[int, int], ...]:
         # a parameter's version counter moves on every in-place write, its data pointer on `param.data = ...`
@@ -440,6 +491,8 @@ class HFEngine(LLMEngine):
             stay = [at for at, row in enumerate(running) if not row.done]
             if not stay:
                 break
+            if self._abort.is_set():
+                raise _Closed
             newcomers = self._newcomers(self.max_batch_size - len(stay)) if join else []
             finished = len(running) - len(stay)
             if finished and (newcomers or finished * _DROP_FINISHED_AT >= len(running)) and positions.dim() == 2:
@@ -530,14 +583,15 @@ class HFEngine(LLMEngine):
             if row.done:
                 if caching:
                     self._keep(row, cache, mask, at, alone=len(rows) == 1)
-                row.request.future.set_result(
+                _answer(
+                    row.request.future,
                     Generation(
                         ids=row.ids,
                         text=self.tokenizer.decode(row.ids),
                         logprobs=row.logprobs if row.request.sampling.logprobs else None,
                         finish_reason=row.finish,
                         exact_text=True,
-                    )
+                    ),
                 )
         return tokens
 
@@ -635,6 +689,18 @@ class HFEngine(LLMEngine):
         keys = [lay.keys if whole else lay.keys[at : at + 1].index_select(2, positions) for lay in layers]
         values = [lay.values if whole else lay.values[at : at + 1].index_select(2, positions) for lay in layers]
         self.prefix_cache.add(Prefix(sequence, keys, values), extends=row.prefix)
+
+
+def _answer(future: concurrent.futures.Future[Generation], generation: Generation) -> None:
+    """Answer a request unless close() failed it already (it does when the model took too long to return)."""
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        future.set_result(generation)
+
+
+def _fail(future: concurrent.futures.Future[Generation], error: BaseException) -> None:
+    """Fail a request unless it has its answer already (close() and the worker may both try)."""
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        future.set_exception(error)
 
 
 def _image_processor(source: str, log: Any) -> Any:

@@ -1,0 +1,179 @@
+"""HFEngine's close() and cancelled requests, on the tiny random-weight Qwen3 with the real Qwen3 tokenizer: close()
+lets what was sent run on within its timeout, then stops a running batch at its next step and fails what it had not
+answered; a model stuck inside a forward pass cannot make close() hang; a request whose caller gave up before the
+worker took it never runs, and the batch it would have joined gives its own ids."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from agent_runtime.engines import hf
+from agent_runtime.engines.base import Generation, SamplingParams
+from agent_runtime.engines.hf import HFEngine
+from agent_runtime.errors import EngineUnavailable
+from tests.agent_runtime.test_engine_hf import PoisonedModel
+
+SHORT = SamplingParams(max_new_tokens=8, temperature=0.0)
+LONG = SamplingParams(max_new_tokens=1024, temperature=0.0)  # far longer than any test waits for
+
+
+def run[T](coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def question(engine: HFEngine, text: str) -> list[int]:
+    return engine.tokenize(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
+
+
+class HeldModel(PoisonedModel):
+    """The real tiny model, except that forward pass number `hold_at` waits until `gate` opens, as a model stuck in a
+    kernel would (`held` is set while it waits)."""
+
+    def __init__(self, model: Any, hold_at: int) -> None:
+        super().__init__(model, poison=-1)  # no id is -1: nothing is poisoned
+        self.hold_at = hold_at
+        self.calls = 0
+        self.gate = threading.Event()
+        self.held = threading.Event()
+
+    def forward(self, input_ids: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.hold_at:
+            self.held.set()
+            if not self.gate.wait(60):
+                raise RuntimeError("the test never opened the gate")
+        return super().forward(input_ids, **kwargs)
+
+
+@pytest.fixture
+def thread_errors(monkeypatch: pytest.MonkeyPatch) -> list[BaseException | None]:
+    """Exceptions that escape a thread (the engine's worker must never let one out)."""
+    errors: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    return errors
+
+
+@pytest.fixture
+def engine(tiny_hf_engine: HFEngine) -> Iterator[HFEngine]:
+    fresh = HFEngine(tiny_hf_engine.model, tiny_hf_engine.tokenizer, join_running=False)
+    yield fresh
+    run(fresh.close())
+
+
+async def started(engine: HFEngine, prompt: list[int], sampling: SamplingParams) -> asyncio.Task[Generation]:
+    """Send a request and return once its batch has computed a step."""
+    steps = engine.row_steps
+    task = asyncio.ensure_future(engine.generate(prompt, sampling))
+    while engine.row_steps == steps and not task.done():
+        await asyncio.sleep(0.001)
+    return task
+
+
+def test_close_lets_requests_already_sent_finish_within_its_timeout(engine: HFEngine, tiny_hf_engine: HFEngine) -> None:
+    running, queued = question(engine, "Count to five."), question(engine, "Name a colour.")
+
+    async def close_while_busy() -> list[Generation]:
+        first = await started(engine, running, SHORT)
+        second = asyncio.ensure_future(engine.generate(queued, SHORT))  # waits for the next batch (no joining)
+        await asyncio.sleep(0)  # it is in the queue, ahead of close()'s marker
+        await engine.close()
+        return [first.result(), second.result()]
+
+    answers = run(close_while_busy())
+    expected = [run(tiny_hf_engine.generate(prompt, SHORT)).ids for prompt in (running, queued)]
+    assert [a.ids for a in answers] == expected
+    with pytest.raises(EngineUnavailable, match="closed"):
+        run(engine.generate(running, SHORT))
+
+
+def test_close_stops_a_running_batch_once_its_timeout_is_spent(
+    engine: HFEngine, thread_errors: list[BaseException | None]
+) -> None:
+    running, queued = question(engine, "Count to a thousand."), question(engine, "Name a colour.")
+
+    async def close_now() -> tuple[float, list[Generation | BaseException]]:
+        first = await started(engine, running, LONG)
+        second = asyncio.ensure_future(engine.generate(queued, SHORT))
+        await asyncio.sleep(0)
+        began = time.perf_counter()
+        await engine.close(timeout_s=0.05)
+        waited = time.perf_counter() - began
+        return waited, list(await asyncio.gather(first, second, return_exceptions=True))
+
+    waited, (first, second) = run(close_now())
+    assert waited < 3.0, f"close() took {waited:.1f} s"
+    assert isinstance(first, EngineUnavailable) and "while this request ran" in str(first)
+    assert isinstance(second, EngineUnavailable) and "before this request ran" in str(second)
+    assert engine.row_steps < LONG.max_new_tokens // 2, "the batch should have stopped long before its budget"
+    assert thread_errors == []
+
+
+def test_a_model_stuck_in_a_forward_pass_cannot_make_close_hang(
+    tiny_hf_engine: HFEngine, monkeypatch: pytest.MonkeyPatch, thread_errors: list[BaseException | None]
+) -> None:
+    monkeypatch.setattr(hf, "ABORT_GRACE_S", 0.2)
+    model = HeldModel(tiny_hf_engine.model, hold_at=3)  # the prefill and one step run, the next one sticks
+    engine = HFEngine(model, tiny_hf_engine.tokenizer, join_running=False)
+    running, queued = question(engine, "Count to a thousand."), question(engine, "Name a colour.")
+
+    async def close_while_stuck() -> tuple[float, list[Generation | BaseException]]:
+        first = asyncio.ensure_future(engine.generate(running, LONG))
+        assert await asyncio.to_thread(model.held.wait, 30), "the model never reached the held pass"
+        second = asyncio.ensure_future(engine.generate(queued, SHORT))
+        await asyncio.sleep(0)
+        began = time.perf_counter()
+        await engine.close(timeout_s=0.05)
+        waited = time.perf_counter() - began
+        return waited, list(await asyncio.gather(first, second, return_exceptions=True))
+
+    try:
+        waited, (first, second) = run(close_while_stuck())
+    finally:
+        model.gate.set()  # the stuck pass returns: the worker sees the engine closed and ends
+    assert waited < 3.0, f"close() took {waited:.1f} s"
+    assert isinstance(first, EngineUnavailable) and "did not return" in str(first)
+    assert isinstance(second, EngineUnavailable) and "before this request ran" in str(second)
+    worker = engine._worker
+    assert worker is not None
+    worker.join(10)
+    assert not worker.is_alive(), "the worker should end once the stuck pass returns"
+    assert thread_errors == [], "answering a request close() had failed must not raise in the worker"
+
+
+def test_a_request_cancelled_before_the_worker_takes_it_never_runs(
+    tiny_hf_engine: HFEngine, thread_errors: list[BaseException | None]
+) -> None:
+    model = HeldModel(tiny_hf_engine.model, hold_at=2)  # the running request's first decode step waits
+    engine = HFEngine(model, tiny_hf_engine.tokenizer)  # joining on: the cancelled request would join
+    running, given_up, later = (question(engine, text) for text in ("Count to five.", "Name a colour.", "Hi"))
+
+    async def cancel_while_held() -> tuple[Generation, Generation]:
+        first = asyncio.ensure_future(engine.generate(running, SHORT))
+        assert await asyncio.to_thread(model.held.wait, 30), "the model never reached the held pass"
+        second = asyncio.ensure_future(engine.generate(given_up, SHORT))
+        await asyncio.sleep(0)  # queued while the worker is busy
+        second.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        model.gate.set()
+        return await first, await engine.generate(later, SHORT)
+
+    try:
+        first, third = run(cancel_while_held())
+    finally:
+        model.gate.set()
+        run(engine.close())
+    assert first.ids == run(tiny_hf_engine.generate(running, SHORT)).ids
+    assert third.ids == run(tiny_hf_engine.generate(later, SHORT)).ids
+    assert engine.joined_requests == 0, "the cancelled request must not have joined the running batch"
+    assert dict(engine.batch_sizes) == {1: 2}, "two batches of one: the cancelled request ran in neither"
+    assert thread_errors == []
