@@ -1,7 +1,8 @@
 """HFEngine's close() and cancelled requests, on the tiny random-weight Qwen3 with the real Qwen3 tokenizer: close()
 lets what was sent run on within its timeout, then stops a running batch at its next step and fails what it had not
 answered; a model stuck inside a forward pass cannot make close() hang; a request whose caller gave up before the
-worker took it never runs, and the batch it would have joined gives its own ids."""
+worker took it never runs, and the batch it would have joined gives its own ids; one whose caller gives up while it
+runs (an engine timeout) leaves its batch at the next step instead of generating up to its budget."""
 
 from __future__ import annotations
 
@@ -177,3 +178,53 @@ def test_a_request_cancelled_before_the_worker_takes_it_never_runs(
     assert engine.joined_requests == 0, "the cancelled request must not have joined the running batch"
     assert dict(engine.batch_sizes) == {1: 2}, "two batches of one: the cancelled request ran in neither"
     assert thread_errors == []
+
+
+def test_a_running_request_whose_caller_gives_up_leaves_its_batch(
+    tiny_hf_engine: HFEngine, thread_errors: list[BaseException | None]
+) -> None:
+    model = HeldModel(tiny_hf_engine.model, hold_at=3)  # the prefill and one step run, the next one waits
+    engine = HFEngine(model, tiny_hf_engine.tokenizer)
+    running, later = question(engine, "Count to a thousand."), question(engine, "Hi")
+
+    async def give_up_while_running() -> Generation:
+        first = asyncio.ensure_future(engine.generate(running, LONG))
+        assert await asyncio.to_thread(model.held.wait, 30), "the model never reached the held pass"
+        first.cancel()  # as an engine timeout does
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        model.gate.set()
+        return await engine.generate(later, SHORT)
+
+    try:
+        answer = run(give_up_while_running())
+    finally:
+        model.gate.set()
+        run(engine.close())
+    assert answer.ids == run(tiny_hf_engine.generate(later, SHORT)).ids
+    assert engine.abandoned_requests == 1
+    # 3 steps of the abandoned row (the held one included), then at most the 8 of the later request
+    assert engine.row_steps <= 3 + SHORT.max_new_tokens, f"{engine.row_steps} rows computed"
+    assert thread_errors == []
+
+
+def test_an_engine_timeout_stops_the_generation_it_gave_up_on(tiny_hf_engine: HFEngine) -> None:
+    from agent_runtime.engine_call import EngineFailure, call_engine
+
+    model = HeldModel(tiny_hf_engine.model, hold_at=3)
+    engine = HFEngine(model, tiny_hf_engine.tokenizer)
+    prompt = question(engine, "Count to a thousand.")
+
+    async def time_out() -> Generation | EngineFailure:
+        outcome = await call_engine(engine, prompt, LONG, timeout_s=0.05)
+        model.gate.set()
+        return outcome
+
+    try:
+        outcome = run(time_out())
+        run(engine.close(timeout_s=5.0))  # the worker ends once its batch has (at most 5 s: then close() stops it)
+    finally:
+        model.gate.set()
+    assert isinstance(outcome, EngineFailure) and outcome.code == "engine_timeout"
+    assert engine.abandoned_requests == 1
+    assert engine.row_steps <= 3, f"the timed-out row went on: {engine.row_steps} rows computed"
