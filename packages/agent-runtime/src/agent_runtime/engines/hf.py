@@ -53,8 +53,8 @@ same `DynamicLayer` cache as the prefix cache; image requests never join or are 
 8 turns arriving 5-20 ms apart are answered 1.16-1.52x sooner on average (medians of two runs) than with joining
 off. If a batch fails, each request it had not answered is retried alone (without joining), so one bad request
 cannot fail its neighbours. The event loop only awaits a future, so it is never blocked, and the engine can be
-shared by several event loops. A request whose caller gave up (its task cancelled: an engine timeout, a client that
-went away) is never run if the worker had not taken it yet, and otherwise leaves its batch at the next step, without
+shared by several event loops. A request whose caller gave up (its task cancelled, as `call_engine` does on an engine
+timeout) is never run if the worker had not taken it yet, and otherwise leaves its batch at the next step, without
 being kept: a timed-out turn does not go on generating up to its budget (`abandoned_requests` counts them).
 
 Closing: `close()` refuses new requests at once; what was sent before runs on for up to `timeout_s` (30 s by
