@@ -79,6 +79,19 @@ async def started(engine: HFEngine, prompt: list[int], sampling: SamplingParams)
     return task
 
 
+async def queue_then_close(
+    engine: HFEngine, first: asyncio.Future[Generation], queued: list[int]
+) -> tuple[float, list[Generation | BaseException]]:
+    """Queue `queued` behind the running `first`, close the engine with a 0.05 s timeout: how long close() took,
+    and what both requests came to."""
+    second = asyncio.ensure_future(engine.generate(queued, SHORT))
+    await asyncio.sleep(0)  # in the queue, ahead of close()'s marker
+    began = time.perf_counter()
+    await engine.close(timeout_s=0.05)
+    waited = time.perf_counter() - began
+    return waited, list(await asyncio.gather(first, second, return_exceptions=True))
+
+
 def test_close_lets_requests_already_sent_finish_within_its_timeout(engine: HFEngine, tiny_hf_engine: HFEngine) -> None:
     running, queued = question(engine, "Count to five."), question(engine, "Name a colour.")
 
@@ -102,13 +115,7 @@ def test_close_stops_a_running_batch_once_its_timeout_is_spent(
     running, queued = question(engine, "Count to a thousand."), question(engine, "Name a colour.")
 
     async def close_now() -> tuple[float, list[Generation | BaseException]]:
-        first = await started(engine, running, LONG)
-        second = asyncio.ensure_future(engine.generate(queued, SHORT))
-        await asyncio.sleep(0)
-        began = time.perf_counter()
-        await engine.close(timeout_s=0.05)
-        waited = time.perf_counter() - began
-        return waited, list(await asyncio.gather(first, second, return_exceptions=True))
+        return await queue_then_close(engine, await started(engine, running, LONG), queued)
 
     waited, (first, second) = run(close_now())
     assert waited < 3.0, f"close() took {waited:.1f} s"
@@ -129,12 +136,7 @@ def test_a_model_stuck_in_a_forward_pass_cannot_make_close_hang(
     async def close_while_stuck() -> tuple[float, list[Generation | BaseException]]:
         first = asyncio.ensure_future(engine.generate(running, LONG))
         assert await asyncio.to_thread(model.held.wait, 30), "the model never reached the held pass"
-        second = asyncio.ensure_future(engine.generate(queued, SHORT))
-        await asyncio.sleep(0)
-        began = time.perf_counter()
-        await engine.close(timeout_s=0.05)
-        waited = time.perf_counter() - began
-        return waited, list(await asyncio.gather(first, second, return_exceptions=True))
+        return await queue_then_close(engine, first, queued)
 
     try:
         waited, (first, second) = run(close_while_stuck())
