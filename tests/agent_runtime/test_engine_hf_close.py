@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,18 +21,11 @@ from agent_runtime.engines import hf
 from agent_runtime.engines.base import Generation, SamplingParams
 from agent_runtime.engines.hf import HFEngine
 from agent_runtime.errors import EngineUnavailable
-from tests.agent_runtime.test_engine_hf import PoisonedModel
+from tests.agent_runtime.test_engine_hf import PoisonedModel, run
+from tests.agent_runtime.test_engine_hf_join import question
 
 SHORT = SamplingParams(max_new_tokens=8, temperature=0.0)
 LONG = SamplingParams(max_new_tokens=1024, temperature=0.0)  # far longer than any test waits for
-
-
-def run[T](coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
-
-
-def question(engine: HFEngine, text: str) -> list[int]:
-    return engine.tokenize(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
 
 
 class HeldModel(PoisonedModel):

@@ -371,8 +371,7 @@ class HFEngine(LLMEngine):
         if worker.is_alive():  # stuck in a forward pass: answer for it; it ends when the pass returns
             logger.warning("hf_close_model_not_returning", grace_s=ABORT_GRACE_S)
             stuck = EngineUnavailable("hf: the engine was closed while this request ran (the model did not return)")
-            for request in list(self._taken):
-                _fail(request.future, stuck)
+            _fail_all(list(self._taken), stuck)
             self._fail_queued()
 
     # -- the worker thread ---------------------------------------------------------------------------------
@@ -464,15 +463,12 @@ class HFEngine(LLMEngine):
             logger.warning("hf_generation_failed", prompt_tokens=len(batch[0].prompt), error=repr(e))
             error = EngineError(f"hf: generation failed: {type(e).__name__}: {e}")
             error.__cause__ = e
-            for request in unanswered:
-                _fail(request.future, error)
+            _fail_all(unanswered, error)
             return
         logger.debug("hf_batch_done", batch_size=len(batch), seconds=round(time.perf_counter() - started, 4))
 
     def _fail_closed(self, batch: list[_Request]) -> None:
-        closed = EngineUnavailable("hf: the engine was closed while this request ran")
-        for request in batch:
-            _fail(request.future, closed)
+        _fail_all(batch, EngineUnavailable("hf: the engine was closed while this request ran"))
 
     def _weights_version(self) -> tuple[tuple[int, int], ...]:
         # a parameter's version counter moves on every in-place write, its data pointer on `param.data = ...`
@@ -717,6 +713,12 @@ def _fail(future: concurrent.futures.Future[Generation], error: BaseException) -
     """Fail a request unless it has its answer already (close() and the worker may both try)."""
     with contextlib.suppress(concurrent.futures.InvalidStateError):
         future.set_exception(error)
+
+
+def _fail_all(requests: list[_Request], error: BaseException) -> None:
+    """Fail each of `requests` that has no answer yet with the one `error`."""
+    for request in requests:
+        _fail(request.future, error)
 
 
 def _image_processor(source: str, log: Any) -> Any:
