@@ -23,7 +23,13 @@ the same session, interleaved, and each side runs `--repeats` times. The prepare
 exactly the decode of its ids where the tree's `Generation` has that field (`exact_text`); a tree without it
 decodes, which is the difference being measured.
 
+The seed side (`--seed-repo PATH`, a checkout of github.com/Freder-chen/OpenRLHF-Agent; measured at f8937c9): the
+same episodes through the seed design's own loop, imported from that checkout at run time (see `measure_seed`),
+interleaved with the others. Every side also says whether its first episode's token stream is the official Qwen3
+template's render of the same conversation (`template_exact`); "step vs this tree" is the ratio of medians.
+
     uv run python bench/bench_runtime.py [--episodes 1000] [--calls 3] [--repeats 3] [--baseline ee63069]
+                                         [--seed-repo PATH]
 """
 
 from __future__ import annotations
@@ -46,18 +52,13 @@ PACKAGES = ("agent-protocol", "agent-env", "agent-runtime")
 DEFAULT_BASELINE = "ee63069"  # main before issue 17
 
 
-def build(calls: int) -> tuple[Any, Any, list[str]]:
-    """The runtime (replay engine, calculator session), the tokenizer and the feedback texts of one episode."""
-    import logging
-
-    import structlog
-
-    from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline
+def replies(calls: int) -> tuple[Any, Any, list[Any], Any]:
+    """The tokenizer, the Qwen3 protocol, the generations of the tool-calling turns and of the answer: real Qwen3
+    ids of the official template's assistant turns, with their text (both sides replay these)."""
     from agent_protocol import HFTokenizer, get_protocol
-    from agent_runtime import AgentRuntime, AgentSession, Generation, LLMEngine, SamplingParams
+    from agent_runtime import Generation
     from tests.support.qwen3_tokenizer import qwen3_tokenizer_path
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))  # logs off the hot path
     tokenizer = HFTokenizer.from_file(qwen3_tokenizer_path())
     protocol = get_protocol("qwen3")
     exact = {"exact_text": True} if "exact_text" in Generation.__struct_fields__ else {}
@@ -66,14 +67,50 @@ def build(calls: int) -> tuple[Any, Any, list[str]]:
         ids = tokenizer.encode(protocol.render_generation(message))
         return Generation(ids=ids, text=tokenizer.decode(ids), logprobs=None, finish_reason="stop", **exact)
 
-    calls_made = [
-        reply({
+    calls_made = [reply(message) for message in assistant_turns(calls)[:-1]]
+    answer = reply(assistant_turns(calls)[-1])
+    return tokenizer, protocol, calls_made, answer
+
+
+def assistant_turns(calls: int) -> list[dict[str, Any]]:
+    """What the model says in an episode: `calls` turns that call the calculator, then the answer."""
+    return [
+        *({
             "role": "assistant", "content": "", "reasoning_content": f"Step {k}: compute with the tool.",
             "tool_calls": [{"function": {"name": "calculator", "arguments": {"expression": f"{k} * 17 + 4"}}}],
-        })
-        for k in range(calls)
+        } for k in range(calls)),
+        {"role": "assistant", "content": "The answer is 55.", "reasoning_content": "Done."},
     ]  # fmt: skip
-    answer = reply({"role": "assistant", "content": "The answer is 55.", "reasoning_content": "Done."})
+
+
+def template_exact(ids: Sequence[int], prompt: list[dict[str, Any]], calls: int, backend: Any) -> float:
+    """1.0 when an episode's token stream is the official Qwen3 template's render of its conversation (`prompt`,
+    the script's turns and the calculator's results; the stream stops at the answer's `<|im_end|>`, before the
+    newline the template writes after it), tokenized whole; else 0.0."""
+    from agent_env import CalculatorTool
+    from tests.support.hf_jinja import render_official
+
+    turns = assistant_turns(calls)
+    messages = list(prompt)
+    for k, turn in enumerate(turns[:-1]):
+        messages += [turn, {"role": "tool", "content": str(k * 17 + 4)}]
+    messages.append(turns[-1])
+    text = render_official("qwen3", messages, tools=[CalculatorTool().spec.to_openai()])
+    official = list(backend.encode(text, add_special_tokens=False).ids)
+    return float(official[: len(ids)] == list(ids) and backend.decode(official[len(ids) :]) == "\n")
+
+
+def build(calls: int) -> tuple[Any, Any, list[str]]:
+    """The runtime (replay engine, calculator session), the tokenizer and the feedback texts of one episode."""
+    import logging
+
+    import structlog
+
+    from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline
+    from agent_runtime import AgentRuntime, AgentSession, LLMEngine, SamplingParams
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))  # logs off the hot path
+    tokenizer, protocol, calls_made, answer = replies(calls)
     feedback = [protocol.render_feedback([{"role": "tool", "content": str(k * 17 + 4)}]) for k in range(calls)]
     # The prompt of turn k+1 ends with the feedback of turn k: its tail says which reply comes next.
     after = [
@@ -128,13 +165,114 @@ def measure(episodes: int, calls: int) -> dict[str, float]:
         raise RuntimeError("every episode must finish normally")
     steps = sum(r.trajectory.turns for r in results)
     floor = (floor_before + floor_after) / 2 / (episodes * calls)
-    return {"us_per_step": wall / steps * 1e6, "floor_us": floor * 1e6, "ratio": wall / steps / floor, "steps": steps}
+    exact = template_exact(results[0].trajectory.segments[0].ids, [{"role": "user", "content": prompts[0]}], calls,
+                           tokenizer.backend)  # fmt: skip
+    return {
+        "us_per_step": wall / steps * 1e6, "floor_us": floor * 1e6, "ratio": wall / steps / floor, "steps": steps,
+        "template_exact": exact,
+    }  # fmt: skip
 
 
-def run_side(paths: list[str], cwd: Path, episodes: int, calls: int) -> dict[str, float]:
+def measure_seed(episodes: int, calls: int) -> dict[str, float]:
+    """The same work through the seed design's loop (`--seed-repo`), as OpenRLHF's agent executor drives its
+    `AgentInstance` in a rollout: `session.initialize` renders the prompt (Jinja), the prompt is tokenized whole;
+    each turn the engine's ids are appended and its text parsed (`step_from_text` with the label: tool calls,
+    then the reward), and the rendered feedback (Jinja) is tokenized alone and appended. The engine replays the
+    same Qwen3 ids and texts as `ReplayEngine`, keyed on the seed's own feedback; the tool is this tree's exact
+    calculator behind the seed's `ToolBase`; the environment is the seed's `FunctionCallEnvironment` with that one
+    tool and an empty system prompt (this tree's side has none). The tokenizer is the same `tokenizers` backend,
+    without the piece cache (the seed encodes every text whole). The floor is the seed's feedback deltas."""
+    from openrlhf_agent import make_chat_protocol
+    from openrlhf_agent.environment.function_call import FunctionCallEnvironment as SeedEnvironment
+    from openrlhf_agent.environment.tools import ToolRegistry
+    from openrlhf_agent.environment.tools.base import ToolBase as SeedTool
+    from openrlhf_agent.orchestrator.session import AgentSession as SeedSession
+
+    from agent_env import CalculatorTool
+    from agent_env.tools.calculator import evaluate, format_number
+    from agent_protocol import HFTokenizer
+
+    shared, _, calls_made, answer = replies(calls)
+    tokenizer = HFTokenizer(shared.backend, piece_cache=False)
+    protocol = make_chat_protocol("qwen3_instruct")
+    schema = CalculatorTool().parameters
+
+    class Calculator(SeedTool):
+        name = "calculator"
+        description = CalculatorTool().description
+        parameters = schema
+
+        def call(self, *, context: Any, arguments: dict[str, Any]) -> str:
+            return format_number(evaluate(str(arguments["expression"])))
+
+    class Environment(SeedEnvironment):  # type: ignore[misc]
+        @property
+        def system_prompt(self) -> str:
+            return ""
+
+    feedback = [
+        protocol.render_messages(messages=[{"role": "tool", "content": str(k * 17 + 4)}], add_generation_prompt=True)
+        for k in range(calls)
+    ]
+    after = [
+        (tokenizer.encode(text), calls_made[k + 1] if k + 1 < calls else answer) for k, text in enumerate(feedback)
+    ]
+
+    async def generate(prompt_ids: list[int]) -> tuple[list[int], str]:
+        size = len(prompt_ids)
+        for tail, generation in after:
+            if prompt_ids[size - len(tail) :] == tail:
+                return generation.ids, generation.text
+        return calls_made[0].ids, calls_made[0].text
+
+    streams: dict[str, list[int]] = {}
+
+    async def episode(prompt: str, label: str) -> tuple[int, bool]:
+        environment = Environment(max_steps=calls + 2)
+        environment.registry = ToolRegistry([Calculator()])
+        session = SeedSession(environment, protocol)
+        ids = streams[prompt] = tokenizer.encode(session.initialize([{"role": "user", "content": prompt}]))
+        turns = 0
+        for _ in range(environment.max_steps):
+            action_ids, action_text = await generate(ids)
+            ids.extend(action_ids)
+            outcome = session.step_from_text(action_text, label=label)
+            turns += 1
+            if outcome.terminated:
+                return turns, "The answer is 55." in (outcome.feedback_messages[0].content or "")
+            ids.extend(tokenizer.encode(outcome.feedback_text))
+        return turns, False
+
+    async def run_all(prompts: list[str]) -> list[tuple[int, bool]]:
+        return list(await asyncio.gather(*(episode(prompt, "55") for prompt in prompts)))
+
+    prompts = [f"What is {i} * 17 + 4, three times over?" for i in range(episodes)]
+    asyncio.run(run_all(prompts[:20]))  # warm up
+    floor_before = floor_s(tokenizer, feedback, episodes)
+    t0 = time.perf_counter()
+    results = asyncio.run(run_all(prompts))
+    wall = time.perf_counter() - t0
+    floor_after = floor_s(tokenizer, feedback, episodes)
+    if not all(turns == calls + 1 and answered for turns, answered in results):
+        raise RuntimeError("every seed episode must make its calls and end on the answer")
+    steps = sum(turns for turns, _ in results)
+    floor = (floor_before + floor_after) / 2 / (episodes * calls)
+    prompt = [{"role": "system", "content": ""}, {"role": "user", "content": prompts[0]}]  # the seed's conversation
+    exact = template_exact(streams[prompts[0]], prompt, calls, tokenizer.backend)
+    return {
+        "us_per_step": wall / steps * 1e6, "floor_us": floor * 1e6, "ratio": wall / steps / floor, "steps": steps,
+        "template_exact": exact,
+    }  # fmt: skip
+
+
+def run_side(paths: list[str], cwd: Path, flag: str, episodes: int, calls: int) -> dict[str, float]:
+    """One run in a fresh process with `paths` first on `sys.path`; `flag`: --measure-only or --measure-seed."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    argv = [sys.executable, __file__, "--measure-only", "--episodes", str(episodes), "--calls", str(calls)]
-    out = subprocess.run(argv, env=env, cwd=cwd, check=True, capture_output=True, text=True).stdout
+    argv = [sys.executable, __file__, flag, "--episodes", str(episodes), "--calls", str(calls)]
+    done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{flag} in {cwd} failed:\n{done.stderr.strip()}")
+    out = done.stdout
     result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
     return result
 
@@ -148,6 +286,14 @@ def summary(runs: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def exactness(runs: list[dict[str, float]]) -> str:
+    """Whether the side's token stream was the official template's in every run ("n/a": it does not say)."""
+    found = {r["template_exact"] for r in runs if "template_exact" in r}
+    if not found:
+        return "n/a"
+    return "yes" if found == {1.0} else "no" if found == {0.0} else "not always"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=1000, help="concurrent episodes (default 1000)")
@@ -155,21 +301,33 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per side (default 3)")
     parser.add_argument("--baseline", default=DEFAULT_BASELINE, help=f"git ref to compare with ({DEFAULT_BASELINE})")
     parser.add_argument("--no-baseline", action="store_true", help="measure this tree only")
+    parser.add_argument(
+        "--seed-repo", type=Path,
+        help="a checkout of the seed design (github.com/Freder-chen/OpenRLHF-Agent, measured at f8937c9): adds its "
+        "loop as a side, on the same work (see measure_seed); it needs jinja2 and pydantic, which this workspace has",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     parser.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--measure-seed", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.measure_only:
+    if args.measure_only or args.measure_seed:
         sys.path.insert(0, os.getcwd())
-        print(json.dumps(measure(args.episodes, args.calls)))
+        print(json.dumps((measure_seed if args.measure_seed else measure)(args.episodes, args.calls)))
         return
-    sides = {"this tree": ([str(ROOT / "packages" / p / "src") for p in PACKAGES] + [str(ROOT)], ROOT)}
+    this_tree = [str(ROOT / "packages" / p / "src") for p in PACKAGES] + [str(ROOT)]
+    sides = {"this tree": (this_tree, ROOT, "--measure-only")}
+    if args.seed_repo is not None:
+        seed_src = args.seed_repo.resolve() / "src"
+        if not (seed_src / "openrlhf_agent" / "orchestrator" / "session.py").is_file():
+            parser.error(f"--seed-repo {args.seed_repo}: no src/openrlhf_agent/orchestrator/session.py there")
+        sides["seed loop"] = ([str(seed_src), *this_tree], ROOT, "--measure-seed")
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "baseline"
         if not args.no_baseline:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), args.baseline],
                            check=True)  # fmt: skip
             sides[f"baseline {args.baseline}"] = ([str(tree / "packages" / p / "src") for p in PACKAGES] + [str(tree)],
-                                                  tree)  # fmt: skip
+                                                  tree, "--measure-only")  # fmt: skip
         try:
             runs: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
             for repeat in range(args.repeats):
@@ -181,11 +339,15 @@ def main() -> None:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
     result = {name: {**summary(values), "runs": values} for name, values in runs.items()}
     print(f"{args.episodes} concurrent episodes x {args.calls} tool calls; {args.repeats} interleaved repeats")
-    print("| code | us per step (min / median) | floor us (min / median) | step / floor (min / median) |")
-    print("|---|---:|---:|---:|")
+    print("| code | us per step (min / median) | floor us (min / median) | step / floor (min / median) "
+          "| step vs this tree (median) | tokens = template's |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---|")
+    ours = result["this tree"]["us_per_step_median"]
     for name, s in result.items():
         cells = [f"{s[f'{key}_min']:.{digits}f} / {s[f'{key}_median']:.{digits}f}"
                  for key, digits in (("us_per_step", 0), ("floor_us", 1), ("ratio", 1))]  # fmt: skip
+        cells.append(f"{s['us_per_step_median'] / ours:.2f}x")
+        cells.append(exactness(s["runs"]))
         print(f"| {name} | {' | '.join(cells)} |")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
