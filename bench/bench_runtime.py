@@ -43,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +67,8 @@ def replies(calls: int) -> tuple[Any, Any, list[Any], Any]:
         ids = tokenizer.encode(protocol.render_generation(message))
         return Generation(ids=ids, text=tokenizer.decode(ids), logprobs=None, finish_reason="stop", **exact)
 
-    calls_made = [reply(message) for message in assistant_turns(calls)[:-1]]
-    answer = reply(assistant_turns(calls)[-1])
-    return tokenizer, protocol, calls_made, answer
+    *calling, last = assistant_turns(calls)
+    return tokenizer, protocol, [reply(message) for message in calling], reply(last)
 
 
 def assistant_turns(calls: int) -> list[dict[str, Any]]:
@@ -83,6 +82,16 @@ def assistant_turns(calls: int) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def tool_results(calls: int) -> list[str]:
+    """What the calculator answers to the script's calls, in order."""
+    return [str(k * 17 + 4) for k in range(calls)]
+
+
+def replay_table(encoded_feedback: list[list[int]], calls_made: list[Any], answer: Any) -> list[tuple[list[int], Any]]:
+    """(the ids a prompt ends with, the reply that comes next): the prompt of turn k+1 ends with turn k's feedback."""
+    return [(ids, calls_made[k + 1] if k + 1 < len(calls_made) else answer) for k, ids in enumerate(encoded_feedback)]
+
+
 def template_exact(ids: Sequence[int], prompt: list[dict[str, Any]], calls: int, backend: Any) -> float:
     """1.0 when an episode's token stream is the official Qwen3 template's render of its conversation (`prompt`,
     the script's turns and the calculator's results; the stream stops at the answer's `<|im_end|>`, before the
@@ -92,8 +101,8 @@ def template_exact(ids: Sequence[int], prompt: list[dict[str, Any]], calls: int,
 
     turns = assistant_turns(calls)
     messages = list(prompt)
-    for k, turn in enumerate(turns[:-1]):
-        messages += [turn, {"role": "tool", "content": str(k * 17 + 4)}]
+    for turn, result in zip(turns[:-1], tool_results(calls), strict=True):
+        messages += [turn, {"role": "tool", "content": result}]
     messages.append(turns[-1])
     text = render_official("qwen3", messages, tools=[CalculatorTool().spec.to_openai()])
     official = list(backend.encode(text, add_special_tokens=False).ids)
@@ -111,11 +120,8 @@ def build(calls: int) -> tuple[Any, Any, list[str]]:
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))  # logs off the hot path
     tokenizer, protocol, calls_made, answer = replies(calls)
-    feedback = [protocol.render_feedback([{"role": "tool", "content": str(k * 17 + 4)}]) for k in range(calls)]
-    # The prompt of turn k+1 ends with the feedback of turn k: its tail says which reply comes next.
-    after = [
-        (tokenizer.encode(text), calls_made[k + 1] if k + 1 < calls else answer) for k, text in enumerate(feedback)
-    ]
+    feedback = [protocol.render_feedback([{"role": "tool", "content": result}]) for result in tool_results(calls)]
+    after = replay_table([tokenizer.encode(text) for text in feedback], calls_made, answer)
 
     class ReplayEngine(LLMEngine):
         """Answers from the last few ids of the prompt and returns a prepared generation: copies nothing."""
@@ -154,19 +160,38 @@ def floor_s(tokenizer: Any, feedback: list[str], episodes: int) -> float:
 def measure(episodes: int, calls: int) -> dict[str, float]:
     """One run of this process's sources: time per step, and the floor taken around it."""
     runtime, tokenizer, feedback = build(calls)
-    prompts = [f"What is {i} * 17 + 4, three times over?" for i in range(episodes)]
-    asyncio.run(runtime.run_many(prompts[:20]))  # warm up
-    floor_before = floor_s(tokenizer, feedback, episodes)
-    t0 = time.perf_counter()
-    results = asyncio.run(runtime.run_many(prompts, tasks=[{"answer": "55"}] * episodes))
-    wall = time.perf_counter() - t0
-    floor_after = floor_s(tokenizer, feedback, episodes)
+    prompts = episode_prompts(episodes)
+    results, wall, floor = timed(
+        lambda: asyncio.run(runtime.run_many(prompts[:20])),  # warm up
+        lambda: asyncio.run(runtime.run_many(prompts, tasks=[{"answer": "55"}] * episodes)),
+        tokenizer, feedback, episodes,
+    )  # fmt: skip
     if not all(r.stop_reason == "final_answer" for r in results):
         raise RuntimeError("every episode must finish normally")
-    steps = sum(r.trajectory.turns for r in results)
-    floor = (floor_before + floor_after) / 2 / (episodes * calls)
     exact = template_exact(results[0].trajectory.segments[0].ids, [{"role": "user", "content": prompts[0]}], calls,
                            tokenizer.backend)  # fmt: skip
+    return figures(wall, sum(r.trajectory.turns for r in results), floor, exact)
+
+
+def episode_prompts(episodes: int) -> list[str]:
+    return [f"What is {i} * 17 + 4, three times over?" for i in range(episodes)]
+
+
+def timed[R](
+    warm_up: Callable[[], object], run: Callable[[], R], tokenizer: Any, feedback: list[str], episodes: int
+) -> tuple[R, float, float]:
+    """`run()`'s result, its wall time, and the floor per feedback: the mean of one taken right before and one right
+    after it, in this process (after `warm_up()`)."""
+    warm_up()
+    floor_before = floor_s(tokenizer, feedback, episodes)
+    t0 = time.perf_counter()
+    results = run()
+    wall = time.perf_counter() - t0
+    floor_after = floor_s(tokenizer, feedback, episodes)
+    return results, wall, (floor_before + floor_after) / 2 / (episodes * len(feedback))
+
+
+def figures(wall: float, steps: int, floor: float, exact: float) -> dict[str, float]:
     return {
         "us_per_step": wall / steps * 1e6, "floor_us": floor * 1e6, "ratio": wall / steps / floor, "steps": steps,
         "template_exact": exact,
@@ -195,12 +220,12 @@ def measure_seed(episodes: int, calls: int) -> dict[str, float]:
     shared, _, calls_made, answer = replies(calls)
     tokenizer = HFTokenizer(shared.backend, piece_cache=False)
     protocol = make_chat_protocol("qwen3_instruct")
-    schema = CalculatorTool().parameters
+    ours = CalculatorTool()
 
-    class Calculator(SeedTool):
-        name = "calculator"
-        description = CalculatorTool().description
-        parameters = schema
+    class Calculator(SeedTool):  # type: ignore[misc]
+        name = ours.name
+        description = ours.description
+        parameters = ours.parameters
 
         def call(self, *, context: Any, arguments: dict[str, Any]) -> str:
             return format_number(evaluate(str(arguments["expression"])))
@@ -211,12 +236,10 @@ def measure_seed(episodes: int, calls: int) -> dict[str, float]:
             return ""
 
     feedback = [
-        protocol.render_messages(messages=[{"role": "tool", "content": str(k * 17 + 4)}], add_generation_prompt=True)
-        for k in range(calls)
+        protocol.render_messages(messages=[{"role": "tool", "content": result}], add_generation_prompt=True)
+        for result in tool_results(calls)
     ]
-    after = [
-        (tokenizer.encode(text), calls_made[k + 1] if k + 1 < calls else answer) for k, text in enumerate(feedback)
-    ]
+    after = replay_table([tokenizer.encode(text) for text in feedback], calls_made, answer)
 
     async def generate(prompt_ids: list[int]) -> tuple[list[int], str]:
         size = len(prompt_ids)
@@ -246,23 +269,15 @@ def measure_seed(episodes: int, calls: int) -> dict[str, float]:
     async def run_all(prompts: list[str]) -> list[tuple[int, bool]]:
         return list(await asyncio.gather(*(episode(prompt, "55") for prompt in prompts)))
 
-    prompts = [f"What is {i} * 17 + 4, three times over?" for i in range(episodes)]
-    asyncio.run(run_all(prompts[:20]))  # warm up
-    floor_before = floor_s(tokenizer, feedback, episodes)
-    t0 = time.perf_counter()
-    results = asyncio.run(run_all(prompts))
-    wall = time.perf_counter() - t0
-    floor_after = floor_s(tokenizer, feedback, episodes)
+    prompts = episode_prompts(episodes)
+    results, wall, floor = timed(
+        lambda: asyncio.run(run_all(prompts[:20])), lambda: asyncio.run(run_all(prompts)), tokenizer, feedback, episodes
+    )
     if not all(turns == calls + 1 and answered for turns, answered in results):
         raise RuntimeError("every seed episode must make its calls and end on the answer")
-    steps = sum(turns for turns, _ in results)
-    floor = (floor_before + floor_after) / 2 / (episodes * calls)
     prompt = [{"role": "system", "content": ""}, {"role": "user", "content": prompts[0]}]  # the seed's conversation
     exact = template_exact(streams[prompts[0]], prompt, calls, tokenizer.backend)
-    return {
-        "us_per_step": wall / steps * 1e6, "floor_us": floor * 1e6, "ratio": wall / steps / floor, "steps": steps,
-        "template_exact": exact,
-    }  # fmt: skip
+    return figures(wall, sum(turns for turns, _ in results), floor, exact)
 
 
 def run_side(paths: list[str], cwd: Path, flag: str, episodes: int, calls: int) -> dict[str, float]:
@@ -337,19 +352,20 @@ def main() -> None:
         finally:
             if not args.no_baseline:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
-    result = {name: {**summary(values), "runs": values} for name, values in runs.items()}
+    summaries = {name: summary(values) for name, values in runs.items()}
     print(f"{args.episodes} concurrent episodes x {args.calls} tool calls; {args.repeats} interleaved repeats")
     print("| code | us per step (min / median) | floor us (min / median) | step / floor (min / median) "
           "| step vs this tree (median) | tokens = template's |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---|")
-    ours = result["this tree"]["us_per_step_median"]
-    for name, s in result.items():
+    ours = summaries["this tree"]["us_per_step_median"]
+    for name, s in summaries.items():
         cells = [f"{s[f'{key}_min']:.{digits}f} / {s[f'{key}_median']:.{digits}f}"
                  for key, digits in (("us_per_step", 0), ("floor_us", 1), ("ratio", 1))]  # fmt: skip
         cells.append(f"{s['us_per_step_median'] / ours:.2f}x")
-        cells.append(exactness(s["runs"]))
+        cells.append(exactness(runs[name]))
         print(f"| {name} | {' | '.join(cells)} |")
     if args.json:
+        result = {name: {**summaries[name], "runs": values} for name, values in runs.items()}
         args.json.write_text(json.dumps(result, indent=2))
 
 
