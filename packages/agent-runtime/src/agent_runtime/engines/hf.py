@@ -51,7 +51,20 @@ left-padded to the longer, so every row keeps its own positions and sees only it
 the ids it gives alone (`tests/agent_runtime/test_engine_hf_join.py`; `joined_requests` counts them). It needs the
 same `DynamicLayer` cache as the prefix cache; image requests never join or are joined. `bench/bench_hf_join.py`:
 8 turns arriving 5-20 ms apart are answered 1.16-1.52x sooner on average (medians of two runs) than with joining
-off. If a batch fails, each request it had not answered is retried alone (without joining), so one bad request
+off.
+
+Batch size in tokens (`max_batch_tokens`, None by default: no bound). A batch's rows share one cache, left-padded to
+its longest row, so one long prompt among short ones (or joining them) makes every row hold that many key/value
+positions: a 32k-token prompt joining 8 turns of 500 tokens on Qwen3-8B makes the cache hold 9 x 32k positions
+(40.5 GiB in bfloat16) where the rows need 5.1 GiB; as a batch forms, every short row is prefilled at the long
+one's width too. With the bound, a text request joins a batch (as it forms or while it runs) only if rows x the
+positions the cache reaches by the last token any row may still generate (the prefill's layout plus the largest
+budget left) stays within it; otherwise it waits, first in line, for the next batch, and the requests behind it wait
+behind it (arrival order is kept). A request larger than the bound on its own runs alone. So no forward pass
+holds more than `max(max_batch_tokens, the largest lone request)` positions (`peak_batch_tokens` is the most one
+held; `deferred_requests` counts the waits). Memory per position is the prefix cache's figure above.
+
+Failures: if a batch fails, each request it had not answered is retried alone (without joining), so one bad request
 cannot fail its neighbours. The event loop only awaits a future, so it is never blocked, and the engine can be
 shared by several event loops. A request whose caller gave up (its task cancelled, as `call_engine` does on an engine
 timeout) is never run if the worker had not taken it yet, and otherwise leaves its batch at the next step, without
@@ -180,7 +193,10 @@ class HFEngine(LLMEngine):
         prefix_cache_tokens: int = 131_072,
         image_processor: Any | None = None,
         join_running: bool = True,
+        max_batch_tokens: int | None = None,
     ) -> None:
+        if max_batch_tokens is not None and max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be at least 1 (or None: no bound), got {max_batch_tokens}")
         if prefix_cache_sequences < 0 or prefix_cache_tokens < 0:
             raise ValueError(
                 f"prefix_cache_sequences and prefix_cache_tokens must be >= 0 (0 turns the cache off), got "
@@ -219,6 +235,12 @@ class HFEngine(LLMEngine):
         #: whether text requests that arrive while a batch runs join it (see the module docstring)
         self.join_running = join_running
         self.joined_requests = 0  # requests that joined a running batch
+        #: the most key/value positions a batch's cache may come to hold, padding included (None: no bound; see the
+        #: module docstring)
+        self.max_batch_tokens = max_batch_tokens
+        self.deferred_requests = 0  # requests that waited for a later batch because this one had no room in tokens
+        #: the most key/value positions a forward pass held: its rows x its positions (padding included)
+        self.peak_batch_tokens = 0
         self.abandoned_requests = 0  # requests that left their batch because their caller stopped waiting
         self._parameters = list(model.parameters())
         self._weights_seen: tuple[tuple[int, int], ...] | None = self._weights_version()
@@ -251,6 +273,7 @@ class HFEngine(LLMEngine):
         prefix_cache_sequences: int = 256,
         prefix_cache_tokens: int = 131_072,
         join_running: bool = True,
+        max_batch_tokens: int | None = None,
     ) -> HFEngine:
         """Load a model directory (or a Hugging Face id already in the local cache). `dtype` is "auto" (the
         checkpoint's), a name such as "bfloat16", or a `torch.dtype`. The tokenizer is the directory's
@@ -294,6 +317,7 @@ class HFEngine(LLMEngine):
             prefix_cache_tokens=prefix_cache_tokens,
             image_processor=image_processor,
             join_running=join_running,
+            max_batch_tokens=max_batch_tokens,
         )
         log.info(
             "hf_engine_loaded",
@@ -392,6 +416,11 @@ class HFEngine(LLMEngine):
                 if item is None:
                     running = False
                     break
+                if item.future.cancelled():
+                    continue
+                if item.vision is None and not self._fits([*(r for r in batch if r.vision is None), item]):
+                    self._defer(item)
+                    break
                 batch.append(item)
             live = [r for r in batch if r.future.set_running_or_notify_cancel()]
             self._taken = live
@@ -418,9 +447,11 @@ class HFEngine(LLMEngine):
             return self._queue.get_nowait()
         return self._queue.get(timeout=timeout)
 
-    def _newcomers(self, room: int) -> list[_Request]:
-        """Text requests waiting now, at most `room`, to join the running batch (see the module docstring). An
-        image request or the close marker stops the intake and waits in `_pending` for the next batch."""
+    def _newcomers(self, room: int, running: list[_Row], width: int) -> list[_Request]:
+        """Text requests waiting now, at most `room`, to join the running batch (see the module docstring); `running`:
+        its rows (those not done are still generating), `width`: its cache's positions. An image request, the close
+        marker or a request the batch has no room for in tokens (`max_batch_tokens`) stops the intake and waits in
+        `_pending` for the next batch, first."""
         joining: list[_Request] = []
         while len(joining) < room and not self._pending:
             try:
@@ -429,6 +460,10 @@ class HFEngine(LLMEngine):
                 break
             if item is None or item.vision is not None:
                 self._pending.append(item)
+            elif item.future.cancelled():
+                continue
+            elif not self._fits([*joining, item], running, width):
+                self._defer(item)
             elif item.future.set_running_or_notify_cancel():
                 joining.append(item)
                 self._taken.append(item)
@@ -497,7 +532,7 @@ class HFEngine(LLMEngine):
                 break
             if self._abort.is_set():
                 raise _Closed
-            newcomers = self._newcomers(self.max_batch_size - len(stay)) if join else []
+            newcomers = self._newcomers(self.max_batch_size - len(stay), running, mask.shape[1]) if join else []
             finished = len(running) - len(stay)
             if finished and (newcomers or finished * _DROP_FINISHED_AT >= len(running)) and positions.dim() == 2:
                 # Enough rows are done to be worth a copy of the cache without them (they were kept and answered as
@@ -522,6 +557,24 @@ class HFEngine(LLMEngine):
                 row.done, row.finish = True, "abort"
                 self.abandoned_requests += 1
                 _fail(row.request.future, EngineError("hf: the caller stopped waiting for this request"))
+
+    def _fits(self, requests: list[_Request], running: Sequence[_Row] = (), width: int = 0) -> bool:
+        """Whether `requests` may start a batch together (or join the rows of `running` still generating, in a cache
+        of `width` positions) within `max_batch_tokens`: rows x the positions the cache reaches by the last token
+        any row may still generate (its prefill's layout, see `_prefill`, plus the largest budget left)."""
+        if self.max_batch_tokens is None:
+            return True
+        running = [row for row in running if not row.done]  # done rows leave the batch when requests join it
+        caching = self.prefix_caching  # text requests; the kept prefixes as `_row` will find them
+        reused = [min(self.prefix_cache.reusable(r.prompt), len(r.prompt) - 1) if caching else 0 for r in requests]
+        laid_out = max(reused) + max(len(r.prompt) - n for r, n in zip(requests, reused, strict=True))
+        left = max([r.budget for r in requests] + [row.request.budget - len(row.ids) for row in running])
+        return (len(running) + len(requests)) * (max(width, laid_out) + left) <= self.max_batch_tokens
+
+    def _defer(self, request: _Request) -> None:
+        """`request` waits, first in line, for the next batch: this one has no room for it in tokens."""
+        self._pending.appendleft(request)
+        self.deferred_requests += 1
 
     def _row(self, request: _Request, caching: bool) -> _Row:
         """A request's row: its kept prefix (when caching), stop ids and generator."""
@@ -664,6 +717,7 @@ class HFEngine(LLMEngine):
         extra: dict[str, torch.Tensor],
     ) -> torch.Tensor:
         """One forward step: the last position's logits of each row, in float32 (rows x vocab)."""
+        self.peak_batch_tokens = max(self.peak_batch_tokens, mask.shape[0] * mask.shape[1])
         inputs = {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions, "use_cache": True}
         inputs[self._cache_kwarg] = cache  # the stock models `hf_head` allows pass it on to their backbone by name
         if self.head is not None and not extra and input_ids.shape[0] <= MAX_HEAD_ROWS:

@@ -43,6 +43,21 @@ class PrefixCache:
 
     def longest_prefix(self, prompt: array.array[int]) -> Prefix | None:
         """The longest kept sequence that `prompt` starts with (marked as just used), or None."""
+        best = self._longest(prompt)
+        if best is None:
+            self.misses += 1
+        else:
+            self._entries.move_to_end(best)
+            self.hits += 1
+        return best
+
+    def reusable(self, prompt: array.array[int]) -> int:
+        """How many ids of `prompt` its longest kept prefix holds (0: none), without marking or counting it: what a
+        batch about to form looks at (`HFEngine`'s `max_batch_tokens`)."""
+        best = self._longest(prompt)
+        return 0 if best is None else len(best.ids)
+
+    def _longest(self, prompt: array.array[int]) -> Prefix | None:
         best: Prefix | None = None
         size = len(prompt)
         for entry in self._entries:
@@ -52,11 +67,6 @@ class PrefixCache:
                 continue
             if prompt[:n] == entry.ids:  # one memcmp-like comparison of two int64 buffers
                 best = entry
-        if best is None:
-            self.misses += 1
-        else:
-            self._entries.move_to_end(best)
-            self.hits += 1
         return best
 
     def add(self, entry: Prefix, *, extends: Prefix | None) -> None:
