@@ -84,6 +84,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--device", default="cpu", help="device of the hf engine: cpu, cuda, cuda:1, ... (default: %(default)s)"
     )
     parser.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        metavar="POSITIONS",
+        help="hf engine: the most key/value positions one batch's cache may hold, padding included (rows x its longest "
+        "row, up to the last token it may generate); a request that would take a batch past it waits for the next "
+        "batch, so one long conversation among short ones does not make every row hold its length. Memory is this x "
+        "the model's bytes per position (layers x 2 x kv_heads x head_dim x dtype bytes). Default: no bound",
+    )
+    parser.add_argument(
         "--recipe",
         help="the agent definition: a recipe .py file or a module path (`package.module[:attr]`) defining `recipe` "
         "or `make_recipe()`. Default without --model: the demo recipe (agent_demo.recipe), served only with the demo "
@@ -185,6 +194,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--engine openai needs --engine-url")
     if args.engine == "openai" and not args.model:
         parser.error("--engine openai needs --model (a local model directory holding the tokenizer)")
+    if args.max_batch_tokens is not None and args.engine != "hf":
+        parser.error(f"--max-batch-tokens bounds the hf engine's batches; --engine {args.engine} batches on its own")
+    if args.max_batch_tokens is not None and args.max_batch_tokens < 1:
+        parser.error("--max-batch-tokens must be at least 1")
     if args.max_concurrency < 1:
         parser.error("--max-concurrency must be at least 1")
     for flag, value in (
@@ -289,7 +302,13 @@ def context_length_of(model: str, given: int | None) -> int:
 
 def build_engine(args: argparse.Namespace, model: str) -> LLMEngine:
     if args.engine == "hf":
-        return make_engine("hf", model=model, device=args.device, context_length=args.context_length)
+        return make_engine(
+            "hf",
+            model=model,
+            device=args.device,
+            context_length=args.context_length,
+            max_batch_tokens=args.max_batch_tokens,
+        )
     if args.engine == "vllm":
         options: dict[str, Any] = {"context_length": args.context_length} if args.context_length else {}
         return make_engine("vllm", model=model, **options)

@@ -34,6 +34,7 @@ OPTIONS = [
     "--request-read-timeout",
     "--max-chars-per-token",
     "--max-buffered-request-bytes",
+    "--max-batch-tokens",
 ]
 
 
@@ -122,6 +123,27 @@ def test_the_limits_given_on_the_command_line_reach_the_server() -> None:
     for wrong in (["--engine-timeout", "0"], ["--engine-timeout", "nan"], ["--request-read-timeout", "-1"],
                   ["--max-request-bytes", "0"], ["--max-buffered-request-bytes", "10"], ["--max-image-bytes", "0"],
                   ["--max-image-pixels", "-3"]):  # fmt: skip
+        with pytest.raises(SystemExit) as caught:
+            app["parse_args"](wrong)
+        assert caught.value.code == 2
+
+
+def test_max_batch_tokens_reaches_the_hf_engine_and_is_refused_elsewhere(tiny_qwen3_dir: Path) -> None:
+    import asyncio
+
+    app = runpy.run_path(str(APP / "__main__.py"), run_name="serve_app")
+    engine = app["build_engine"](app["parse_args"](["--max-batch-tokens", "4096"]), str(tiny_qwen3_dir))
+    try:
+        assert engine.max_batch_tokens == 4096
+    finally:
+        asyncio.run(engine.close())
+    engine = app["build_engine"](app["parse_args"]([]), str(tiny_qwen3_dir))
+    try:
+        assert engine.max_batch_tokens is None, "no bound unless asked"
+    finally:
+        asyncio.run(engine.close())
+    openai = ["--engine", "openai", "--engine-url", "http://x/v1", "--model", "m"]
+    for wrong in (["--max-batch-tokens", "0"], ["--max-batch-tokens", "4096", *openai]):
         with pytest.raises(SystemExit) as caught:
             app["parse_args"](wrong)
         assert caught.value.code == 2
