@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import array
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -22,14 +22,6 @@ from agent_runtime.engines.hf import HFEngine
 from tests.agent_runtime.test_engine_hf_join import LONG, join_after_first_step, question, run
 
 SHORT = SamplingParams(max_new_tokens=4, temperature=0.0)
-
-
-@pytest.fixture
-def alone(tiny_hf_engine: HFEngine) -> Iterator[HFEngine]:
-    """The reference: every request on its own, no kept prefixes, nothing joins."""
-    lone = HFEngine(tiny_hf_engine.model, tiny_hf_engine.tokenizer, prefix_cache_sequences=0, join_running=False)
-    yield lone
-    run(lone.close())
 
 
 def bounded(tiny_hf_engine: HFEngine, max_batch_tokens: int | None) -> HFEngine:

@@ -39,14 +39,6 @@ def engine(tiny_hf_engine: HFEngine) -> Iterator[HFEngine]:
     run(fresh.close())
 
 
-@pytest.fixture
-def alone(tiny_hf_engine: HFEngine) -> Iterator[HFEngine]:
-    """The reference: every request on its own, no kept prefixes, nothing joins."""
-    lone = HFEngine(tiny_hf_engine.model, tiny_hf_engine.tokenizer, prefix_cache_sequences=0, join_running=False)
-    yield lone
-    run(lone.close())
-
-
 async def join_after_first_step(
     engine: HFEngine,
     first: tuple[Sequence[int], SamplingParams],
