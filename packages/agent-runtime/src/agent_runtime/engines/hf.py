@@ -407,6 +407,7 @@ class HFEngine(LLMEngine):
             if first is None:
                 break
             batch = [first]
+            footprint = self._footprint().plus(self, first) if first.vision is None else self._footprint()
             deadline = time.monotonic() + self.batch_wait_s
             while len(batch) < self.max_batch_size:
                 try:
@@ -418,9 +419,12 @@ class HFEngine(LLMEngine):
                     break
                 if item.future.cancelled():
                     continue
-                if item.vision is None and not self._fits([*(r for r in batch if r.vision is None), item]):
-                    self._defer(item)
-                    break
+                if item.vision is None:
+                    grown = footprint.plus(self, item)
+                    if not self._within(grown):
+                        self._defer(item)
+                        break
+                    footprint = grown
                 batch.append(item)
             live = [r for r in batch if r.future.set_running_or_notify_cancel()]
             self._taken = live
@@ -453,6 +457,7 @@ class HFEngine(LLMEngine):
         marker or a request the batch has no room for in tokens (`max_batch_tokens`) stops the intake and waits in
         `_pending` for the next batch, first."""
         joining: list[_Request] = []
+        footprint = self._footprint(running, width)
         while len(joining) < room and not self._pending:
             try:
                 item = self._queue.get_nowait()
@@ -462,9 +467,10 @@ class HFEngine(LLMEngine):
                 self._pending.append(item)
             elif item.future.cancelled():
                 continue
-            elif not self._fits([*joining, item], running, width):
+            elif not self._within(grown := footprint.plus(self, item)):
                 self._defer(item)
             elif item.future.set_running_or_notify_cancel():
+                footprint = grown
                 joining.append(item)
                 self._taken.append(item)
         return joining
@@ -558,18 +564,16 @@ class HFEngine(LLMEngine):
                 self.abandoned_requests += 1
                 _fail(row.request.future, EngineError("hf: the caller stopped waiting for this request"))
 
-    def _fits(self, requests: list[_Request], running: Sequence[_Row] = (), width: int = 0) -> bool:
-        """Whether `requests` may start a batch together (or join the rows of `running` still generating, in a cache
-        of `width` positions) within `max_batch_tokens`: rows x the positions the cache reaches by the last token
-        any row may still generate (its prefill's layout, see `_prefill`, plus the largest budget left)."""
-        if self.max_batch_tokens is None:
-            return True
-        running = [row for row in running if not row.done]  # done rows leave the batch when requests join it
-        caching = self.prefix_caching  # text requests; the kept prefixes as `_row` will find them
-        reused = [min(self.prefix_cache.reusable(r.prompt), len(r.prompt) - 1) if caching else 0 for r in requests]
-        laid_out = max(reused) + max(len(r.prompt) - n for r, n in zip(requests, reused, strict=True))
-        left = max([r.budget for r in requests] + [row.request.budget - len(row.ids) for row in running])
-        return (len(running) + len(requests)) * (max(width, laid_out) + left) <= self.max_batch_tokens
+    def _footprint(self, running: Sequence[_Row] = (), width: int = 0) -> _Footprint:
+        """A batch about to form (empty), or the rows of `running` still generating in a cache of `width` positions
+        (done rows leave the batch when requests join it). Empty without `max_batch_tokens`: nothing is counted."""
+        live = [row for row in running if not row.done] if self.max_batch_tokens is not None else []
+        left = max((row.request.budget - len(row.ids) for row in live), default=0)
+        return _Footprint(rows=len(live), width=width, left=left)
+
+    def _within(self, footprint: _Footprint) -> bool:
+        """Whether a batch of that footprint stays within `max_batch_tokens` (always, without the bound)."""
+        return self.max_batch_tokens is None or footprint.positions <= self.max_batch_tokens
 
     def _defer(self, request: _Request) -> None:
         """`request` waits, first in line, for the next batch: this one has no room for it in tokens."""
@@ -588,7 +592,7 @@ class HFEngine(LLMEngine):
         """The first forward of `rows`: its logits, and the mask, positions and cache it leaves. Each row is laid
         out as [pad][kept prefix][pad][rest of the prompt]; the prefix part lives only in the cache."""
         # a row reuses its kept prefix, except for the prompt's last id: its logits start the generation
-        reused = [0 if r.prefix is None else min(len(r.prefix.ids), len(r.request.prompt) - 1) for r in rows]
+        reused = [_reused(0 if r.prefix is None else len(r.prefix.ids), len(r.request.prompt)) for r in rows]
         self.prefix_cache.reused_tokens += sum(reused)
         past = max(reused)
         width = max(len(r.request.prompt) - n for r, n in zip(rows, reused, strict=True))
@@ -755,6 +759,44 @@ class HFEngine(LLMEngine):
         keys = [lay.keys if whole else lay.keys[at : at + 1].index_select(2, positions) for lay in layers]
         values = [lay.values if whole else lay.values[at : at + 1].index_select(2, positions) for lay in layers]
         self.prefix_cache.add(Prefix(sequence, keys, values), extends=row.prefix)
+
+
+def _reused(kept: int, prompt: int) -> int:
+    """How many of a prompt's ids a row takes from its kept prefix of `kept` ids: all but the prompt's last, whose
+    logits start the generation (see `_prefill`)."""
+    return min(kept, prompt - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class _Footprint:
+    """What a batch's cache comes to hold (`max_batch_tokens`): its rows x the positions it reaches by the last token
+    any row may still generate: the prefill's layout (the longest reused prefix + the longest rest of a prompt, see
+    `_prefill`) or a running batch's `width`, whichever is longer, plus the largest budget left."""
+
+    rows: int = 0
+    past: int = 0
+    rest: int = 0
+    width: int = 0
+    left: int = 0
+
+    def plus(self, engine: HFEngine, request: _Request) -> _Footprint:
+        """This footprint with `request`'s row added (its kept prefix as `_row` will find it); without the bound,
+        itself: nothing is counted."""
+        if engine.max_batch_tokens is None:
+            return self
+        kept = engine.prefix_cache.reusable(request.prompt) if engine.prefix_caching else 0
+        reused = _reused(kept, len(request.prompt))
+        return _Footprint(
+            rows=self.rows + 1,
+            past=max(self.past, reused),
+            rest=max(self.rest, len(request.prompt) - reused),
+            width=self.width,
+            left=max(self.left, request.budget),
+        )
+
+    @property
+    def positions(self) -> int:
+        return self.rows * (max(self.width, self.past + self.rest) + self.left)
 
 
 def _answer(future: concurrent.futures.Future[Generation], generation: Generation) -> None:
