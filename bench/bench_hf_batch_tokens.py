@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_hf_engine import SameIds, opening  # noqa: E402
+from bench_hf_engine import SameIds, opening, sent_after  # noqa: E402
 
 SIDES = ("unbounded", "bounded")
 
@@ -48,14 +48,9 @@ def run_once(
     engine.clear_prefix_cache()
     engine.peak_batch_tokens = 0
 
-    async def send(prompt: list[int], delay: float) -> tuple[float, list[int]]:
-        await asyncio.sleep(delay)
-        started = time.perf_counter()
-        generation = await engine.generate(prompt, sampling)
-        return time.perf_counter() - started, generation.ids
-
     async def everything() -> list[tuple[float, list[int]]]:
-        return list(await asyncio.gather(*(send(p, 0.0) for p in shorts), send(long, late_s)))
+        sends = [sent_after(engine, p, sampling, 0.0) for p in shorts] + [sent_after(engine, long, sampling, late_s)]
+        return list(await asyncio.gather(*sends))
 
     started = time.perf_counter()
     answers = asyncio.run(everything())

@@ -104,6 +104,14 @@ def timed_turns(engine: Any, openings: Sequence[list[int]], sampling: Any) -> tu
     return time.perf_counter() - started, [g.ids for g in generations]
 
 
+async def sent_after(engine: Any, prompt: list[int], sampling: Any, delay_s: float) -> tuple[float, list[int]]:
+    """Send `prompt` after `delay_s`: the seconds from the send to the answer, and its ids."""
+    await asyncio.sleep(delay_s)
+    started = time.perf_counter()
+    generation = await engine.generate(prompt, sampling)
+    return time.perf_counter() - started, generation.ids
+
+
 def staggered_turns(
     engine: Any, prompts: Sequence[list[int]], sampling: Any, gap_s: float
 ) -> tuple[float, list[list[int]]]:
@@ -111,14 +119,8 @@ def staggered_turns(
     if hasattr(engine, "clear_prefix_cache"):
         engine.clear_prefix_cache()
 
-    async def send(prompt: list[int], delay: float) -> tuple[float, list[int]]:
-        await asyncio.sleep(delay)
-        started = time.perf_counter()
-        generation = await engine.generate(prompt, sampling)
-        return time.perf_counter() - started, generation.ids
-
     async def all_turns() -> list[tuple[float, list[int]]]:
-        return list(await asyncio.gather(*(send(p, i * gap_s) for i, p in enumerate(prompts))))
+        return list(await asyncio.gather(*(sent_after(engine, p, sampling, i * gap_s) for i, p in enumerate(prompts))))
 
     answers = asyncio.run(all_turns())
     return statistics.mean(seconds for seconds, _ in answers), [ids for _, ids in answers]
