@@ -250,7 +250,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     demo_options: dict[str, Any] = {"max_batch_size": 256, "batch_wait_s": 0.05}  # the local trainer's
     demo_engines = {
         "baseline": baseline_class(demo_baseline_model, subject.tokenizer, **demo_options),
-        "this tree": HFEngine(demo_model, subject.tokenizer, **demo_options),
+        # the trainer's own engine joins turns at once (`agent_train.local.rollout.ROLLOUT_BATCHING`)
+        "this tree": HFEngine(demo_model, subject.tokenizer, join_ratio=0, join_wait_steps=0, **demo_options),
     }
     sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0)
 

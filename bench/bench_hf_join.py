@@ -1,6 +1,8 @@
-"""What does taking new requests into a running batch buy? `HFEngine` with `join_running=True` (the default) side
-by side with the same engine with it off, on the tests' tiny random-weight Qwen3 (CPU, float32), interleaved in one
-run.
+"""What does taking new requests into a running batch buy, and when should they join? `HFEngine` with
+`join_running=True` (the default: waiting requests join once they are `join_ratio` times the running rows, or after
+`join_wait_steps` steps) side by side with the same engine with joining off, and with every request joining at the
+next step (`join_ratio=0, join_wait_steps=0`: "at once", how joining worked before the join rule), on the tests' tiny
+random-weight Qwen3 (CPU, float32), interleaved in one run.
 
 - N turns arriving apart: 8 episodes' first turns (about 200-id openings, `--new-tokens` greedy ids, logprobs
   asked) sent `gap` ms apart, as turns come back from their tools at different times. Reported: the mean time from
@@ -8,9 +10,9 @@ run.
 - 64 episodes x 4 turns on a model of the calculator demo's shape, with the local trainer's batching (up to 256
   rows, 50 ms wait): a rollout as `apps/train` runs it, without the environment (see `bench_hf_engine.py`).
 
-Both sides start each repeat with an empty prefix cache. Every case's ids must be equal on both sides (joined rows
-compute what they compute alone), or the script fails. Each repeat runs both sides, alternating which goes first;
-reported: min and median per side, and off / on (above 1: joining is faster).
+Every side starts each repeat with an empty prefix cache. Every case's ids must be equal on all sides (joined rows
+compute what they compute alone), or the script fails. Each repeat runs every side, alternating the order; reported:
+min and median per side, off / on and at once / on (above 1: the default is faster).
 
     uv run python bench/bench_hf_join.py [--gaps 5 10 20] [--new-tokens 32] [--repeats 3]
 """
@@ -57,11 +59,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     from tests.support.tiny_qwen3 import tiny_qwen3_path
 
     on = HFEngine.from_pretrained(tiny_qwen3_path(qwen3_tokenizer_path()), device="cpu", dtype="float32")
-    engines = {"off": HFEngine(on.model, on.tokenizer, join_running=False), "on": on}
+    engines = {
+        "off": HFEngine(on.model, on.tokenizer, join_running=False),
+        "at once": HFEngine(on.model, on.tokenizer, join_ratio=0, join_wait_steps=0),
+        "on": on,
+    }
     demo_model = demo_shaped_model()
     demo_options: dict[str, Any] = {"max_batch_size": 256, "batch_wait_s": 0.05}  # the local trainer's
     demo_engines = {
         "off": HFEngine(demo_model, on.tokenizer, join_running=False, **demo_options),
+        "at once": HFEngine(demo_model, on.tokenizer, join_ratio=0, join_wait_steps=0, **demo_options),
         "on": HFEngine(demo_model, on.tokenizer, **demo_options),
     }
     sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0)
@@ -94,11 +101,17 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     times = interleaved(cases, list(engines), args.repeats)
     same.check("off", "on")
+    same.check("off", "at once")
 
-    joined = engines["on"].joined_requests + demo_engines["on"].joined_requests
+    def joined(side: str) -> str:
+        on_side = (engines[side], demo_engines[side])
+        return f"{sum(e.joined_requests for e in on_side)} requests in {sum(e.joins for e in on_side)} joins"
+
     print(f"CPU float32, {args.new_tokens} new greedy tokens per turn, {args.repeats} interleaved repeats; ids equal")
-    print(f"with joining on and off in every case; {joined} requests joined a running batch\n")
+    print(f"on every side in every case; on: {joined('on')}, at once: {joined('at once')}\n")
     print_table(times, "off", "on")
+    print()
+    print_table(times, "at once", "on")
     for engine in [*engines.values(), *demo_engines.values()]:
         asyncio.run(engine.close())
 

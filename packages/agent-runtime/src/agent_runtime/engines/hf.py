@@ -43,15 +43,25 @@ done, not when its batch ends. Finished rows leave the batch: once they are at l
 counts the rows computed); until then a finished row's later positions are masked out. On the calculator demo's RL
 rollouts about 30 % of the row-steps were finished rows.
 
-Joining (`join_running`, on by default): a text request that arrives while a text batch runs joins it at the next
-step, up to `max_batch_size` rows generating, instead of waiting for the batch to end (an agent's turns come back
+Joining (`join_running`, on by default): text requests that arrive while a text batch runs can join it between two
+steps, up to `max_batch_size` rows generating, instead of waiting for the batch to end (an agent's turns come back
 from their tools at different times). The newcomers are prefilled on their own (from their kept prefixes), their
 first tokens sampled, and their rows appended to the running ones: the shorter of the two caches and masks is
 left-padded to the longer, so every row keeps its own positions and sees only its own keys, and a joined row gives
-the ids it gives alone (`tests/agent_runtime/test_engine_hf_join.py`; `joined_requests` counts them). It needs the
-same `DynamicLayer` cache as the prefix cache; image requests never join or are joined. `bench/bench_hf_join.py`:
-8 turns arriving 5-20 ms apart are answered 1.16-1.52x sooner on average (medians of two runs) than with joining
-off.
+the ids it gives alone (`tests/agent_runtime/test_engine_hf_join.py`; `joined_requests` counts them, `joins` the
+prefills that brought them in). It needs the same `DynamicLayer` cache as the prefix cache; image requests never
+join or are joined.
+
+A join is not free: the running rows wait for the newcomers' prefill (on the tiny Qwen3 on a CPU, a 200-id prefill
+and its first token cost about 1.5 decode steps), so joining every arrival at the next step makes each running row
+pay one prefill per arrival, and with arrivals a few steps apart the batch spends most of its time prefilling one
+row at a time (8 turns of 8 tokens arriving 10 ms apart: answered 0.76x as fast as with joining off). So arrivals
+wait, taken from the queue, until they are at least `join_ratio` (1.0) times the rows still generating, or until
+the first of them has waited `join_wait_steps` (20) decode steps; then they join together, in one prefill. The rule
+is text-generation-inference's (its router's `waiting_served_ratio` and `max_waiting_tokens`): waiting requests
+pause the running ones for a prefill only when they are many enough, or have waited long enough. What has not
+joined when the batch ends runs first in the next one. `join_ratio=0, join_wait_steps=0` joins every arrival at
+the next step. `bench/bench_hf_join.py` compares the three (figures in the agent-runtime README).
 
 Batch size in tokens (`max_batch_tokens`, None by default: no bound). A batch's rows share one cache, left-padded to
 its longest row, so one long prompt among short ones (or joining them) makes every row hold that many key/value
@@ -141,6 +151,8 @@ _GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature this small means gre
 _DROP_FINISHED_AT = 8  # finished rows leave a running batch once they are at least 1/8 of it
 CLOSE_TIMEOUT_S = 30.0  # close(): how long the requests sent before it may run on
 ABORT_GRACE_S = 5.0  # then: how long close() waits for the running batch to stop (a forward pass or two)
+JOIN_RATIO = 1.0  # requests waiting to join a running batch join it once they are this many times its rows
+JOIN_WAIT_STEPS = 20  # ... or once the first of them has waited this many decode steps
 
 
 class _Closed(Exception):
@@ -193,8 +205,12 @@ class HFEngine(LLMEngine):
         prefix_cache_tokens: int = 131_072,
         image_processor: Any | None = None,
         join_running: bool = True,
+        join_ratio: float = JOIN_RATIO,
+        join_wait_steps: int = JOIN_WAIT_STEPS,
         max_batch_tokens: int | None = None,
     ) -> None:
+        if join_ratio < 0 or join_wait_steps < 0:
+            raise ValueError(f"join_ratio and join_wait_steps must be >= 0, got {join_ratio} and {join_wait_steps}")
         if max_batch_tokens is not None and max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be at least 1 (or None: no bound), got {max_batch_tokens}")
         if prefix_cache_sequences < 0 or prefix_cache_tokens < 0:
@@ -234,7 +250,12 @@ class HFEngine(LLMEngine):
         self.prefix_caching = prefix_cache_sequences > 0 and prefix_cache_tokens > 0 and self._resumable
         #: whether text requests that arrive while a batch runs join it (see the module docstring)
         self.join_running = join_running
+        #: waiting text requests join a running batch once they are at least this many times its rows still
+        #: generating, or once the first of them has waited `join_wait_steps` decode steps (module docstring)
+        self.join_ratio = join_ratio
+        self.join_wait_steps = join_wait_steps
         self.joined_requests = 0  # requests that joined a running batch
+        self.joins = 0  # the prefills that brought them in (waiting requests join together)
         #: the most key/value positions a batch's cache may come to hold, padding included (None: no bound; see the
         #: module docstring)
         self.max_batch_tokens = max_batch_tokens
@@ -246,6 +267,9 @@ class HFEngine(LLMEngine):
         self._weights_seen: tuple[tuple[int, int], ...] | None = self._weights_version()
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._pending: collections.deque[_Request | None] = collections.deque()  # taken, not joined: next batch first
+        #: text requests taken while a batch runs, waiting to join it, with the step each was taken at (arrived
+        #: before everything in `_pending`; they go first in the next batch if they do not join)
+        self._waiting: collections.deque[tuple[_Request, int]] = collections.deque()
         self._lock = threading.Lock()
         self._worker: threading.Thread | None = None
         self._closed = False
@@ -273,6 +297,8 @@ class HFEngine(LLMEngine):
         prefix_cache_sequences: int = 256,
         prefix_cache_tokens: int = 131_072,
         join_running: bool = True,
+        join_ratio: float = JOIN_RATIO,
+        join_wait_steps: int = JOIN_WAIT_STEPS,
         max_batch_tokens: int | None = None,
     ) -> HFEngine:
         """Load a model directory (or a Hugging Face id already in the local cache). `dtype` is "auto" (the
@@ -317,6 +343,8 @@ class HFEngine(LLMEngine):
             prefix_cache_tokens=prefix_cache_tokens,
             image_processor=image_processor,
             join_running=join_running,
+            join_ratio=join_ratio,
+            join_wait_steps=join_wait_steps,
             max_batch_tokens=max_batch_tokens,
         )
         log.info(
@@ -435,6 +463,7 @@ class HFEngine(LLMEngine):
 
     def _fail_queued(self) -> None:
         """Fail every request still waiting (taken or queued): after close(), none will run."""
+        self._requeue_waiting()
         while True:
             try:
                 late = self._next(0)
@@ -451,29 +480,50 @@ class HFEngine(LLMEngine):
             return self._queue.get_nowait()
         return self._queue.get(timeout=timeout)
 
-    def _newcomers(self, room: int, running: list[_Row], width: int) -> list[_Request]:
-        """Text requests waiting now, at most `room`, to join the running batch (see the module docstring); `running`:
-        its rows (those not done are still generating), `width`: its cache's positions. An image request, the close
-        marker or a request the batch has no room for in tokens (`max_batch_tokens`) stops the intake and waits in
-        `_pending` for the next batch, first."""
-        joining: list[_Request] = []
-        footprint = self._footprint(running, width)
-        while len(joining) < room and not self._pending:
+    def _newcomers(self, room: int, running: list[_Row], width: int, step: int) -> list[_Request]:
+        """Text requests to join the running batch now, at most `room` (see the module docstring); `running`: its
+        rows (those not done are still generating), `width`: its cache's positions, `step`: its decode steps so far.
+        What arrived waits in `_waiting` until the waiting requests are `join_ratio` times the rows still
+        generating, or the first of them has waited `join_wait_steps` steps; then they join, oldest first. An image
+        request, the close marker or a request the batch has no room for in tokens (`max_batch_tokens`) stops the
+        intake and waits in `_pending` for the next batch, first; what waited behind it follows it there."""
+        while not self._pending:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 break
             if item is None or item.vision is not None:
                 self._pending.append(item)
-            elif item.future.cancelled():
-                continue
-            elif not self._within(grown := footprint.plus(self, item)):
+            elif not item.future.cancelled():
+                self._waiting.append((item, step))
+        live = sum(1 for row in running if not row.done)
+        if not self._waiting or room < 1:
+            return []
+        if len(self._waiting) < self.join_ratio * live and step - self._waiting[0][1] < self.join_wait_steps:
+            return []
+        joining: list[_Request] = []
+        footprint = self._footprint(running, width)
+        while self._waiting and len(joining) < room:
+            item, _ = self._waiting.popleft()
+            if not self._within(grown := footprint.plus(self, item)):
+                self._requeue_waiting()
                 self._defer(item)
             elif item.future.set_running_or_notify_cancel():
                 footprint = grown
                 joining.append(item)
                 self._taken.append(item)
         return joining
+
+    def _requeue_waiting(self) -> None:
+        """Put the requests waiting to join at the front of `_pending`, in arrival order: they run first in the next
+        batch (they arrived before everything `_pending` holds)."""
+        waiting = []
+        while self._waiting:
+            try:
+                waiting.append(self._waiting.popleft()[0])
+            except IndexError:  # close() and the worker both emptied it
+                break
+        self._pending.extendleft(reversed(waiting))
 
     def _run(self, batch: list[_Request]) -> None:
         """Run the text requests as one batch and each image request alone."""
@@ -526,10 +576,18 @@ class HFEngine(LLMEngine):
             if weights != self._weights_seen:
                 self.prefix_cache.clear()
                 self._weights_seen = weights
-        join = join and vision is None and self._resumable
+        try:
+            self._decode(batch, join=join and vision is None and self._resumable, caching=caching, vision=vision)
+        finally:
+            self._requeue_waiting()  # what did not join runs first in the next batch
+
+    def _decode(self, batch: list[_Request], *, join: bool, caching: bool, vision: ImageInputs | None) -> None:
+        """`_generate_batch`'s loop: prefill, then decode steps until every row is done."""
         running = [self._row(request, caching) for request in batch]  # the row of each row of the running tensors
         logits, mask, positions, cache = self._prefill(running, vision)
+        step = 0
         while True:
+            step += 1
             self.row_steps += len(running)
             tokens = self._advance(running, logits, cache, mask, caching)
             self._drop_abandoned(running)
@@ -538,7 +596,7 @@ class HFEngine(LLMEngine):
                 break
             if self._abort.is_set():
                 raise _Closed
-            newcomers = self._newcomers(self.max_batch_size - len(stay), running, mask.shape[1]) if join else []
+            newcomers = self._newcomers(self.max_batch_size - len(stay), running, mask.shape[1], step) if join else []
             finished = len(running) - len(stay)
             if finished and (newcomers or finished * _DROP_FINISHED_AT >= len(running)) and positions.dim() == 2:
                 # Enough rows are done to be worth a copy of the cache without them (they were kept and answered as
@@ -691,6 +749,7 @@ class HFEngine(LLMEngine):
         the shorter of the two caches (and masks) is left-padded to the longer, so each row keeps its own
         positions and sees only its own keys. `running` is extended in place."""
         self.joined_requests += len(newcomers)
+        self.joins += 1
         rows = [self._row(request, caching) for request in newcomers]
         logits, first_mask, first_positions, joined = self._prefill(rows, None)
         self.row_steps += len(rows)

@@ -72,13 +72,14 @@ def sampled_success(
     model (sample `j` of problem `i` with seed ``seed + 7919 * j + i``); the success rate per problem."""
     from agent_runtime import AgentRuntime
     from agent_runtime.engines.hf import HFEngine
+    from agent_train.local.rollout import ROLLOUT_BATCHING
 
     if samples < 1:
         raise ValueError(f"samples must be at least 1, got {samples}")
     recipe, rows = held_out_rows(size)
 
     async def run() -> list[float]:
-        engine = HFEngine.from_pretrained(model_dir, max_batch_size=max_batch_size, batch_wait_s=0.05)
+        engine = HFEngine.from_pretrained(model_dir, max_batch_size=max_batch_size, **ROLLOUT_BATCHING)
         try:
             base = msgspec.structs.replace(recipe.sampling, temperature=temperature, top_p=1.0)
             runtime = AgentRuntime(engine, recipe.make_session(engine.tokenizer), sampling=base)

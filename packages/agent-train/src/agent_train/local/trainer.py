@@ -54,7 +54,7 @@ from agent_train.local.evaluate import EvalResult, evaluate
 from agent_train.local.metrics import MetricsWriter, read_metrics
 from agent_train.local.plot import plot_metrics
 from agent_train.local.rl import episode_advantages, informative_groups, rl_update, trained_records
-from agent_train.local.rollout import RolloutRecord, Rollouts
+from agent_train.local.rollout import ROLLOUT_BATCHING, RolloutRecord, Rollouts
 from agent_train.local.sft import SFTExample, expert_trajectories, sample_batch, sft_examples, sft_step
 
 __all__ = ["TrainResult", "sft_learning_rate", "train_local", "train_local_async"]
@@ -195,7 +195,7 @@ class _Run:
             self.tokenizer,
             context_length=self.recipe.max_context_tokens,
             max_batch_size=config.max_batch_size,
-            batch_wait_s=0.05,
+            **ROLLOUT_BATCHING,
         )
         self.metrics = MetricsWriter(
             self.run_dir / "metrics.jsonl",
