@@ -93,6 +93,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the model's bytes per position (layers x 2 x kv_heads x head_dim x dtype bytes). Default: no bound",
     )
     parser.add_argument(
+        "--join-ratio",
+        type=float,
+        metavar="RATIO",
+        help="hf engine: requests that arrive while a batch runs join it once they are RATIO times its rows still "
+        "generating (or after --join-wait-steps); each join makes the running rows wait for the newcomers' prefill. "
+        "0 with --join-wait-steps 0: every request joins at the next step. Default: 1.0",
+    )
+    parser.add_argument(
+        "--join-wait-steps",
+        type=int,
+        metavar="STEPS",
+        help="hf engine: the most decode steps a request waits to join a running batch before it joins anyway (the "
+        "batch ending also ends the wait). Default: 20",
+    )
+    parser.add_argument(
         "--recipe",
         help="the agent definition: a recipe .py file or a module path (`package.module[:attr]`) defining `recipe` "
         "or `make_recipe()`. Default without --model: the demo recipe (agent_demo.recipe), served only with the demo "
@@ -198,6 +213,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--max-batch-tokens bounds the hf engine's batches; --engine {args.engine} batches on its own")
     if args.max_batch_tokens is not None and args.max_batch_tokens < 1:
         parser.error("--max-batch-tokens must be at least 1")
+    for flag, given in (("--join-ratio", args.join_ratio), ("--join-wait-steps", args.join_wait_steps)):
+        if given is not None and args.engine != "hf":
+            parser.error(
+                f"{flag} sets when the hf engine's batches take requests in; --engine {args.engine} batches on its own"
+            )
+        if given is not None and (given < 0 or given != given):  # NaN too
+            parser.error(f"{flag} must be >= 0")
     if args.max_concurrency < 1:
         parser.error("--max-concurrency must be at least 1")
     for flag, value in (
@@ -308,6 +330,11 @@ def build_engine(args: argparse.Namespace, model: str) -> LLMEngine:
             device=args.device,
             context_length=args.context_length,
             max_batch_tokens=args.max_batch_tokens,
+            **{
+                name: value
+                for name, value in (("join_ratio", args.join_ratio), ("join_wait_steps", args.join_wait_steps))
+                if value is not None
+            },
         )
     if args.engine == "vllm":
         options: dict[str, Any] = {"context_length": args.context_length} if args.context_length else {}

@@ -35,6 +35,8 @@ OPTIONS = [
     "--max-chars-per-token",
     "--max-buffered-request-bytes",
     "--max-batch-tokens",
+    "--join-ratio",
+    "--join-wait-steps",
 ]
 
 
@@ -144,6 +146,29 @@ def test_max_batch_tokens_reaches_the_hf_engine_and_is_refused_elsewhere(tiny_qw
         asyncio.run(engine.close())
     openai = ["--engine", "openai", "--engine-url", "http://x/v1", "--model", "m"]
     for wrong in (["--max-batch-tokens", "0"], ["--max-batch-tokens", "4096", *openai]):
+        with pytest.raises(SystemExit) as caught:
+            app["parse_args"](wrong)
+        assert caught.value.code == 2
+
+
+def test_the_join_rule_reaches_the_hf_engine_and_is_refused_elsewhere(tiny_qwen3_dir: Path) -> None:
+    import asyncio
+
+    app = runpy.run_path(str(APP / "__main__.py"), run_name="serve_app")
+    args = app["parse_args"](["--join-ratio", "0.5", "--join-wait-steps", "4"])
+    engine = app["build_engine"](args, str(tiny_qwen3_dir))
+    try:
+        assert (engine.join_ratio, engine.join_wait_steps) == (0.5, 4)
+    finally:
+        asyncio.run(engine.close())
+    engine = app["build_engine"](app["parse_args"]([]), str(tiny_qwen3_dir))
+    try:
+        assert (engine.join_ratio, engine.join_wait_steps) == (1.0, 20), "the engine's defaults unless asked"
+    finally:
+        asyncio.run(engine.close())
+    openai = ["--engine", "openai", "--engine-url", "http://x/v1", "--model", "m"]
+    for wrong in (["--join-ratio", "-1"], ["--join-ratio", "nan"], ["--join-wait-steps", "-2"],
+                  ["--join-ratio", "1", *openai], ["--join-wait-steps", "3", *openai]):  # fmt: skip
         with pytest.raises(SystemExit) as caught:
             app["parse_args"](wrong)
         assert caught.value.code == 2
