@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 
 from agent_runtime.engines.base import Generation, SamplingParams
 from agent_runtime.engines.hf import HFEngine
+from agent_runtime.errors import EngineUnavailable
 from tests.agent_runtime.test_engine_hf_batch_tokens import until
 from tests.agent_runtime.test_engine_hf_join import question, run
 
@@ -48,6 +49,12 @@ async def steps_pass(engine: HFEngine, steps: int) -> None:
     await until(lambda: engine.row_steps >= start + 2 * steps, f"the batch did not compute {steps} more steps")
 
 
+async def settled(tasks: Sequence[asyncio.Task[Generation]]) -> None:
+    """Wait for `tasks`, failing (not hanging) when a request is never answered."""
+    _, pending = await asyncio.wait(tasks, timeout=60)
+    assert not pending, f"{len(pending)} request(s) never answered"
+
+
 def lone_ids(alone: HFEngine, requests: Sequence[tuple[list[int], SamplingParams]]) -> list[list[int]]:
     return [run(alone.generate(prompt, sampling)).ids for prompt, sampling in requests]
 
@@ -60,7 +67,7 @@ def test_one_arrival_waits_while_two_rows_run_and_runs_first_after_them(
     async def scenario(engine: HFEngine) -> list[list[int]]:
         tasks = await start_two(engine)
         tasks.append(asyncio.ensure_future(engine.generate(late, SHORT)))
-        await asyncio.wait(tasks)
+        await settled(tasks)
         return [task.result().ids for task in tasks]
 
     expected = lone_ids(alone, [*((p, RUNNING) for p in running_prompts(tiny_hf_engine)), (late, SHORT)])
@@ -91,7 +98,7 @@ def test_arrivals_as_many_as_the_running_rows_join_together_in_one_prefill(
         await steps_pass(engine, 3)
         joined_while_alone = engine.joined_requests
         tasks.append(asyncio.ensure_future(engine.generate(*later[1])))
-        await asyncio.wait(tasks)
+        await settled(tasks)
         return [task.result().ids for task in tasks], joined_while_alone
 
     engine = engine_with(tiny_hf_engine, join_wait_steps=NEVER)
@@ -110,9 +117,10 @@ def test_a_lone_arrival_joins_once_it_has_waited_join_wait_steps(tiny_hf_engine:
 
     async def scenario(engine: HFEngine) -> tuple[list[int], bool]:
         tasks = await start_two(engine)
-        answer = await engine.generate(late, SHORT)
+        async with asyncio.timeout(60):
+            answer = await engine.generate(late, SHORT)
         running_still = not any(task.done() for task in tasks)
-        await asyncio.wait(tasks)
+        await settled(tasks)
         return answer.ids, running_still
 
     engine = engine_with(tiny_hf_engine, join_wait_steps=3)
@@ -134,9 +142,10 @@ def test_a_request_waiting_to_join_is_answered_after_close_and_skipped_once_its_
         tasks = await start_two(engine)
         waiting = asyncio.ensure_future(engine.generate(late, SHORT))
         await steps_pass(engine, 2)
-        await engine.close(timeout_s=None)  # sent before close(): it runs, after the batch it waited on
-        await asyncio.wait(tasks)
-        return (await waiting).ids
+        async with asyncio.timeout(60):  # a waiting request left behind would hang here
+            await engine.close(timeout_s=None)  # sent before close(): it runs, after the batch it waited on
+            await asyncio.wait(tasks)
+            return (await waiting).ids
 
     engine = engine_with(tiny_hf_engine, join_wait_steps=NEVER)
     assert run(close_while_it_waits(engine)) == lone_ids(alone, [(late, SHORT)])[0]
@@ -147,8 +156,9 @@ def test_a_request_waiting_to_join_is_answered_after_close_and_skipped_once_its_
         waiting = asyncio.ensure_future(engine.generate(late, SHORT))
         await steps_pass(engine, 2)
         waiting.cancel()
-        await asyncio.wait(tasks)
-        await engine.generate(question(engine, "Hello"), SHORT)  # the worker has moved past the abandoned request
+        async with asyncio.timeout(60):
+            await asyncio.wait(tasks)
+            await engine.generate(question(engine, "Hello"), SHORT)  # the worker moved past the abandoned request
 
     engine = engine_with(tiny_hf_engine, join_wait_steps=NEVER)
     try:
@@ -157,6 +167,27 @@ def test_a_request_waiting_to_join_is_answered_after_close_and_skipped_once_its_
         assert engine.joined_requests == 0
     finally:
         run(engine.close())
+
+
+def test_a_request_waiting_to_join_fails_when_close_runs_out_of_time(tiny_hf_engine: HFEngine) -> None:
+    long = SamplingParams(max_new_tokens=2_000, temperature=0.0)  # far more steps than close() will wait for
+
+    async def close_at_once(engine: HFEngine) -> list[BaseException | None]:
+        steps = engine.row_steps
+        tasks = [asyncio.ensure_future(engine.generate(p, long)) for p in running_prompts(engine)]
+        await until(lambda: engine.row_steps > steps, "the running batch never started")
+        tasks.append(asyncio.ensure_future(engine.generate(question(engine, "Hi"), SHORT)))
+        await steps_pass(engine, 2)
+        async with asyncio.timeout(30):  # a waiting request left behind would hang here
+            await engine.close(timeout_s=0)
+            await asyncio.wait(tasks)
+        return [task.exception() for task in tasks]
+
+    engine = engine_with(tiny_hf_engine, join_wait_steps=NEVER)
+    *running, waiting = run(close_at_once(engine))
+    assert all(isinstance(e, EngineUnavailable) and "while this request ran" in str(e) for e in running)
+    assert isinstance(waiting, EngineUnavailable) and "before this request ran" in str(waiting)
+    assert engine.joined_requests == 0 and dict(engine.batch_sizes) == {2: 1}
 
 
 @pytest.mark.parametrize("options", [{"join_ratio": -0.5}, {"join_wait_steps": -1}])
