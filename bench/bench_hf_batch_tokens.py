@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import statistics
 import sys
 import time
@@ -30,13 +29,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_hf_engine import SameIds, opening, sent_after  # noqa: E402
+from bench_hf_engine import SameIds, opening, sent_after, tiny_engine  # noqa: E402
 
 SIDES = ("unbounded", "bounded")
 
@@ -75,13 +72,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    unbounded = tiny_engine()
     from agent_runtime import SamplingParams
     from agent_runtime.engines.hf import HFEngine
-    from tests.support.qwen3_tokenizer import qwen3_tokenizer_path
-    from tests.support.tiny_qwen3 import tiny_qwen3_path
 
-    unbounded = HFEngine.from_pretrained(tiny_qwen3_path(qwen3_tokenizer_path()), device="cpu", dtype="float32")
     engines = {
         "unbounded": unbounded,
         "bounded": HFEngine(unbounded.model, unbounded.tokenizer, max_batch_tokens=args.bound),

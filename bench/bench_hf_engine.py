@@ -70,6 +70,25 @@ def baseline_module(ref: str) -> ModuleType:
     return module
 
 
+def tiny_model_dir() -> Any:
+    """The tests' tiny random-weight Qwen3 (built on first use, with the real Qwen3 tokenizer): what the hf benches
+    run on. Logs at INFO."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    sys.path.insert(0, str(ROOT))
+    from tests.support.qwen3_tokenizer import qwen3_tokenizer_path
+    from tests.support.tiny_qwen3 import tiny_qwen3_path
+
+    return tiny_qwen3_path(qwen3_tokenizer_path())
+
+
+def tiny_engine() -> Any:
+    """This tree's `HFEngine` on `tiny_model_dir()`, CPU, float32."""
+    model_dir = tiny_model_dir()
+    from agent_runtime.engines.hf import HFEngine
+
+    return HFEngine.from_pretrained(model_dir, device="cpu", dtype="float32")
+
+
 def opening(engine: Any, tokens: int, seed: int) -> list[int]:
     """A user message of about `tokens` ids in Qwen3's chat format (a different word order for each seed)."""
     head = engine.tokenize("<|im_start|>user\n")
@@ -229,12 +248,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--gap-ms", type=float, default=10.0, help="between the arrivals of the staggered turns")
     args = parser.parse_args(argv)
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
-    sys.path.insert(0, str(ROOT))
+    model_dir = tiny_model_dir()
     from agent_runtime import SamplingParams
     from agent_runtime.engines.hf import HFEngine
-    from tests.support.qwen3_tokenizer import qwen3_tokenizer_path
-    from tests.support.tiny_qwen3 import tiny_qwen3_path
 
     baseline_class = baseline_module(args.baseline).HFEngine
     import torch
@@ -242,8 +258,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     # Each side gets its own model object: this tree's engine switches a grouped-query model's attention
     # (`hf_attention`), which the baseline's engine must not inherit through a shared model.
-    model_dir = tiny_qwen3_path(qwen3_tokenizer_path())
-    subject = HFEngine.from_pretrained(model_dir, device="cpu", dtype="float32")
+    subject = tiny_engine()
     baseline_model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     engines = {"baseline": baseline_class(baseline_model, subject.tokenizer), "this tree": subject}
     demo_model, demo_baseline_model = demo_shaped_model(), demo_shaped_model()  # seeded: the same weights

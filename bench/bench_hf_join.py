@@ -21,14 +21,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-
-import structlog
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -42,6 +39,7 @@ from bench_hf_engine import (  # noqa: E402
     print_table,
     staggered_turns,
     timed_rollout,
+    tiny_engine,
 )
 
 
@@ -52,13 +50,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    on = tiny_engine()
     from agent_runtime import SamplingParams
     from agent_runtime.engines.hf import HFEngine
-    from tests.support.qwen3_tokenizer import qwen3_tokenizer_path
-    from tests.support.tiny_qwen3 import tiny_qwen3_path
 
-    on = HFEngine.from_pretrained(tiny_qwen3_path(qwen3_tokenizer_path()), device="cpu", dtype="float32")
     engines = {
         "off": HFEngine(on.model, on.tokenizer, join_running=False),
         "at once": HFEngine(on.model, on.tokenizer, join_ratio=0, join_wait_steps=0),
