@@ -44,7 +44,8 @@ __all__ = [
     "summary_ranges",
 ]
 
-#: How the local trainer's `HFEngine`s batch: requests that reach the engine within 50 ms start one batch, and a turn
+#: How the local trainer's `HFEngine`s batch: requests that reach the engine within 50 ms start one batch (the wait
+#: ends sooner once no episode is still sending: `HFEngine`'s `batch_wait_full=False`), and a turn
 #: that comes back while a batch runs joins it at the next step, as before the engine's join rule (made for serving,
 #: where one turn's latency counts; a rollout counts its wall time). `bench/bench_hf_join.py`, 64 demo-shaped
 #: episodes x 4 turns: at once took 0.89x, 0.83x and 0.99-1.01x the rule's time in three runs (medians of 3), so the
