@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from agent_protocol.template_json import tojson
+from agent_protocol.template_json import tojson, tojson_kept
 from agent_protocol.types import Message, ToolCall, ToolSpec
 
 __all__ = [
@@ -61,8 +61,8 @@ def feedback_opening(*, turn_closed: bool) -> str:
 
 def hermes_tools(specs: list[ToolSpec]) -> str:
     """The Hermes tool prompt that ends the system turn (its `<|im_end|>\\n` included): the header, one JSON line
-    per tool, and the call format."""
-    listing = "".join("\n" + tojson(spec.to_openai()) for spec in specs)
+    per tool, and the call format. Every episode's prompt lists the same tools: their JSON is kept (`tojson_kept`)."""
+    listing = "".join("\n" + tojson_kept(spec.to_openai()) for spec in specs)
     return f"{_HERMES_TOOLS_HEADER}{listing}{_HERMES_TOOLS_FOOTER}"
 
 

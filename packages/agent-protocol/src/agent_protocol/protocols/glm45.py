@@ -63,7 +63,7 @@ from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, genera
 from agent_protocol.errors import MessageError
 from agent_protocol.hermes_parser import split_reasoning
 from agent_protocol.json_limits import check_json_value, loads_bounded
-from agent_protocol.template_json import tojson
+from agent_protocol.template_json import tojson, tojson_kept
 from agent_protocol.types import (
     Action,
     Message,
@@ -226,7 +226,7 @@ def _visible(content: str | None) -> str:
 def _tools_block(specs: list[ToolSpec]) -> str:
     if not specs:
         return ""
-    return _TOOLS_HEADER + "".join(tojson(spec.to_openai()) + "\n" for spec in specs) + _TOOLS_FOOTER
+    return _TOOLS_HEADER + "".join(tojson_kept(spec.to_openai()) + "\n" for spec in specs) + _TOOLS_FOOTER
 
 
 def _render_assistant(msg: Message, *, show_reasoning: bool) -> str:

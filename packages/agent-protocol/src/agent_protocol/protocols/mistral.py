@@ -53,7 +53,7 @@ from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, genera
 from agent_protocol.errors import JsonLimitError, MessageError
 from agent_protocol.json_call import arguments_object, json_kind
 from agent_protocol.json_limits import loads_bounded
-from agent_protocol.template_json import tojson
+from agent_protocol.template_json import tojson, tojson_kept
 from agent_protocol.types import (
     Action,
     IssueCode,
@@ -243,7 +243,8 @@ class MistralSmall32Protocol(MistralProtocol):
                 out.append(f"[SYSTEM_PROMPT]{_required(msg, where)}[/SYSTEM_PROMPT]")
             elif msg.role == "user":
                 if specs and msg == last_user:
-                    out.append(f"[AVAILABLE_TOOLS]{tojson([spec.to_openai() for spec in specs])}[/AVAILABLE_TOOLS]")
+                    listing = tojson_kept([spec.to_openai() for spec in specs])
+                    out.append(f"[AVAILABLE_TOOLS]{listing}[/AVAILABLE_TOOLS]")
                 out.append(f"[INST]{_required(msg, where)}[/INST]")
             elif msg.role == "assistant" and msg.tool_calls:
                 for j, call in enumerate(msg.tool_calls):
