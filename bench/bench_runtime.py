@@ -28,8 +28,16 @@ same episodes through the seed design's own loop, imported from that checkout at
 interleaved with the others. Every side also says whether its first episode's token stream is the official Qwen3
 template's render of the same conversation (`template_exact`); "step vs this tree" is the ratio of medians.
 
+What changed since (2026-12-03 evening): the floor calls the tokenizers backend itself (`list(backend.encode(text).
+ids)`), where it called `HFTokenizer.encode`; that was the same call for a text this short until `HFTokenizer`
+learned to cut a short text at its added tokens and take the pieces it has seen from its cache (a feedback's fixed
+pieces, and here its results too, which repeat), so the floor is still the cost of tokenizing the feedback, not of
+this repository's cache. `--new-results` (off by default) gives every episode its own numbers (its calls compute
+`k * 17 + 4 + 100 i`), so no result repeats, the replay engine knows a prompt by its last 24 ids, and the floor
+tokenizes every episode's own feedback once: the workload where the piece cache saves least.
+
     uv run python bench/bench_runtime.py [--episodes 1000] [--calls 3] [--repeats 3] [--baseline ee63069]
-                                         [--seed-repo PATH]
+                                         [--seed-repo PATH | --new-results]
 """
 
 from __future__ import annotations
@@ -52,14 +60,15 @@ PACKAGES = ("agent-protocol", "agent-env", "agent-runtime")
 DEFAULT_BASELINE = "ee63069"  # main before issue 17
 
 
-def replies(calls: int) -> tuple[Any, Any, list[Any], Any]:
+def replies(calls: int, offset: int = 4, tokenizer: Any = None) -> tuple[Any, Any, list[Any], Any]:
     """The tokenizer, the Qwen3 protocol, the generations of the tool-calling turns and of the answer: real Qwen3
-    ids of the official template's assistant turns, with their text (both sides replay these)."""
+    ids of the official template's assistant turns, with their text (both sides replay these). `offset`: the
+    constant of the calls' expressions (`assistant_turns`); `tokenizer`: one already loaded."""
     from agent_protocol import HFTokenizer, get_protocol
     from agent_runtime import Generation
     from tests.support.qwen3_tokenizer import qwen3_tokenizer_path
 
-    tokenizer = HFTokenizer.from_file(qwen3_tokenizer_path())
+    tokenizer = tokenizer or HFTokenizer.from_file(qwen3_tokenizer_path())
     protocol = get_protocol("qwen3")
     exact = {"exact_text": True} if "exact_text" in Generation.__struct_fields__ else {}
 
@@ -67,24 +76,30 @@ def replies(calls: int) -> tuple[Any, Any, list[Any], Any]:
         ids = tokenizer.encode(protocol.render_generation(message))
         return Generation(ids=ids, text=tokenizer.decode(ids), logprobs=None, finish_reason="stop", **exact)
 
-    *calling, last = assistant_turns(calls)
+    *calling, last = assistant_turns(calls, offset)
     return tokenizer, protocol, [reply(message) for message in calling], reply(last)
 
 
-def assistant_turns(calls: int) -> list[dict[str, Any]]:
-    """What the model says in an episode: `calls` turns that call the calculator, then the answer."""
+def assistant_turns(calls: int, offset: int = 4) -> list[dict[str, Any]]:
+    """What the model says in an episode: `calls` turns that call the calculator (`k * 17 + offset`), then the
+    answer."""
     return [
         *({
             "role": "assistant", "content": "", "reasoning_content": f"Step {k}: compute with the tool.",
-            "tool_calls": [{"function": {"name": "calculator", "arguments": {"expression": f"{k} * 17 + 4"}}}],
+            "tool_calls": [{"function": {"name": "calculator", "arguments": {"expression": f"{k} * 17 + {offset}"}}}],
         } for k in range(calls)),
         {"role": "assistant", "content": "The answer is 55.", "reasoning_content": "Done."},
     ]  # fmt: skip
 
 
-def tool_results(calls: int) -> list[str]:
+def tool_results(calls: int, offset: int = 4) -> list[str]:
     """What the calculator answers to the script's calls, in order."""
-    return [str(k * 17 + 4) for k in range(calls)]
+    return [str(k * 17 + offset) for k in range(calls)]
+
+
+def episode_offset(episode: int) -> int:
+    """`--new-results`: episode i's calls compute `k * 17 + 4 + 100 i`, so no result (k < 5) is seen twice."""
+    return 4 + 100 * episode
 
 
 def replay_table(encoded_feedback: list[list[int]], calls_made: list[Any], answer: Any) -> list[tuple[list[int], Any]]:
@@ -92,16 +107,18 @@ def replay_table(encoded_feedback: list[list[int]], calls_made: list[Any], answe
     return [(ids, calls_made[k + 1] if k + 1 < len(calls_made) else answer) for k, ids in enumerate(encoded_feedback)]
 
 
-def template_exact(ids: Sequence[int], prompt: list[dict[str, Any]], calls: int, backend: Any) -> float:
+def template_exact(
+    ids: Sequence[int], prompt: list[dict[str, Any]], calls: int, backend: Any, offset: int = 4
+) -> float:
     """1.0 when an episode's token stream is the official Qwen3 template's render of its conversation (`prompt`,
     the script's turns and the calculator's results; the stream stops at the answer's `<|im_end|>`, before the
     newline the template writes after it), tokenized whole; else 0.0."""
     from agent_env import CalculatorTool
     from tests.support.hf_jinja import render_official
 
-    turns = assistant_turns(calls)
+    turns = assistant_turns(calls, offset)
     messages = list(prompt)
-    for turn, result in zip(turns[:-1], tool_results(calls), strict=True):
+    for turn, result in zip(turns[:-1], tool_results(calls, offset), strict=True):
         messages += [turn, {"role": "tool", "content": result}]
     messages.append(turns[-1])
     text = render_official("qwen3", messages, tools=[CalculatorTool().spec.to_openai()])
@@ -109,8 +126,12 @@ def template_exact(ids: Sequence[int], prompt: list[dict[str, Any]], calls: int,
     return float(official[: len(ids)] == list(ids) and backend.decode(official[len(ids) :]) == "\n")
 
 
-def build(calls: int) -> tuple[Any, Any, list[str]]:
-    """The runtime (replay engine, calculator session), the tokenizer and the feedback texts of one episode."""
+TAIL = 24  # `--new-results`: the replay engine knows a prompt by this many of its last ids
+
+
+def build(calls: int, new_results: int = 0) -> tuple[Any, Any, list[str]]:
+    """The runtime (replay engine, calculator session), the tokenizer and the feedback texts the run tokenizes:
+    one episode's, or with `new_results` (the episode count) every episode's own (`episode_offset`)."""
     import logging
 
     import structlog
@@ -122,6 +143,21 @@ def build(calls: int) -> tuple[Any, Any, list[str]]:
     tokenizer, protocol, calls_made, answer = replies(calls)
     feedback = [protocol.render_feedback([{"role": "tool", "content": result}]) for result in tool_results(calls)]
     after = replay_table([tokenizer.encode(text) for text in feedback], calls_made, answer)
+    by_tail: dict[tuple[int, ...], Any] = {}
+    if new_results:
+        feedback = []
+        calculator_spec = CalculatorTool().spec
+        for episode, prompt in enumerate(episode_prompts(new_results)):
+            _, _, calling, _ = replies(calls, episode_offset(episode), tokenizer)
+            texts = [protocol.render_feedback([{"role": "tool", "content": r}])
+                     for r in tool_results(calls, episode_offset(episode))]  # fmt: skip
+            feedback += texts
+            opening = protocol.render_prompt([{"role": "user", "content": prompt}], tools=[calculator_spec])
+            stream = tokenizer.backend.encode(opening, add_special_tokens=False).ids
+            by_tail[tuple(stream[-TAIL:])] = calling[0]
+            for k, text in enumerate(texts):
+                stream = [*calling[k].ids, *tokenizer.backend.encode(text, add_special_tokens=False).ids]
+                by_tail[tuple(stream[-TAIL:])] = calling[k + 1] if k + 1 < calls else answer
 
     class ReplayEngine(LLMEngine):
         """Answers from the last few ids of the prompt and returns a prepared generation: copies nothing."""
@@ -135,6 +171,8 @@ def build(calls: int) -> tuple[Any, Any, list[str]]:
 
         async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Any:
             size = len(prompt_ids)
+            if by_tail:
+                return by_tail[tuple(prompt_ids[size - TAIL :])]
             for tail, generation in after:
                 if prompt_ids[size - len(tail) :] == tail:
                     return generation
@@ -149,27 +187,31 @@ def build(calls: int) -> tuple[Any, Any, list[str]]:
     return AgentRuntime(ReplayEngine(), session), tokenizer, feedback
 
 
-def floor_s(tokenizer: Any, feedback: list[str], episodes: int) -> float:
+def floor_s(tokenizer: Any, feedback: list[str], repeats: int) -> float:
+    """Tokenizing `feedback` `repeats` times (one episode's, once per episode; every episode's, once) alone:
+    `list(backend.encode(text).ids)`, what `HFTokenizer.encode` did for a text this short before it learned to
+    take cached pieces (the floor is what a loop must do, not what this repository's cache saves)."""
+    backend = tokenizer.backend
     t0 = time.perf_counter()
-    for _ in range(episodes):
+    for _ in range(repeats):
         for text in feedback:
-            tokenizer.encode(text)
+            list(backend.encode(text, add_special_tokens=False).ids)
     return time.perf_counter() - t0
 
 
-def measure(episodes: int, calls: int) -> dict[str, float]:
+def measure(episodes: int, calls: int, new_results: bool = False) -> dict[str, float]:
     """One run of this process's sources: time per step, and the floor taken around it."""
-    runtime, tokenizer, feedback = build(calls)
+    runtime, tokenizer, feedback = build(calls, episodes if new_results else 0)
     prompts = episode_prompts(episodes)
     results, wall, floor = timed(
         lambda: asyncio.run(runtime.run_many(prompts[:20])),  # warm up
         lambda: asyncio.run(runtime.run_many(prompts, tasks=[{"answer": "55"}] * episodes)),
-        tokenizer, feedback, episodes,
+        tokenizer, feedback, 1 if new_results else episodes,
     )  # fmt: skip
     if not all(r.stop_reason == "final_answer" for r in results):
         raise RuntimeError("every episode must finish normally")
     exact = template_exact(results[0].trajectory.segments[0].ids, [{"role": "user", "content": prompts[0]}], calls,
-                           tokenizer.backend)  # fmt: skip
+                           tokenizer.backend, episode_offset(0) if new_results else 4)  # fmt: skip
     return figures(wall, sum(r.trajectory.turns for r in results), floor, exact)
 
 
@@ -178,17 +220,17 @@ def episode_prompts(episodes: int) -> list[str]:
 
 
 def timed[R](
-    warm_up: Callable[[], object], run: Callable[[], R], tokenizer: Any, feedback: list[str], episodes: int
+    warm_up: Callable[[], object], run: Callable[[], R], tokenizer: Any, feedback: list[str], repeats: int
 ) -> tuple[R, float, float]:
     """`run()`'s result, its wall time, and the floor per feedback: the mean of one taken right before and one right
     after it, in this process (after `warm_up()`)."""
     warm_up()
-    floor_before = floor_s(tokenizer, feedback, episodes)
+    floor_before = floor_s(tokenizer, feedback, repeats)
     t0 = time.perf_counter()
     results = run()
     wall = time.perf_counter() - t0
-    floor_after = floor_s(tokenizer, feedback, episodes)
-    return results, wall, (floor_before + floor_after) / 2 / (episodes * len(feedback))
+    floor_after = floor_s(tokenizer, feedback, repeats)
+    return results, wall, (floor_before + floor_after) / 2 / (repeats * len(feedback))
 
 
 def figures(wall: float, steps: int, floor: float, exact: float) -> dict[str, float]:
@@ -280,10 +322,13 @@ def measure_seed(episodes: int, calls: int) -> dict[str, float]:
     return figures(wall, sum(turns for turns, _ in results), floor, exact)
 
 
-def run_side(paths: list[str], cwd: Path, flag: str, episodes: int, calls: int) -> dict[str, float]:
+def run_side(
+    paths: list[str], cwd: Path, flag: str, episodes: int, calls: int, new_results: bool = False
+) -> dict[str, float]:
     """One run in a fresh process with `paths` first on `sys.path`; `flag`: --measure-only or --measure-seed."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     argv = [sys.executable, __file__, flag, "--episodes", str(episodes), "--calls", str(calls)]
+    argv += ["--new-results"] if new_results else []
     done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{flag} in {cwd} failed:\n{done.stderr.strip()}")
@@ -321,16 +366,26 @@ def main() -> None:
         help="a checkout of the seed design (github.com/Freder-chen/OpenRLHF-Agent, measured at f8937c9): adds its "
         "loop as a side, on the same work (see measure_seed); it needs jinja2 and pydantic, which this workspace has",
     )  # fmt: skip
+    parser.add_argument(
+        "--new-results", action="store_true",
+        help="every episode's calls compute their own numbers (k * 17 + 4 + 100 i), so no tool result is seen twice "
+        "and the floor tokenizes every episode's own feedback (default: every episode gets the same three results)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     parser.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--measure-seed", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure_only or args.measure_seed:
         sys.path.insert(0, os.getcwd())
-        print(json.dumps((measure_seed if args.measure_seed else measure)(args.episodes, args.calls)))
+        if args.measure_seed:
+            print(json.dumps(measure_seed(args.episodes, args.calls)))
+        else:
+            print(json.dumps(measure(args.episodes, args.calls, args.new_results)))
         return
     this_tree = [str(ROOT / "packages" / p / "src") for p in PACKAGES] + [str(ROOT)]
     sides = {"this tree": (this_tree, ROOT, "--measure-only")}
+    if args.seed_repo is not None and args.new_results:
+        parser.error("--new-results runs this tree and the baseline only (the seed side replays one episode's results)")
     if args.seed_repo is not None:
         seed_src = args.seed_repo.resolve() / "src"
         if not (seed_src / "openrlhf_agent" / "orchestrator" / "session.py").is_file():
@@ -348,12 +403,14 @@ def main() -> None:
             for repeat in range(args.repeats):
                 order = list(sides) if repeat % 2 == 0 else list(reversed(sides))
                 for name in order:
-                    runs[name].append(run_side(*sides[name], args.episodes, args.calls))
+                    runs[name].append(run_side(*sides[name], args.episodes, args.calls, args.new_results))
         finally:
             if not args.no_baseline:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True)
     summaries = {name: summary(values) for name, values in runs.items()}
-    print(f"{args.episodes} concurrent episodes x {args.calls} tool calls; {args.repeats} interleaved repeats")
+    results = "every result new" if args.new_results else "the same results in every episode"
+    print(f"{args.episodes} concurrent episodes x {args.calls} tool calls ({results}); {args.repeats} interleaved "
+          "repeats")  # fmt: skip
     print("| code | us per step (min / median) | floor us (min / median) | step / floor (min / median) "
           "| step vs this tree (median) | tokens = template's |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---|")

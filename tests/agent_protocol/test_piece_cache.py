@@ -14,8 +14,9 @@ import tokenizers
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent_protocol import HFTokenizer
+from agent_protocol import HFTokenizer, get_protocol
 from agent_protocol.piece_cache import PieceCache
+from agent_protocol.tokenizer import PIECE_CACHE_MIN_CHARS, SHORT_PIECES_MIN_CHARS
 from tests.agent_protocol.golden import GOLDEN
 from tests.support.family_tokenizers import load_family_tokenizer
 from tests.support.hostile_text import FUZZ
@@ -86,6 +87,28 @@ def test_the_tokenizer_encodes_through_the_cache_and_reuses_a_system_prompt() ->
     assert [plain.encode(p) for p in prompts] == [whole(tok, p) for p in prompts]
 
 
+def test_a_feedback_is_cut_at_every_added_token_and_only_its_new_pieces_are_encoded() -> None:
+    tok = tokenizer("qwen3")
+    assert tok.pieces is not None
+    tok.pieces.clear()
+    protocol = get_protocol("qwen3")
+
+    def feedback(result: str) -> str:
+        return protocol.render_feedback([{"role": "tool", "content": result}])
+
+    first = feedback("41")
+    assert SHORT_PIECES_MIN_CHARS <= len(first) < PIECE_CACHE_MIN_CHARS, "a feedback takes the short path"
+    assert tok.encode(first) == whole(tok, first)
+    misses = tok.pieces.misses
+    assert tok.encode(feedback("42")) == whole(tok, feedback("42"))
+    assert tok.pieces.misses == misses + 1, "only the new result's piece reached the tokenizer"
+    assert "\n42\n" in tok.pieces._pieces, "the result between <tool_response> tags is a piece of its own"
+    assert tok.encode(feedback("42")) == whole(tok, feedback("42"))
+    assert tok.pieces.misses == misses + 1, "a feedback seen before is all cached"
+    text = "a plain short text"  # shorter than SHORT_PIECES_MIN_CHARS: encoded whole, the cache untouched
+    assert tok.encode(text) == whole(tok, text) and tok.pieces.misses == misses + 1
+
+
 def with_tokens(*contents: str) -> HFTokenizer:
     """Qwen3's tokenizer with more added tokens."""
     backend = tokenizers.Tokenizer.from_str(tokenizer("qwen3").backend.to_str())
@@ -136,6 +159,16 @@ def test_any_text_cut_anywhere_encodes_as_a_whole(parts: list[str]) -> None:
         pieces = PieceCache(tok.pieces.added, min_chars=1, min_head_chars=1)
         for cut in (len(text), len(text), len(text) // 2, len(text) // 3, len(text)):  # heads of this text taken
             assert pieces.encode(text[:cut], lambda runs, t=tok: [whole(t, r) for r in runs]) == whole(tok, text[:cut])
+
+
+@FUZZ
+@given(st.lists(st.sampled_from(TAGS) | st.text(ALPHABET, max_size=200), max_size=8))
+def test_any_short_text_encodes_through_the_tokenizer_as_a_whole(parts: list[str]) -> None:
+    text = "".join(parts)[: PIECE_CACHE_MIN_CHARS - 1]
+    for family in FAMILIES:
+        tok = tokenizer(family)
+        for _ in range(2):  # cold, then warm (its pieces cached)
+            assert tok.encode(text) == whole(tok, text), family
 
 
 def test_the_cache_is_bounded_in_pieces_and_characters() -> None:
