@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from agent_protocol import HFTokenizer, get_protocol
 from agent_protocol.piece_cache import PieceCache
-from agent_protocol.tokenizer import PIECE_CACHE_MIN_CHARS, SHORT_PIECES_MIN_CHARS
+from agent_protocol.tokenizer import PIECE_CACHE_MIN_CHARS, SHORT_PIECES_KEPT, SHORT_PIECES_MIN_CHARS
 from tests.agent_protocol.golden import GOLDEN
 from tests.support.family_tokenizers import load_family_tokenizer
 from tests.support.hostile_text import FUZZ
@@ -89,8 +89,8 @@ def test_the_tokenizer_encodes_through_the_cache_and_reuses_a_system_prompt() ->
 
 def test_a_feedback_is_cut_at_every_added_token_and_only_its_new_pieces_are_encoded() -> None:
     tok = tokenizer("qwen3")
-    assert tok.pieces is not None
-    tok.pieces.clear()
+    assert tok.pieces is not None and tok.short_pieces is not None
+    tok.short_pieces.clear()
     protocol = get_protocol("qwen3")
 
     def feedback(result: str) -> str:
@@ -98,15 +98,20 @@ def test_a_feedback_is_cut_at_every_added_token_and_only_its_new_pieces_are_enco
 
     first = feedback("41")
     assert SHORT_PIECES_MIN_CHARS <= len(first) < PIECE_CACHE_MIN_CHARS, "a feedback takes the short path"
+    long_pieces = dict(tok.pieces._pieces)
     assert tok.encode(first) == whole(tok, first)
-    misses = tok.pieces.misses
+    misses = tok.short_pieces.misses
     assert tok.encode(feedback("42")) == whole(tok, feedback("42"))
-    assert tok.pieces.misses == misses + 1, "only the new result's piece reached the tokenizer"
-    assert "\n42\n" in tok.pieces._pieces, "the result between <tool_response> tags is a piece of its own"
+    assert tok.short_pieces.misses == misses + 1, "only the new result's piece reached the tokenizer"
+    assert "\n42\n" in tok.short_pieces._pieces, "the result between <tool_response> tags is a piece of its own"
     assert tok.encode(feedback("42")) == whole(tok, feedback("42"))
-    assert tok.pieces.misses == misses + 1, "a feedback seen before is all cached"
+    assert tok.short_pieces.misses == misses + 1, "a feedback seen before is all cached"
     text = "a plain short text"  # shorter than SHORT_PIECES_MIN_CHARS: encoded whole, the cache untouched
-    assert tok.encode(text) == whole(tok, text) and tok.pieces.misses == misses + 1
+    assert tok.encode(text) == whole(tok, text) and tok.short_pieces.misses == misses + 1
+    for result in range(SHORT_PIECES_KEPT * 2):  # a stream of one-off results: bounded, and kept apart
+        assert tok.encode(feedback(str(result))) == whole(tok, feedback(str(result)))
+    assert len(tok.short_pieces) <= SHORT_PIECES_KEPT
+    assert tok.pieces._pieces == long_pieces, "short texts never touch the long texts' pieces"
 
 
 def with_tokens(*contents: str) -> HFTokenizer:

@@ -115,13 +115,9 @@ class PieceCache:
             return None
         return cls(added, **limits)
 
-    def encode(
-        self, text: str, encode_many: Callable[[list[str]], list[list[int]]], *, min_chars: int | None = None
-    ) -> list[int]:
+    def encode(self, text: str, encode_many: Callable[[list[str]], list[list[int]]]) -> list[int]:
         """The ids of `text`. `encode_many` encodes the runs and the pieces not in the cache, all in one call
-        (so a tokenizer can take its batch path, which releases the GIL, for a long text). `min_chars` replaces
-        the cache's own for this text (1: every piece a part of its own, no runs; see `HFTokenizer.encode`)."""
-        shortest = self.min_chars if min_chars is None else min_chars
+        (so a tokenizer can take its batch path, which releases the GIL, for a long text)."""
         start, head_ids = self._head_of(text)
         parts: list[_Part] = []  # ids known already, or a text to encode
         starts: list[int] = []  # where each part starts in `text`
@@ -129,13 +125,13 @@ class PieceCache:
         spans: list[tuple[int, int]] = []  # the added tokens found (where a head of this text may end)
         run_start = piece_start = start
         for match in self.pattern.finditer(text, start):
-            if match.start() - piece_start >= shortest:
+            if match.start() - piece_start >= self.min_chars:
                 self._cut(text, run_start, piece_start, parts, starts, misses)
                 self._take(text[piece_start : match.start()], piece_start, parts, starts, misses)
                 run_start = match.start()
             piece_start = match.end()
             spans.append(match.span())
-        if len(text) - piece_start >= shortest:
+        if len(text) - piece_start >= self.min_chars:
             self._cut(text, run_start, piece_start, parts, starts, misses)
             self._take(text[piece_start:], piece_start, parts, starts, misses)
         else:
