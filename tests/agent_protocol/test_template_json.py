@@ -35,6 +35,14 @@ def test_the_golden_tool_specs_give_tojsons_text_first_and_when_kept() -> None:
     assert len(template_json._kept) == len({tojson(tool) for tool in tools})
 
 
+def test_an_indented_dump_is_kept_apart_from_a_flat_one() -> None:
+    tools = golden_tools()
+    for tool in tools:
+        assert tojson_kept(tool, indent=4) == tojson(tool, indent=4)
+        assert tojson_kept(tool) == tojson(tool)
+        assert tojson_kept(copy.deepcopy(tool), indent=4) == tojson(tool, indent=4)
+
+
 def test_a_second_call_takes_the_kept_text() -> None:
     spec = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
     first = tojson_kept(spec)

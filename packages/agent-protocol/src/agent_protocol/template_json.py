@@ -27,20 +27,22 @@ def tojson(value: Any, *, indent: int | None = None, separators: tuple[str, str]
     return json.dumps(value, ensure_ascii=False, indent=indent, separators=separators)
 
 
-_kept: dict[bytes, str] = {}
+_kept: dict[tuple[int | None, bytes], str] = {}
 
 
-def tojson_kept(value: Any) -> str:
-    """`tojson(value)`, kept by content for the next value with the same content (see the module docstring)."""
+def tojson_kept(value: Any, *, indent: int | None = None) -> str:
+    """`tojson(value, indent=indent)`, kept by content for the next value with the same content (see the module
+    docstring)."""
     try:
-        key = msgspec.json.encode(value)
+        encoded = msgspec.json.encode(value)
     except (TypeError, ValueError, msgspec.EncodeError):  # a value msgspec cannot write: tojson says what it can
-        return tojson(value)
-    if b"null" in key:  # None, NaN or an infinity (or the word in a string): the key cannot tell them apart
-        return tojson(value)
+        return tojson(value, indent=indent)
+    if b"null" in encoded:  # None, NaN or an infinity (or the word in a string): the key cannot tell them apart
+        return tojson(value, indent=indent)
+    key = (indent, encoded)
     text = _kept.get(key)
     if text is None:
-        text = tojson(value)
+        text = tojson(value, indent=indent)
         if len(_kept) >= KEPT_TEXTS:
             _kept.clear()
         _kept[key] = text

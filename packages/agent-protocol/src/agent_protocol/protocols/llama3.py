@@ -44,7 +44,7 @@ from agent_protocol.broken_call import raw_preview
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import JsonLimitError, MessageError
 from agent_protocol.json_limits import MAX_JSON_DEPTH, check_json_value, loads_bounded
-from agent_protocol.template_json import tojson
+from agent_protocol.template_json import tojson, tojson_kept
 from agent_protocol.types import (
     Action,
     Message,
@@ -180,7 +180,7 @@ class Llama3Protocol(ChatProtocol):
 
 
 def _tool_listing(specs: list[ToolSpec]) -> str:
-    return "".join(tojson(spec.to_openai(), indent=4) + "\n\n" for spec in specs)
+    return "".join(tojson_kept(spec.to_openai(), indent=4) + "\n\n" for spec in specs)
 
 
 def _render_message(msg: Message, where: str) -> str:
