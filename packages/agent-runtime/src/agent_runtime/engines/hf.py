@@ -458,14 +458,20 @@ class HFEngine(LLMEngine):
             batch = [first]
             footprint = self._footprint().plus(self, first) if first.vision is None else self._footprint()
             deadline = time.monotonic() + self.batch_wait_s
+            quiet = False  # no loop was sending when the last poll came back empty: one more look, then start
             while len(batch) < self.max_batch_size:
                 left = deadline - time.monotonic()
+                wait = 0 if quiet else max(left if self.batch_wait_full else min(left, SENDING_POLL_S), 1e-4)
                 try:
-                    item = self._next(max(left if self.batch_wait_full else min(left, SENDING_POLL_S), 1e-4))
-                except queue.Empty:
-                    if left <= 0 or (not self.batch_wait_full and self._sending == 0):
+                    item = self._next(wait)
+                except queue.Empty:  # it waited to the deadline, or one poll while a loop may still be sending
+                    if self.batch_wait_full or left <= SENDING_POLL_S or quiet:
                         break
+                    # A request put after the poll gave up has its count taken back only after its put: once the
+                    # count is 0, what was sent is in the queue, so look once more before the batch starts.
+                    quiet = self._sending == 0
                     continue
+                quiet = False
                 if item is None:
                     running = False
                     break
