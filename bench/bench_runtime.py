@@ -143,16 +143,16 @@ def build(calls: int, new_results: int = 0) -> tuple[Any, Any, list[str]]:
     tokenizer, protocol, calls_made, answer = replies(calls)
     feedback = [protocol.render_feedback([{"role": "tool", "content": result}]) for result in tool_results(calls)]
     after = replay_table([tokenizer.encode(text) for text in feedback], calls_made, answer)
+    calculator = CalculatorTool()  # tools are read-only and shared; each episode gets its own environment
     by_tail: dict[tuple[int, ...], Any] = {}
     if new_results:
         feedback = []
-        calculator_spec = CalculatorTool().spec
         for episode, prompt in enumerate(episode_prompts(new_results)):
             _, _, calling, _ = replies(calls, episode_offset(episode), tokenizer)
             texts = [protocol.render_feedback([{"role": "tool", "content": r}])
                      for r in tool_results(calls, episode_offset(episode))]  # fmt: skip
             feedback += texts
-            opening = protocol.render_prompt([{"role": "user", "content": prompt}], tools=[calculator_spec])
+            opening = protocol.render_prompt([{"role": "user", "content": prompt}], tools=[calculator.spec])
             stream = tokenizer.backend.encode(opening, add_special_tokens=False).ids
             by_tail[tuple(stream[-TAIL:])] = calling[0]
             for k, text in enumerate(texts):
@@ -178,7 +178,6 @@ def build(calls: int, new_results: int = 0) -> tuple[Any, Any, list[str]]:
                     return generation
             return calls_made[0]
 
-    calculator = CalculatorTool()  # tools are read-only and shared; each episode gets its own environment
     session = AgentSession(
         protocol=protocol,
         environment=lambda: FunctionCallEnvironment(tools=[calculator], max_steps=calls + 2),
