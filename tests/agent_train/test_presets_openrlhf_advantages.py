@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
-import sys
-import types
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -40,6 +38,7 @@ from agent_train.executor import AgentExecutor  # noqa: E402
 from agent_train.local.batch import pad_batch, token_logprobs  # noqa: E402
 from agent_train.local.rl import group_advantages  # noqa: E402
 from agent_train.local_rollout_engine import LocalRolloutEngine  # noqa: E402
+from agent_train.openrlhf_flash_attn import load_ring_attn_utils  # noqa: E402
 from tests.agent_runtime.test_session import answer, call  # noqa: E402
 from tests.agent_train.test_executor import execute  # noqa: E402
 
@@ -61,32 +60,10 @@ GROUP_PRESETS = {"reinforce_baseline", "rloo", "grpo", "dr_grpo", "dapo"}
 
 def openrlhf_module(name: str) -> ModuleType:
     """An OpenRLHF module that imports `openrlhf.models`, whose ring-attention helpers import flash-attn at module
-    level: a CUDA-only wheel the workspace excludes and that the advantage and loss code never calls. Placeholders
-    whose functions raise stand in while the module loads, and are removed again (so nothing else sees them)."""
-    if importlib.util.find_spec("flash_attn") is not None or "openrlhf.models" in sys.modules:
-        return importlib.import_module(name)
-
-    def missing(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("flash-attn is not installed")
-
-    names = {
-        "flash_attn": (),
-        "flash_attn.bert_padding": ("index_first_axis", "pad_input", "rearrange", "unpad_input"),
-        "flash_attn.utils": (),
-        "flash_attn.utils.distributed": ("all_gather",),
-    }
-    for module_name, attributes in names.items():
-        module = types.ModuleType(module_name)
-        module.__path__ = []
-        module.__spec__ = importlib.machinery.ModuleSpec(module_name, None, is_package=True)
-        for attribute in attributes:
-            setattr(module, attribute, missing)
-        sys.modules[module_name] = module
-    try:
-        return importlib.import_module(name)
-    finally:
-        for module_name in names:
-            sys.modules.pop(module_name, None)
+    level: a CUDA-only wheel the workspace excludes and that the advantage and loss code never calls. The job's own
+    loader (`openrlhf_flash_attn.load_ring_attn_utils`) loads that module with stand-ins that raise when called."""
+    load_ring_attn_utils()
+    return importlib.import_module(name)
 
 
 def recipe01() -> Recipe:
