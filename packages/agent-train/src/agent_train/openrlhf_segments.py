@@ -62,11 +62,13 @@ import hashlib
 import importlib
 import inspect
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as installed_version
 from typing import Any, Final
 
+from agent_train import openrlhf_checks
 from agent_train.errors import TrainError
 from agent_train.sample import RolloutSample
 
@@ -77,9 +79,11 @@ __all__ = [
     "PINNED",
     "SEGMENTS_KEY",
     "SegmentExtensionError",
+    "SegmentedRecord",
     "check_pins",
     "episode_record",
     "install",
+    "installed",
     "mask_overlong",
     "runtime_env_hook",
     "setup_worker",
@@ -118,15 +122,39 @@ class SegmentExtensionError(TrainError):
     """The installed OpenRLHF is not the one this extension is pinned to, or a batch cannot be trained by it."""
 
 
+class SegmentedRecord(dict[str, Any]):
+    """The dict of an episode with earlier segments. It cannot reach OpenRLHF's trainer silently untrained: when a
+    process that has loaded OpenRLHF's sample generator receives it (unpickles it, as Ray does with a rollout
+    actor's answer) without the extension installed, it raises `SegmentExtensionError` naming the fix, which stops
+    the job, instead of OpenRLHF training the last segment only."""
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        return _arrive, (dict(self),)
+
+
+def _arrive(record: dict[str, Any]) -> SegmentedRecord:
+    if _SAMPLES in sys.modules and not installed():
+        raise SegmentExtensionError(
+            f"an episode with {len(record.get(SEGMENTS_KEY) or [])} earlier segment(s) (a compacted episode) reached "
+            f"OpenRLHF in process {os.getpid()} without agent-train's segment extension, so only its last segment "
+            "would be trained. Start the job with `python -m agent_train.openrlhf_main` (as `apps/train --backend "
+            "openrlhf` does), which installs the extension in every Ray worker; a Ray started elsewhere needs "
+            f"`worker_process_setup_hook={SETUP_HOOK!r}` in its runtime env, and a driver under `uv run` needs "
+            "RAY_ENABLE_UV_RUN_RUNTIME_ENV=0"
+        )
+    return SegmentedRecord(record)
+
+
 def episode_record(segments: Sequence[RolloutSample]) -> dict[str, Any]:
     """OpenRLHF's dict for one episode given its segment records in order: the last segment's dict, with the
-    earlier ones under `SEGMENTS_KEY` (only when there are any) and `OVERLONG_KEY` (only when set)."""
+    earlier ones under `SEGMENTS_KEY` (only when there are any: then it is a `SegmentedRecord`) and `OVERLONG_KEY`
+    (only when set)."""
     if not segments:
         raise ValueError("an episode has at least one segment")
     *earlier, last = segments
     record = last.to_openrlhf()
     if earlier:
-        record[SEGMENTS_KEY] = [segment.to_openrlhf() for segment in earlier]
+        record = SegmentedRecord(record, **{SEGMENTS_KEY: [segment.to_openrlhf() for segment in earlier]})
     if last.overlong:
         record[OVERLONG_KEY] = True
     return record
@@ -167,11 +195,23 @@ def check_pins() -> None:
         raise SegmentExtensionError(f"OpenRLHF {found} differs from the pinned source in: {', '.join(changed)}")
 
 
+def installed() -> bool:
+    """Whether the extension is installed in this process."""
+    return bool(_ORIGINAL)
+
+
 def install() -> None:
-    """Check the pins and patch OpenRLHF in this process (idempotent)."""
+    """Check the pins and patch OpenRLHF in this process (idempotent). With ``AGENT_OPENRLHF_DEVICE=cpu`` it
+    applies the CPU bridges too (`openrlhf_cpu`)."""
+    from agent_train import openrlhf_cpu
+    from agent_train.openrlhf_flash_attn import load_ring_attn_utils
+
     if _ORIGINAL:
         return
+    load_ring_attn_utils()  # OpenRLHF imports flash-attn at import time; without it, only its callers fail
     check_pins()
+    if openrlhf_cpu.cpu_requested():
+        openrlhf_cpu.install()
     samples = importlib.import_module(_SAMPLES)
     maker = importlib.import_module(_MAKER)
     _ORIGINAL[f"{_SAMPLES}:SamplesGenerator._process_response_into_experience"] = (
@@ -200,7 +240,10 @@ def uninstall() -> None:
 
 def setup_worker() -> None:
     """Ray's `worker_process_setup_hook`: install the extension in the worker before any actor code runs."""
+    from agent_train import openrlhf_checks
+
     install()
+    openrlhf_checks.worker_started()
 
 
 def runtime_env_hook(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
@@ -237,6 +280,7 @@ def _make_experience_batch(self: Any, rollout_samples: list[Any]) -> list[Any]:
             flat.append(sample)
             owners.append(position)
     overlong = [masking and bool(getattr(episode, _OVERLONG_ATTR, False)) for episode in episodes]
+    openrlhf_checks.samples_made(len(episodes), len(flat))
     if len(flat) == len(episodes) and not any(overlong):
         return _ORIGINAL[f"{_MAKER}:RemoteExperienceMaker.make_experience_batch"](self, episodes)  # type: ignore[no-any-return]
     experiences = self.make_experience(self.split_rollout_samples(flat))
@@ -347,4 +391,23 @@ def episode_advantages(
             experience.info["group_reward_std"] = stds[owner].clone()
         else:
             experience.info.pop("group_reward_std", None)
+    if openrlhf_checks.enabled():
+        openrlhf_checks.advantages_spread(_episode_spread(experiences, rows), str(args.algo.advantage.estimator))
     return experiences
+
+
+def _episode_spread(experiences: Sequence[Any], rows: Sequence[Any]) -> float:
+    """The largest difference between two trained tokens' advantages within one episode (0 when every segment
+    carries the episode's advantage on every token)."""
+    import torch
+
+    low: dict[int, float] = {}
+    high: dict[int, float] = {}
+    for experience, owner in zip(experiences, rows, strict=True):
+        mask = experience.action_mask.bool()
+        for sample, episode in enumerate(owner.tolist()):
+            values = experience.advantages[sample][mask[sample]]
+            if values.numel():
+                low[episode] = min(low.get(episode, float("inf")), float(torch.min(values)))
+                high[episode] = max(high.get(episode, float("-inf")), float(torch.max(values)))
+    return max((high[e] - low[e] for e in low), default=0.0)
