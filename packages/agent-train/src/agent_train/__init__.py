@@ -34,6 +34,7 @@ from agent_train.errors import DatasetError, LaunchError, TrainError
 from agent_train.launcher import (
     AGENT_FUNC_PATH,
     ALGORITHMS,
+    DEVICES,
     MODES,
     LaunchConfig,
     LaunchPlan,
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AGENT_FUNC_PATH",
     "ALGORITHMS",
+    "DEVICES",
     "ERROR_CODES",
     "INPUT_KEY",
     "LABEL_KEY",

@@ -56,6 +56,9 @@ from agent_runtime.recipe import Recipe
 from agent_train.dataset import INPUT_KEY, LABEL_KEY, prepare_jsonl_dataset, prepare_recipe_dataset
 from agent_train.errors import LaunchError
 from agent_train.openrlhf_args import CheckedArguments, check_arguments
+from agent_train.openrlhf_checks import CHECKS_ENV
+from agent_train.openrlhf_cpu import DEVICE_ENV
+from agent_train.openrlhf_flash_attn import INSTALL_HINT, flash_attn_installed, needs_flash_attn
 from agent_train.openrlhf_presets import ALGORITHMS, IS_CORRECTION_FLAGS, Algorithm
 from agent_train.openrlhf_segments import MASK_OVERLONG_ENV
 from agent_train.task import IMAGE_KEY
@@ -63,8 +66,10 @@ from agent_train.task import IMAGE_KEY
 __all__ = [
     "AGENT_FUNC_PATH",
     "ALGORITHMS",
+    "DEVICES",
     "MODES",
     "Algorithm",
+    "Device",
     "LaunchConfig",
     "LaunchPlan",
     "Mode",
@@ -79,8 +84,11 @@ __all__ = [
 logger = structlog.get_logger(__name__)
 
 Mode = Literal["hybrid", "async"]
+Device = Literal["gpu", "cpu"]
 
 MODES: Final[tuple[str, ...]] = ("hybrid", "async")
+DEVICES: Final[tuple[str, ...]] = ("gpu", "cpu")
+CHECKS_FILE: Final = "cpu_checks.jsonl"
 TRAIN_MODULE: Final = "agent_train.openrlhf_main"
 AGENT_FUNC_PATH: Final = str(Path(__file__).resolve().with_name("openrlhf_agent.py"))
 """The installed file to pass as ``--train.agent_func_path`` (see `openrlhf_agent.py`)."""
@@ -130,6 +138,7 @@ class LaunchConfig(msgspec.Struct, frozen=True, kw_only=True):
     mask_overlong: bool = True
     critic_nodes: int | None = None
     critic_gpus_per_node: int | None = None
+    device: Device = "gpu"
 
 
 class LaunchPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -161,6 +170,8 @@ def _recipe_source(source: str) -> str:
 def _attn_implementation(config: LaunchConfig) -> str:
     if config.attn_implementation:
         return config.attn_implementation
+    if config.device == "cpu":
+        return "sdpa"
     if importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
     logger.warning("flash_attn_missing", using="sdpa", hint="install flash-attn on GPU nodes for speed")
@@ -183,6 +194,10 @@ def plan_launch(config: LaunchConfig, recipe: Recipe) -> LaunchPlan:
         raise LaunchError(f"kl_coef must be at least 0, got {config.kl_coef}")
     if config.mode not in MODES:
         raise LaunchError(f"unknown mode {config.mode!r}; choose one of {', '.join(MODES)}")
+    if config.device not in DEVICES:
+        raise LaunchError(f"unknown device {config.device!r}; choose one of {', '.join(DEVICES)}")
+    if config.device == "cpu" and config.ray_address:
+        raise LaunchError("--device cpu runs the job on this machine's CPUs under a local Ray; drop --ray-address")
     training_gpus = config.nodes * config.gpus_per_node
     if training_gpus % config.vllm_tensor_parallel:
         raise LaunchError(
@@ -253,7 +268,14 @@ def plan_launch(config: LaunchConfig, recipe: Recipe) -> LaunchPlan:
         args += ["--rollout.max_new_tokens", str(config.max_new_tokens)]
     if eval_dataset is not None:
         args += ["--eval.dataset", str(eval_dataset), "--eval.steps", "10"]
-    if config.mode == "hybrid":
+    if config.device == "cpu":  # no sleep modes (vLLM's CPU backend refuses them); the weights sync over gloo
+        args += ["--vllm.sync_backend", "gloo"]
+        args += (
+            ["--train.colocate_all"]
+            if config.mode == "hybrid"
+            else ["--train.async_enable", "--train.colocate_actor_ref"]
+        )
+    elif config.mode == "hybrid":
         args += ["--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep"]
         args += ["--vllm.gpu_memory_utilization", str(config.vllm_gpu_memory_utilization or 0.6)]
     else:
@@ -261,8 +283,13 @@ def plan_launch(config: LaunchConfig, recipe: Recipe) -> LaunchPlan:
         if config.vllm_gpu_memory_utilization is not None:
             args += ["--vllm.gpu_memory_utilization", str(config.vllm_gpu_memory_utilization)]
     args += list(config.extra_args)
+    if not flash_attn_installed() and (calls := needs_flash_attn(args)):
+        raise LaunchError(f"{', '.join(calls)} needs flash-attn, which is not installed here: {INSTALL_HINT}")
 
     env = {"AGENT_RECIPE": _recipe_source(config.recipe)}
+    if config.device == "cpu":
+        env[DEVICE_ENV] = "cpu"
+        env[CHECKS_ENV] = str(run_dir / CHECKS_FILE)
     if config.engine_timeout_s:
         env["AGENT_ENGINE_TIMEOUT_S"] = str(config.engine_timeout_s)
     if not config.mask_overlong:
@@ -351,5 +378,7 @@ def run_plan(plan: LaunchPlan) -> int:
         command[0] = found
     env = {**os.environ, **({} if plan.remote else plan.env)}
     Path(plan.run_dir).mkdir(parents=True, exist_ok=True)
+    if CHECKS_ENV in plan.env:  # a rerun into the same directory starts its checks afresh
+        Path(plan.env[CHECKS_ENV]).unlink(missing_ok=True)
     logger.info("openrlhf_starting", remote=plan.remote, run_dir=plan.run_dir)
     return subprocess.call(command, env=env)
