@@ -115,3 +115,22 @@ def hf_engine(model_dir: Path) -> Iterator[Any]:
     engine = HFEngine.from_pretrained(model_dir, device="cpu", dtype="float32", context_length=CONTEXT)
     yield engine
     asyncio.run(engine.close())
+
+
+@pytest.fixture(scope="session")
+def calculator_sft_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The calculator demo's model after SFT (seed 0, the local trainer's ``ci`` preset, no RL): it calls the
+    calculator and answers about 65% of held-out problems, so rewards vary within sampled groups."""
+    from tests.support.demo_sft import sft_demo_model
+
+    return sft_demo_model("calculator", tmp_path_factory.mktemp("calculator-sft"))
+
+
+@pytest.fixture(scope="session")
+def compaction_sft_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The compaction demo's model after 200 SFT steps (seed 0, the ``ci`` preset's other settings, no RL): it
+    writes summaries and continues, so its episodes compact (half the preset's steps: a third of its success,
+    the same format, half the build time)."""
+    from tests.support.demo_sft import sft_demo_model
+
+    return sft_demo_model("compaction", tmp_path_factory.mktemp("compaction-sft"), sft_steps=200)

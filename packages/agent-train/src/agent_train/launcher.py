@@ -30,6 +30,12 @@ off, ``AGENT_MASK_OVERLONG=0``), with openrlhf 0.11's dotted flags:
 - sizes (nodes, GPUs, batch sizes, lengths, learning rate, ...) and `extra_args`, appended verbatim last, so any
   OpenRLHF flag can be set or overridden.
 
+With ``device="cpu"`` (``apps/train --device cpu``) the same job runs on this machine's CPUs as a debug mode:
+``AGENT_OPENRLHF_DEVICE=cpu`` makes `openrlhf_main` apply the CPU bridges (`openrlhf_cpu`) and start Ray with fake
+GPUs, the weights sync over gloo (``--vllm.sync_backend gloo``), the sleep modes are left out, and every process
+records its checks in ``RUN_DIR/cpu_checks.jsonl`` (`openrlhf_checks`). Flags that call flash-attn (packing, ring
+attention, its kernel) are refused where flash-attn is not installed.
+
 With `ray_address` the command is wrapped in ``ray job submit --address ... --runtime-env-json ... --``;
 without, it runs here and `train_ppo_ray` starts a local Ray (``RAY_ENABLE_UV_RUN_RUNTIME_ENV=0`` keeps Ray from
 re-creating the uv environment for its workers). Paths are made absolute: a cluster needs them on a shared

@@ -288,8 +288,9 @@ def verdict(path: str | os.PathLike[str], *, min_steps: int = 1) -> CheckReport:
         sync = index // max(engines, 1)
         if row["received"] != digests.get(sync, row["received"]):
             problems.append(f"sync {sync}: vLLM received other bytes than the actor sent")
-        # a sync must change vLLM's weights when the actor's changed since the last one (the first sync may send
-        # the weights vLLM started with: a first step whose groups all scored alike has no gradient)
+        # a sync must change vLLM's weights when the actor's changed since the last one; the first sync sends the
+        # weights vLLM started with when the first step did not move the actor (OpenRLHF's warmup starts the
+        # learning rate at 0; or every group scored alike)
         if sync > 0 and digests.get(sync) != digests.get(sync - 1) and not row["changed"]:
             problems.append(f"sync {sync}: the actor's weights changed but vLLM's did not when it loaded them")
         if row["equal"] != row["comparable"]:
