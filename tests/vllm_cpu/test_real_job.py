@@ -115,4 +115,5 @@ def test_compacted_episodes_train_every_segment_with_the_episodes_advantage(
     assert report.ok, report.summary()
     assert report.samples > report.episodes == STEPS * 16, report.summary()
     assert report.advantage_spread is not None and report.advantage_spread <= 1e-5
+    assert any(a > 0 for a in report.mean_abs_advantage)  # rewards varied: the one advantage per episode is not 0
     assert report.workers_without_segments == 0

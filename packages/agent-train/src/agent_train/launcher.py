@@ -63,7 +63,8 @@ from agent_train.dataset import INPUT_KEY, LABEL_KEY, prepare_jsonl_dataset, pre
 from agent_train.errors import LaunchError
 from agent_train.openrlhf_args import CheckedArguments, check_arguments
 from agent_train.openrlhf_checks import CHECKS_ENV
-from agent_train.openrlhf_cpu import DEVICE_ENV
+from agent_train.openrlhf_cpu import DEVICE_ENV, CpuBridgeError
+from agent_train.openrlhf_cpu import check_pins as check_cpu_pins
 from agent_train.openrlhf_flash_attn import INSTALL_HINT, flash_attn_installed, needs_flash_attn
 from agent_train.openrlhf_presets import ALGORITHMS, IS_CORRECTION_FLAGS, Algorithm
 from agent_train.openrlhf_segments import MASK_OVERLONG_ENV
@@ -376,6 +377,11 @@ def run_plan(plan: LaunchPlan) -> int:
     """Start the plan's command and wait for it; returns its exit status. A cluster run is submitted with the
     `ray` CLI installed next to this Python, which follows the job's logs until it ends."""
     command = list(plan.command)
+    if DEVICE_ENV in plan.env:  # before Ray starts: this Python must have vLLM's CPU build and the pinned OpenRLHF
+        try:
+            check_cpu_pins()
+        except CpuBridgeError as e:
+            raise LaunchError(str(e)) from e
     if plan.remote:
         ray = Path(sys.executable).with_name("ray")
         found = str(ray) if ray.is_file() else shutil.which("ray")
