@@ -270,3 +270,20 @@ def test_openrlhf_turns_the_samples_into_one_training_batch(tokenizer: HFTokeniz
     assert [float(v) for v in batch.rewards] == pytest.approx([out["reward"] for out in outs])
     assert outs[0]["reward"] > outs[3]["reward"] > outs[2]["reward"] > outs[1]["reward"]  # the broken call costs
     assert len(split_experience_batch(batch)) == 4
+
+
+def test_the_executor_adapts_a_tokenizer_once_across_calls(tiny_qwen3_dir: Any, hf_tokenizer: Any) -> None:
+    """Ray hands each `generate_responses` call its own unpickled `hf_tokenizer`: the executor adapts the model's
+    tokenizer once and every episode shares it (and its piece caches); another tokenizer gets its own."""
+    import pickle
+
+    from transformers import AutoTokenizer
+
+    executor = AgentExecutor(calculator_recipe())
+    first = executor.tokenizer_for(hf_tokenizer)
+    assert executor.tokenizer_for(pickle.loads(pickle.dumps(hf_tokenizer))) is first
+    assert executor.tokenizer_for(AutoTokenizer.from_pretrained(tiny_qwen3_dir)) is first
+    assert first.encode("What is 17 * 23?") == hf_tokenizer("What is 17 * 23?", add_special_tokens=False)["input_ids"]
+    other = pickle.loads(pickle.dumps(hf_tokenizer))
+    other.add_tokens(["<extra_token_for_this_test>"])
+    assert executor.tokenizer_for(other) is not first

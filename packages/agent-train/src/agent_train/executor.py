@@ -87,6 +87,7 @@ class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is unt
         self.recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
         self.engine_timeout_s = engine_timeout_s
         self._definition = self.recipe.make_session()  # spawned per episode; the engine's tokenizer is bound then
+        self._tokenizers: dict[tuple[Any, ...], Tokenizer] = {}
         logger.info("agent_executor_ready", recipe=self.recipe.name, protocol=self._definition.protocol.name)
 
     async def execute(
@@ -108,7 +109,7 @@ class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is unt
                 f"recipe {self.recipe.name!r} is text-only (protocol {protocol.name!r}); this dataset row carries "
                 f"{len(refs)} image(s): use a vision-language protocol such as qwen3-vl"
             )
-        tokenizer = as_tokenizer(hf_tokenizer)
+        tokenizer = self.tokenizer_for(hf_tokenizer)
         stops = (tokenizer.token_to_id(text) for text in protocol.stop_texts)
         vision = protocol.accepts_images and hasattr(hf_tokenizer, "image_processor")
         pads = image_pad_ids(hf_tokenizer, tokenizer, protocol.image_pad) if vision else frozenset()
@@ -136,6 +137,17 @@ class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is unt
         elif images is not None:
             segments = [msgspec.structs.replace(sample, images=images) for sample in segments]
         return episode_record(segments)
+
+    def tokenizer_for(self, hf_tokenizer: Any) -> Tokenizer:
+        """`as_tokenizer(hf_tokenizer)`, built once per tokenizer (`_tokenizer_key`) and reused by every episode:
+        a fresh one per episode cost about 0.6 ms and started its piece caches empty each time."""
+        key = _tokenizer_key(hf_tokenizer)
+        if key is None:
+            return as_tokenizer(hf_tokenizer)
+        cached = self._tokenizers.get(key)
+        if cached is None:
+            cached = self._tokenizers[key] = as_tokenizer(hf_tokenizer)
+        return cached
 
     async def rollout(
         self,
@@ -184,6 +196,18 @@ class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is unt
             truncated=truncated,
         )
         return Rollout(trajectory=result.trajectory, sample=segments[-1], segments=segments)
+
+
+def _tokenizer_key(source: Any) -> tuple[Any, ...] | None:
+    """What identifies OpenRLHF's `hf_tokenizer` across calls (Ray hands each call its own unpickled copy): a text
+    tokenizer's class, name and vocabulary size. None for a processor (its image grid too) or an unknown object:
+    those are adapted per episode."""
+    if hasattr(source, "image_processor") or isinstance(source, Tokenizer):
+        return None
+    backend = getattr(source, "backend_tokenizer", None)
+    if backend is None or not hasattr(backend, "get_vocab_size"):
+        return None
+    return type(source).__name__, str(getattr(source, "name_or_path", "")), backend.get_vocab_size(True)
 
 
 def as_tokenizer(source: Any) -> Tokenizer:
