@@ -66,7 +66,6 @@ def start_ray_on_cpu(argv: list[str]) -> None:
     critic = _flag(argv, "--critic.num_nodes", 1) * _flag(argv, "--critic.num_gpus_per_node", 8)
     engines = _flag(argv, "--vllm.num_engines", 1) * _flag(argv, "--vllm.tensor_parallel_size", 1)
     gpus = actor + (critic if "--critic.model_name_or_path" in argv else 0) + engines
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in the rollout actor's process
     ray.init(
         num_gpus=gpus,
         num_cpus=max(16, 2 * gpus),
