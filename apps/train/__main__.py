@@ -77,9 +77,9 @@ examples:
       --algo grpo --gpus-per-node 8 --ray-address http://127.0.0.1:8265 -- --logger.wandb.key "$WANDB_KEY"
   uv run apps/train --backend openrlhf --recipe recipes/calculator.py --pretrain Qwen/Qwen3-4B \\
       --algo dapo --mode async --vllm-engines 4 --is-correction --dry-run
-  .venv-vllm-cpu/bin/python apps/train --backend openrlhf --device cpu --recipe recipes/calculator.py \\
-      --pretrain runs/demo/final --algo grpo --samples-per-prompt 4 --rollout-batch-size 4 \\
-      --train-batch-size 16 --micro-train-batch-size 4 --lr 1e-5 -- --train.max_samples 8
+  .venv-vllm-cpu/bin/python apps/train --backend openrlhf --device cpu --recipe agent_demo.recipe \\
+      --pretrain runs/sft/final --algo grpo --samples-per-prompt 4 --rollout-batch-size 8 \\
+      --train-batch-size 32 --micro-train-batch-size 8 --lr 1e-4 -- --data.max_samples 24
   uv run apps/train data --input prompts.jsonl --label-key solution --output runs/data/train.jsonl
 """
 

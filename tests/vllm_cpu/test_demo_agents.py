@@ -78,12 +78,17 @@ def start_engines(loop: LoopThread, model_dir: Path, recipe: Recipe) -> Engines:
     return Engines(vllm, HFEngine.from_pretrained(model_dir, device="cpu", dtype="float32", context_length=context))
 
 
-@pytest.fixture(scope="module")
-def calculator(loop: LoopThread, calculator_sft_model: Path) -> Iterator[Engines]:
-    engines = start_engines(loop, calculator_sft_model, CALCULATOR)
+def engines_while_used(loop: LoopThread, model_dir: Path, recipe: Recipe) -> Iterator[Engines]:
+    """A module fixture's body: both engines on `model_dir`, closed once the module is done with them."""
+    engines = start_engines(loop, model_dir, recipe)
     yield engines
     for engine in engines:
         loop.run(engine.close())
+
+
+@pytest.fixture(scope="module")
+def calculator(loop: LoopThread, calculator_sft_model: Path) -> Iterator[Engines]:
+    yield from engines_while_used(loop, calculator_sft_model, CALCULATOR)
 
 
 def held_out(recipe: Recipe, count: int) -> list[dict[str, Any]]:
@@ -212,10 +217,7 @@ def test_calculator_through_openrlhfs_actor_on_vllm_equals_hf(
 
 @pytest.fixture(scope="module")
 def compaction(loop: LoopThread, compaction_sft_model: Path) -> Iterator[Engines]:
-    engines = start_engines(loop, compaction_sft_model, COMPACTION)
-    yield engines
-    for engine in engines:
-        loop.run(engine.close())
+    yield from engines_while_used(loop, compaction_sft_model, COMPACTION)
 
 
 def test_compaction_episodes_on_vllm_compact_and_equal_hf(loop: LoopThread, compaction: Engines) -> None:

@@ -275,20 +275,17 @@ def plan_launch(config: LaunchConfig, recipe: Recipe) -> LaunchPlan:
         args += ["--rollout.max_new_tokens", str(config.max_new_tokens)]
     if eval_dataset is not None:
         args += ["--eval.dataset", str(eval_dataset), "--eval.steps", "10"]
-    if config.device == "cpu":  # no sleep modes (vLLM's CPU backend refuses them); the weights sync over gloo
-        args += ["--vllm.sync_backend", "gloo"]
-        args += (
-            ["--train.colocate_all"]
-            if config.mode == "hybrid"
-            else ["--train.async_enable", "--train.colocate_actor_ref"]
-        )
-    elif config.mode == "hybrid":
-        args += ["--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep"]
-        args += ["--vllm.gpu_memory_utilization", str(config.vllm_gpu_memory_utilization or 0.6)]
+    if config.mode == "hybrid":
+        args += ["--train.colocate_all"]
+        if config.device == "gpu":  # vLLM's CPU backend refuses sleep mode, and has no GPU memory to share
+            args += ["--vllm.enable_sleep", "--ds.enable_sleep"]
+            args += ["--vllm.gpu_memory_utilization", str(config.vllm_gpu_memory_utilization or 0.6)]
     else:
         args += ["--train.async_enable", "--train.colocate_actor_ref"]
         if config.vllm_gpu_memory_utilization is not None:
             args += ["--vllm.gpu_memory_utilization", str(config.vllm_gpu_memory_utilization)]
+    if config.device == "cpu":  # not nccl: OpenRLHF then broadcasts over its sync group (gloo, bridged), not CUDA IPC
+        args += ["--vllm.sync_backend", "gloo"]
     args += list(config.extra_args)
     if not flash_attn_installed() and (calls := needs_flash_attn(args)):
         raise LaunchError(f"{', '.join(calls)} needs flash-attn, which is not installed here: {INSTALL_HINT}")

@@ -52,7 +52,10 @@ def main() -> None:
 
 
 def _flag(argv: list[str], name: str, default: int) -> int:
-    return int(argv[argv.index(name) + 1]) if name in argv else default
+    """The value of `name` in `argv` as OpenRLHF's parser reads it: the last one given (the launcher appends a
+    user's overrides after its own flags)."""
+    values = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == name]
+    return int(values[-1]) if values else default
 
 
 def start_ray_on_cpu(argv: list[str]) -> None:

@@ -68,8 +68,9 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as installed_version
 from typing import Any, Final
 
-from agent_train import openrlhf_checks
+from agent_train import openrlhf_checks, openrlhf_cpu
 from agent_train.errors import TrainError
+from agent_train.openrlhf_flash_attn import load_ring_attn_utils
 from agent_train.sample import RolloutSample
 
 __all__ = [
@@ -203,9 +204,6 @@ def installed() -> bool:
 def install() -> None:
     """Check the pins and patch OpenRLHF in this process (idempotent). With ``AGENT_OPENRLHF_DEVICE=cpu`` it
     applies the CPU bridges too (`openrlhf_cpu`)."""
-    from agent_train import openrlhf_cpu
-    from agent_train.openrlhf_flash_attn import load_ring_attn_utils
-
     if _ORIGINAL:
         return
     load_ring_attn_utils()  # OpenRLHF imports flash-attn at import time; without it, only its callers fail
@@ -240,8 +238,6 @@ def uninstall() -> None:
 
 def setup_worker() -> None:
     """Ray's `worker_process_setup_hook`: install the extension in the worker before any actor code runs."""
-    from agent_train import openrlhf_checks
-
     install()
     openrlhf_checks.worker_started()
 

@@ -91,17 +91,12 @@ class CpuWorkerExtension:
     def _agent_load_pending(self) -> None:
         weights, self._agent_pending = self._agent_pending, []
         model = self.model_runner.get_model()
-        before = openrlhf_checks.model_digest(model)
-        target = model_target_dtype(self.model_config)
+        before = openrlhf_checks.model_digest(model) if openrlhf_checks.enabled() else ""
+        dtype = self.model_config.dtype  # the dtype vLLM holds the model in
         self.model_runner.reload_weights(
-            weights_iterator=iter([(name, w.to(target)) for name, w in weights]), is_checkpoint_format=True
+            weights_iterator=iter([(name, w.to(dtype)) for name, w in weights]), is_checkpoint_format=True
         )
         openrlhf_checks.weights_loaded(model, weights, before)
 
     def update_weight_cuda_ipc(self, *args: Any, **kwargs: Any) -> None:
         raise RuntimeError("--device cpu has no CUDA IPC: the actor must sync over the gloo group")
-
-
-def model_target_dtype(model_config: Any) -> Any:
-    """The dtype vLLM holds the model in."""
-    return model_config.dtype
