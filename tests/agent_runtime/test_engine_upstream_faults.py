@@ -165,16 +165,18 @@ FAULTS: dict[str, Fault] = {
     "truncated_body": Fault(_truncated, "engine_error", r"after 2 attempt.*(RemoteProtocolError|ReadError)"),
     "trickled_body": Fault(_trickling, "engine_timeout", r"within the 1\.0 s deadline"),
     "no_choices": Fault(_raw(b'{"choices": []}'), BAD_OUTPUT, "no choices"),
-    "choice_not_an_object": Fault(_raw(b'{"choices": [7]}'), BAD_OUTPUT, "no choices"),
-    "answer_is_a_list": Fault(_raw(b"[1, 2, 3]"), BAD_OUTPUT, "no choices"),
+    "choice_not_an_object": Fault(_raw(b'{"choices": [7]}'), BAD_OUTPUT, r"not a completion.*\$\.choices\[0\]"),
+    "answer_is_a_list": Fault(_raw(b"[1, 2, 3]"), BAD_OUTPUT, "not a completion"),
     "no_token_ids": Fault(_no_token_ids, BAD_OUTPUT, "must support `return_token_ids`"),
-    "ids_not_a_list": Fault(_rewrite(_set("token_ids", lambda c: "1 2 3")), BAD_OUTPUT, "token ids"),
+    "ids_not_a_list": Fault(_rewrite(_set("token_ids", lambda c: "1 2 3")), BAD_OUTPUT, r"choices\[0\]\.token_ids`"),
     "ids_as_floats": Fault(
         _rewrite(_set("token_ids", lambda c: [float(i) for i in c["token_ids"]])), BAD_OUTPUT, r"id 0 is .*float"
     ),
     "ids_as_bools": Fault(_rewrite(_set("token_ids", lambda c: [True] * 3)), BAD_OUTPUT, r"id 0 is .*bool"),
     "ids_as_strings": Fault(
-        _rewrite(_set("token_ids", lambda c: [str(i) for i in c["token_ids"]])), BAD_OUTPUT, r"id 0 is .*str"
+        _rewrite(_set("token_ids", lambda c: [str(i) for i in c["token_ids"]])),
+        BAD_OUTPUT,
+        r"got `str` - at .*token_ids\[0\]",
     ),
     "id_out_of_vocabulary": Fault(
         _rewrite(_set("token_ids", lambda c: [*c["token_ids"][:-1], VOCAB])),
@@ -192,10 +194,13 @@ FAULTS: dict[str, Fault] = {
     "too_many_ids": Fault(
         _rewrite(_set("token_ids", lambda c: c["token_ids"] * 400)), BAD_OUTPUT, r"\d+ ids for max_tokens=32"
     ),
-    "nan_logprob": Fault(_rewrite(_logprobs(lambda lp: [math.nan] * len(lp))), BAD_OUTPUT, "not finite"),
-    "infinite_logprob": Fault(_rewrite(_logprobs(lambda lp: [-math.inf, *lp[1:]])), BAD_OUTPUT, "not finite"),
+    # Python's json writes NaN and -Infinity, which are not JSON
+    "nan_logprob": Fault(_rewrite(_logprobs(lambda lp: [math.nan] * len(lp))), BAD_OUTPUT, "not JSON"),
+    "infinite_logprob": Fault(_rewrite(_logprobs(lambda lp: [-math.inf, *lp[1:]])), BAD_OUTPUT, "not JSON"),
     "positive_logprob": Fault(_rewrite(_logprobs(lambda lp: [3.0, *lp[1:]])), BAD_OUTPUT, "above 0"),
-    "logprob_as_string": Fault(_rewrite(_logprobs(lambda lp: ["-0.5", *lp[1:]])), BAD_OUTPUT, "logprob 0 is"),
+    "logprob_as_string": Fault(
+        _rewrite(_logprobs(lambda lp: ["-0.5", *lp[1:]])), BAD_OUTPUT, r"got `str` - at .*token_logprobs\[0\]"
+    ),
     "logprobs_too_short": Fault(_rewrite(_logprobs(lambda lp: lp[:-1])), BAD_OUTPUT, r"logprobs for \d+ ids"),
     "logprobs_too_long": Fault(_rewrite(_logprobs(lambda lp: [*lp, -1.0])), BAD_OUTPUT, r"logprobs for \d+ ids"),
     "logprobs_not_an_object": Fault(_rewrite(_set("logprobs", lambda c: [-0.5])), BAD_OUTPUT, "logprobs"),

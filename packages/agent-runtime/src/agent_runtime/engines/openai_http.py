@@ -23,6 +23,9 @@ never trips, so `deadline_s` bounds the whole call (every attempt, every backoff
 `EngineTimeout` when it passes. What comes back passes `validate_generation` (plain int ids inside the
 tokenizer's vocabulary, at most `max_tokens` of them, finite logprobs one per id, a known finish reason); a body
 that is not JSON, has no usable choice or fails those checks raises `EngineBadOutput` at once, without retrying.
+Nor is its size: `max_response_bytes` caps the decoded body (a gzip bomb stops inflating there), and the JSON's
+values are counted against a budget set by the request before anything is decoded, off the event loop
+(`_upstream_answer.py`), so a few kilobytes on the wire can neither fill this process's memory nor stall its loop.
 
 Images: `/v1/completions` takes no images with a token prompt (vLLM 0.29's `CompletionRequest` has `prompt`
 and `prompt_embeds`, no multimodal field), and `/v1/chat/completions` takes messages, not token ids. vLLM 0.29's
@@ -62,6 +65,7 @@ import structlog
 
 from agent_protocol import Tokenizer, load_tokenizer
 from agent_protocol.images import collapse_image_pads, read_image
+from agent_runtime.engines._upstream_answer import ACCEPT_ENCODING, AnswerBody, AnswerLimits, decode_answer, read_body
 from agent_runtime.engines.base import (
     Generation,
     LLMEngine,
@@ -77,7 +81,6 @@ __all__ = ["OpenAIEngine"]
 logger = structlog.get_logger(__name__)
 
 _RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-_TOKEN_ID_KEYS = ("token_ids", "output_token_ids", "output_ids")
 _GENERATE_PATH: Final = "/inference/v1/generate"  # vLLM's token-in-token-out endpoint, at the server's root
 _IMAGE_TYPES: Final = (
     (b"\x89PNG", "image/png"),
@@ -89,6 +92,7 @@ _IMAGE_TYPES: Final = (
 
 
 DEFAULT_MAX_RESPONSE_BYTES: Final = 64 * 1024 * 1024
+_ERROR_BODY_BYTES: Final = 64 * 1024  # an error answer is read this far, for its message
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +112,9 @@ class OpenAIEngine(LLMEngine):
     `<|im_end|>` and `<|endoftext|>`; they are sent with every request. `deadline_s` (None: none) bounds one
     `generate` call end to end; its default matches `AgentRuntime`'s `engine_timeout_s`, because a completion
     that is not streamed sends nothing until it is done, so the deadline must outlast the longest honest
-    generation. `timeout_s` bounds each read. `max_response_bytes` caps one answer's body (default 64 MiB, far
-    above a 32k-token completion with logprobs); a server that sends more is `EngineBadOutput`, read no further.
+    generation. `timeout_s` bounds each read. `max_response_bytes` caps one answer's body once decoded (default
+    64 MiB, far above a 32k-token completion with logprobs); a server that sends more, compressed or not, is
+    `EngineBadOutput`, read no further.
     `accepts_images` (default: the tokenizer has an image grid) sends image prompts to `generate_url` (default:
     vLLM's `/inference/v1/generate` at the root of `base_url`), their pads collapsed on `image_pad_id` (default:
     the tokenizer's `<|image_pad|>`).
@@ -242,10 +247,13 @@ class OpenAIEngine(LLMEngine):
         else:
             body = self.request_body(prompt_ids, sampling, budget)
             url = f"{self.base_url}/completions"
+        limits = AnswerLimits.for_request(
+            prompt_tokens=len(prompt_ids), max_new_tokens=budget, max_bytes=self.max_response_bytes
+        )
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.deadline_s) as deadline:
-                payload = await self._post(url, body)
+                content = await self._post(url, body, limits)
         except TimeoutError as e:
             if not deadline.expired():
                 raise  # not ours: let it through as it came
@@ -254,7 +262,7 @@ class OpenAIEngine(LLMEngine):
                 f"openai: {url} gave no complete answer within the {self.deadline_s} s deadline "
                 f"({time.perf_counter() - started:.1f} s, retries included)"
             ) from e
-        return self._parse(payload, sampling, budget)
+        return await asyncio.to_thread(self._parse, content, limits, url, sampling, budget)  # megabytes, maybe
 
     async def close(self) -> None:
         self._closed = True
@@ -263,13 +271,13 @@ class OpenAIEngine(LLMEngine):
 
     # -- HTTP ----------------------------------------------------------------------------------------------
 
-    async def _post(self, url: str, body: Mapping[str, Any]) -> Any:
+    async def _post(self, url: str, body: Mapping[str, Any], limits: AnswerLimits) -> AnswerBody:
         log = logger.bind(url=url)
         for attempt in itertools.count():
             started = time.perf_counter()
-            payload, failure = await self._attempt(url, body)
-            if failure is None:
-                return payload
+            failure = await self._attempt(url, body, limits)
+            if isinstance(failure, AnswerBody):
+                return failure
             if attempt >= self.max_retries:
                 log.warning("openai_request_failed", attempts=attempt + 1, reason=failure.reason)
                 kind = EngineUnavailable if failure.unreachable else EngineError
@@ -285,49 +293,27 @@ class OpenAIEngine(LLMEngine):
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover - itertools.count() never ends
 
-    async def _attempt(self, url: str, body: Mapping[str, Any]) -> tuple[Any, _Failure | None]:
-        """One POST: the decoded answer, or a failure worth retrying. Raises for a failure that is not."""
+    async def _attempt(self, url: str, body: Mapping[str, Any], limits: AnswerLimits) -> AnswerBody | _Failure:
+        """One POST: the answer's decoded body, or a failure worth retrying. Raises for a failure that is not."""
+        headers = {"Accept-Encoding": ACCEPT_ENCODING}  # only the codings `read_body` inflates under its cap
         try:
-            async with self._client.stream("POST", url, json=body) as response:
-                content = await self._read_capped(response, url)
+            async with self._client.stream("POST", url, json=body, headers=headers) as response:
+                error = response.status_code >= 400
+                limit = min(limits.max_bytes, _ERROR_BODY_BYTES) if error else limits.max_bytes
+                content = await read_body(response, url, limit=limit, truncate=error)
         except httpx.TimeoutException as e:
-            return None, _Failure(f"timed out ({type(e).__name__})", isinstance(e, httpx.ConnectTimeout), error=e)
+            return _Failure(f"timed out ({type(e).__name__})", isinstance(e, httpx.ConnectTimeout), error=e)
         except httpx.TransportError as e:
-            return None, _Failure(f"{type(e).__name__}: {e}", isinstance(e, httpx.ConnectError), error=e)
-        if response.status_code < 400:
-            try:
-                return json.loads(content), None
-            except (ValueError, RecursionError) as e:  # RecursionError: nesting deeper than the parser goes
-                raise EngineBadOutput(
-                    f"openai: {url} answered {response.status_code} with a body that is not JSON it can read "
-                    f"({type(e).__name__}: {str(e)[:120]})"
-                ) from e
-        message = _error_message(response, content)
+            return _Failure(f"{type(e).__name__}: {e}", isinstance(e, httpx.ConnectError), error=e)
+        if not error:
+            return content
+        with content:
+            message = _error_message(response, content.tobytes())
         if response.status_code not in _RETRY_STATUS:
             logger.warning("openai_request_rejected", url=url, status=response.status_code, message=message)
             raise EngineError(f"openai: {url} rejected the request ({response.status_code}): {message}")
         reason = f"HTTP {response.status_code}: {message}"
-        return None, _Failure(reason, response.status_code == 503, retry_after=_retry_after_s(response))
-
-    async def _read_capped(self, response: httpx.Response, url: str) -> bytes:
-        """The body, refusing one past `max_response_bytes` as soon as it gets there: a hostile or broken
-        server cannot fill this process's memory."""
-        declared = response.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_response_bytes:
-            raise EngineBadOutput(
-                f"openai: {url} announced a {int(declared):,}-byte answer, over max_response_bytes "
-                f"({self.max_response_bytes:,})"
-            )
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in response.aiter_bytes():
-            size += len(chunk)
-            if size > self.max_response_bytes:
-                raise EngineBadOutput(
-                    f"openai: {url} sent more than max_response_bytes ({self.max_response_bytes:,}); stopped reading"
-                )
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return _Failure(reason, response.status_code == 503, retry_after=_retry_after_s(response))
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         delay = min(self.backoff_max_s, self.backoff_s * 2.0**attempt)
@@ -336,12 +322,16 @@ class OpenAIEngine(LLMEngine):
             delay = max(delay, min(retry_after, self.backoff_max_s))
         return delay
 
-    def _parse(self, payload: Any, sampling: SamplingParams, max_tokens: int) -> Generation:
-        choices = payload.get("choices") if isinstance(payload, dict) else None
-        choice = choices[0] if isinstance(choices, list) and choices else None
-        if not isinstance(choice, dict):
-            raise EngineBadOutput(f"openai: the response has no choices: {str(payload)[:200]}")
-        ids = next((choice[k] for k in _TOKEN_ID_KEYS if isinstance(choice.get(k), list)), None)
+    def _parse(
+        self, content: AnswerBody, limits: AnswerLimits, url: str, sampling: SamplingParams, max_tokens: int
+    ) -> Generation:
+        """The answer's first choice as a checked `Generation` (in a worker thread: the body may be megabytes)."""
+        with content:
+            answer = decode_answer(content, limits, url)
+            if not answer.choices:
+                raise EngineBadOutput(f"openai: the response has no choices: {content.tobytes()[:200]!r}")
+        choice = answer.choices[0]
+        ids = choice.ids
         if ids is None:
             raise EngineBadOutput(
                 "openai: the server returned no token ids; it must support `return_token_ids` "
@@ -349,10 +339,7 @@ class OpenAIEngine(LLMEngine):
             )
         logprobs: object = None
         if sampling.logprobs:
-            block = choice.get("logprobs")
-            if block is not None and not isinstance(block, dict):
-                raise EngineBadOutput(f"openai: the logprobs are a {type(block).__name__}, not an object")
-            logprobs = None if block is None else block.get("token_logprobs", _content_logprobs(block))
+            logprobs = choice.logprob_values
             if logprobs is None:  # a server that gives none is allowed; training then has no rollout logprobs
                 logger.warning("openai_logprobs_missing", ids=len(ids))
         return validate_generation(
@@ -360,19 +347,10 @@ class OpenAIEngine(LLMEngine):
             self.tokenizer,
             ids=ids,
             logprobs=logprobs,
-            finish_reason=choice.get("finish_reason"),
+            finish_reason=choice.finish_reason,
             max_tokens=max_tokens,
             vocab_size=self.vocab_size,
         )
-
-
-def _content_logprobs(block: dict[str, Any]) -> object:
-    """The chat-style logprobs of vLLM's `/inference/v1/generate` (`content[i].logprob`), as a list, or the block
-    unchanged when it is not that shape (then `validate_generation` names what is wrong)."""
-    content = block.get("content")
-    if not isinstance(content, list) or not all(isinstance(step, dict) for step in content):
-        return content
-    return [step.get("logprob") for step in content]
 
 
 def _as_data_url(url: str, index: int) -> str:
