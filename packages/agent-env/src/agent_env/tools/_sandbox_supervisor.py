@@ -37,7 +37,9 @@ import json
 import os
 import re
 import resource
+import select
 import signal
+import stat
 import struct
 import sys
 import time
@@ -45,6 +47,9 @@ from typing import Any, Final, NoReturn
 
 SNIPPET_UID: Final = 1000  # the snippet's uid inside its namespace when the tool runs as root
 SETUP_FAILED: Final = 125  # exit code (and stderr prefix "sandbox setup failed:") when a layer breaks midway
+QUOTA_EXCEEDED: Final = 126  # exit code (and QUOTA_MESSAGE on stderr) when the fallback's watch stopped the snippet
+QUOTA_MESSAGE: Final = "sandbox: the work dir passed its disk quota"
+QUOTA_CHECK_S: Final = 0.01  # without namespaces: how often (at least) the work dir's size is looked at
 KILLED: Final = signal.SIGKILL  # a wait status: killed by SIGKILL
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -55,6 +60,7 @@ PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 # Landlock (linux/landlock.h)
 LL_CREATE, LL_ADD_RULE, LL_RESTRICT = 444, 445, 446
 LL_WRITE_FILE, LL_TRUNCATE, LL_REFER = 1 << 1, 1 << 14, 1 << 13
+LL_READS: Final = (1 << 2) | (1 << 3)  # READ_FILE | READ_DIR
 LL_MAKE_CHAR, LL_MAKE_BLOCK = 1 << 6, 1 << 11
 LL_WRITES: Final = LL_WRITE_FILE | sum(1 << bit for bit in (4, 5, 6, 7, 8, 9, 10, 11, 12))  # remove/make *
 
@@ -69,11 +75,11 @@ def _checked(result: int, what: str) -> int:
     return result
 
 
-def _mount(source: str | None, target: str, fstype: str | None, flags: int) -> None:
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     def encode(text: str | None) -> bytes | None:
         return None if text is None else os.fsencode(text)
 
-    result = libc.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), None)
+    result = libc.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), encode(data))
     _checked(result, f"mount {target}")
 
 
@@ -108,12 +114,17 @@ def _flags_at(path: str, mounts: list[tuple[str, int]]) -> int:
     return dict(mounts)[best]
 
 
-def make_read_only(workdir: str) -> None:
-    """In a fresh mount namespace: everything read-only, nosuid, nodev, except the work dir and a few devices."""
+def make_read_only(workdir: str, disk: int, inodes: int) -> None:
+    """In a fresh mount namespace: everything read-only, nosuid, nodev, except the work dir and a few devices.
+
+    The work dir is a fresh tmpfs of `disk` bytes and `inodes` inodes mounted over the host's (empty) one:
+    what the snippet writes never reaches the host's disk and vanishes with the namespace, and the work dirs
+    of other calls, each on its own tmpfs in its own namespace, are not there to be seen.
+    """
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     mounts = _mounts()
-    _mount(workdir, workdir, None, MS_BIND)
-    _mount(None, workdir, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV | _flags_at(workdir, mounts))
+    options = f"size={disk},nr_inodes={inodes},mode=0700"
+    _mount("agent-env-python", workdir, "tmpfs", MS_NOSUID | MS_NODEV | _flags_at(workdir, mounts), options)
     for point, kept in mounts:
         skipped = point == workdir or point.startswith(workdir + "/") or point == "/proc" or point.startswith("/proc/")
         if not skipped and os.path.exists(point):
@@ -134,9 +145,30 @@ def landlock_abi() -> int:
     return max(0, int(libc.syscall(ctypes.c_long(LL_CREATE), None, ctypes.c_size_t(0), ctypes.c_uint32(1))))
 
 
-def apply_landlock(abi: int, workdir: str, network: bool) -> None:
-    """Writes only beneath `workdir` (and to /dev/null); TCP off unless `network`; signals scoped (ABI 6)."""
+def readable_around(workdir: str) -> list[str]:
+    """Every path beside the way from / down to `workdir`'s parent (symlinks skipped: their targets are there too).
+
+    Granting reads on these, and on `workdir` itself, grants them everywhere except in `workdir`'s siblings
+    (other calls' work dirs) and in the directories on the way, which can be walked but not listed.
+    """
+    found = []
+    parts = workdir.strip("/").split("/")
+    for depth, part in enumerate(parts[:-1]):
+        parent = "/" + "/".join(parts[:depth])
+        with contextlib.suppress(OSError), os.scandir(parent) as entries:
+            found += [e.path for e in entries if e.name != part and not e.is_symlink()]
+    return found
+
+
+def apply_landlock(abi: int, workdir: str, network: bool, *, hide_siblings: bool = False) -> None:
+    """Writes only beneath `workdir` (and to /dev/null); TCP off unless `network`; signals scoped (ABI 6).
+
+    `hide_siblings` (the fallback without namespaces, where other calls' work dirs are on the same disk and
+    the same uid): reads too are refused in `workdir`'s siblings and in the directories above it (see
+    `readable_around`); the interpreter's own directories stay readable wherever they are.
+    """
     handled = LL_WRITES | (LL_REFER if abi >= 2 else 0) | (LL_TRUNCATE if abi >= 3 else 0)
+    handled |= LL_READS if hide_siblings else 0
     net = 0b11 if abi >= 4 and not network else 0  # BIND_TCP | CONNECT_TCP
     scoped = 0b11 if abi >= 6 else 0  # ABSTRACT_UNIX_SOCKET | SIGNAL
     attr = struct.pack("=QQQ", handled, net, scoped)[: 8 if abi < 4 else 16 if abi < 6 else 24]
@@ -144,6 +176,11 @@ def apply_landlock(abi: int, workdir: str, network: bool) -> None:
     ruleset = _checked(libc.syscall(ctypes.c_long(LL_CREATE), buffer, ctypes.c_size_t(len(attr)), 0), "landlock")
     rules = [(workdir, handled & ~(LL_MAKE_CHAR | LL_MAKE_BLOCK))]
     rules.append(("/dev/null", handled & (LL_WRITE_FILE | LL_TRUNCATE)))
+    if hide_siblings:
+        own = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.abspath(__file__)), *sys.path[1:]}
+        for path in sorted(own) + readable_around(workdir):
+            if os.path.exists(path):  # a file takes READ_FILE alone (READ_DIR there is EINVAL)
+                rules.append((path, LL_READS if os.path.isdir(path) else LL_READS & ~(1 << 3)))
     for path, allowed in rules:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         rule = ctypes.create_string_buffer(struct.pack("=Qi", allowed, fd), 12)
@@ -181,6 +218,9 @@ def start_snippet(cfg: dict[str, Any], namespaces: bool, landlock: int) -> NoRet
             # a uid other than 0 inside this second user namespace: its mounts come locked read-only
             enter_user_namespace(os.CLONE_NEWNS, inside=SNIPPET_UID if os.geteuid() == 0 else None)
             _mount(None, "/proc", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            # counted in this fresh user namespace: the snippet's own tree, beside the supervisor and init (the
+            # fallback where there is no pids cgroup; a tool running as root is exempt, as root is everywhere)
+            _cap(resource.RLIMIT_NPROC, cfg["processes"] - 2, cfg["processes"] - 2)
         os.setpgid(0, 0)
         _cap(resource.RLIMIT_CPU, cfg["cpu"], cfg["cpu"] + 1)  # SIGXCPU at the soft limit, SIGKILL a second later
         _cap(resource.RLIMIT_AS, cfg["memory"], cfg["memory"])
@@ -189,7 +229,7 @@ def start_snippet(cfg: dict[str, Any], namespaces: bool, landlock: int) -> NoRet
         if sys.platform.startswith("linux"):
             _prctl(PR_SET_NO_NEW_PRIVS, 1)
             if landlock:
-                apply_landlock(landlock, cfg["workdir"], cfg["network"])
+                apply_landlock(landlock, cfg["workdir"], cfg["network"], hide_siblings=not namespaces)
             drop_capabilities()
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_runner.py")
         spec = importlib.util.spec_from_file_location("_sandbox_runner", path)
@@ -314,6 +354,85 @@ def run_in_namespaces(cfg: dict[str, Any], landlock: int) -> None:
     _mirror(int(report))
 
 
+def _count(fd: int, totals: list[int]) -> list[str]:
+    """Add the directory `fd`'s entries to totals ([bytes allocated, entries]); return its subdirectories."""
+    subdirectories = []
+    with contextlib.suppress(OSError), os.scandir(fd) as listing:
+        for entry in listing:
+            totals[1] += 1
+            with contextlib.suppress(OSError):
+                info = entry.stat(follow_symlinks=False)
+                totals[0] += info.st_blocks * 512
+                if stat.S_ISDIR(info.st_mode):
+                    subdirectories.append(entry.name)
+    return subdirectories
+
+
+def usage(workdir: str) -> tuple[int, int]:
+    """(bytes allocated, entries) beneath `workdir`, walked by directory fd (no recursion, no long paths).
+
+    Down by ``openat(name)``, up by ``openat("..")``, one directory open at a time; a directory the snippet
+    made unreadable is set back to 0700 to be counted (it is the call's own tree).
+    """
+    totals = [0, 0]
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(workdir, flags)
+    frames = [_count(fd, totals)]  # per open level: the subdirectories still to count
+    try:
+        while frames:
+            if not frames[-1]:
+                frames.pop()
+                if frames:
+                    parent = os.open("..", flags, dir_fd=fd)
+                    os.close(fd)
+                    fd = parent
+                continue
+            child = frames[-1].pop()
+            with contextlib.suppress(OSError, NotImplementedError):
+                os.chmod(child, 0o700, dir_fd=fd, follow_symlinks=False)
+            try:
+                child_fd = os.open(child, flags, dir_fd=fd)
+            except OSError:  # gone (or swapped for a symlink) since the listing: nothing to count there
+                continue
+            os.close(fd)
+            fd = child_fd
+            frames.append(_count(fd, totals))
+    finally:
+        os.close(fd)
+    return totals[0], totals[1]
+
+
+def _wait_within_quota(snippet: int, cfg: dict[str, Any]) -> int | None:
+    """Reap children until the snippet ends (its wait status); None when the work dir passed its quota first.
+
+    The work dir's size is looked at every `QUOTA_CHECK_S`, or twice as long as the last look took (a big tree
+    takes longer to walk; the watch then uses at most a third of a CPU): a snippet can write for that long past
+    the quota, and no more. This is a watch, not a kernel cap: a tmpfs (the namespace sandbox) is the cap.
+    """
+    pidfd = os.pidfd_open(snippet) if hasattr(os, "pidfd_open") else None
+    pause = QUOTA_CHECK_S
+    try:
+        while True:
+            if pidfd is not None:
+                select.select([pidfd], [], [], pause)
+            else:
+                time.sleep(pause / 5)
+            while True:  # the snippet is not reaped yet, so there is always a child to wait for
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if pid == snippet:
+                    return status
+                if pid == 0:
+                    break
+            started = time.monotonic()
+            allocated, entries = usage(cfg["workdir"])
+            if allocated > cfg["disk"] or entries > cfg["inodes"]:
+                return None
+            pause = max(QUOTA_CHECK_S, 2 * (time.monotonic() - started))
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
 def run_with_subreaper(cfg: dict[str, Any], landlock: int) -> None:
     with contextlib.suppress(OSError, AttributeError):
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
@@ -322,27 +441,59 @@ def run_with_subreaper(cfg: dict[str, Any], landlock: int) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         start_snippet(cfg, False, landlock)
     _on_stop(lambda: _kill_once(snippet))  # the loop below then reaps the snippet and kills the rest
-    while True:
-        pid, status = os.waitpid(-1, 0)
-        if pid == snippet:
-            break
+    status = _wait_within_quota(snippet, cfg)
+    if status is None:
+        _kill_once(snippet)
+        _, status = os.waitpid(snippet, 0)
+        kill_tree(snippet)
+        os.write(2, f"{QUOTA_MESSAGE}\n".encode())
+        os._exit(QUOTA_EXCEEDED)
     kill_tree(snippet)
     _mirror(status)
 
 
+def join_cgroups(procs_files: list[str]) -> None:
+    """Move this process into the call's cgroups (their ``cgroup.procs``): everything it forks is counted."""
+    for path in procs_files:
+        with open(path, "w") as f:
+            f.write(str(os.getpid()))
+
+
+def write_snippet(code: bytes) -> None:
+    """The snippet's source, into the current directory (the work dir) as snippet.py."""
+    fd = os.open("snippet.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    with open(fd, "wb") as f:
+        f.write(code)
+
+
 def main() -> None:
-    """argv[1]: the config (JSON): workdir, cpu, memory, fsize, network, namespaces, landlock, audit_hooks."""
+    """argv[1]: the config (JSON): workdir, cpu, memory, fsize, disk, inodes, processes, cgroups, network,
+    namespaces, landlock, audit_hooks. stdin: the snippet's source (the snippet itself reads /dev/null)."""
     cfg = json.loads(sys.argv[1])
+    try:
+        join_cgroups(cfg["cgroups"])  # first, before anything is forked
+        code = sys.stdin.buffer.read()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.chdir(cfg["workdir"])
+    except OSError as error:
+        _setup_failed(error)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     landlock = 0
     if cfg["landlock"]:
         with contextlib.suppress(OSError, AttributeError):
             landlock = landlock_abi()
     if not cfg["namespaces"]:
+        try:
+            write_snippet(code)  # on the host's disk, watched by `run_with_subreaper`
+        except OSError as error:
+            _setup_failed(error)
         run_with_subreaper(cfg, landlock)
     try:
         enter_user_namespace(os.CLONE_NEWNS | os.CLONE_NEWPID | (0 if cfg["network"] else os.CLONE_NEWNET))
-        make_read_only(cfg["workdir"])
+        make_read_only(cfg["workdir"], cfg["disk"], cfg["inodes"])
+        write_snippet(code)  # on the call's own tmpfs
     except (AttributeError, OSError) as error:  # never run a snippet on half-built namespaces
         _setup_failed(error)
     run_in_namespaces(cfg, landlock)

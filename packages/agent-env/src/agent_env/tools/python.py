@@ -55,7 +55,6 @@ import contextlib
 import functools
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -70,6 +69,8 @@ import structlog
 from agent_env.errors import ToolError
 from agent_env.schema import convert_arguments, struct_schema
 from agent_env.tool import EventLoopMode, ToolBase, ToolContext
+from agent_env.tools._sandbox_cgroup import CallCgroup, CgroupPlaces, find_cgroups
+from agent_env.tools._sandbox_cleanup import remove_tree
 
 __all__ = ["PythonTool", "PythonToolArguments", "SandboxSupport", "default_max_concurrent", "sandbox_support"]
 
@@ -78,6 +79,9 @@ logger = structlog.get_logger(__name__)
 _HERE: Final = Path(__file__).resolve().parent
 _SUPERVISOR: Final = str(_HERE / "_sandbox_supervisor.py")
 _SETUP_FAILED: Final = 125  # the supervisor's exit code when a sandbox layer could not be built
+_QUOTA_EXCEEDED: Final = 126  # the supervisor's exit code when its watch (no namespaces) stopped the snippet
+_FULL_DISK: Final = ("[Errno 28]", "[Errno 27]", "[Errno 122]")  # ENOSPC, EFBIG, EDQUOT in a traceback's last line
+_NO_PROCESS: Final = "[Errno 11]"  # EAGAIN from fork: the process cap
 Isolation = Literal["auto", "namespaces", "landlock"]
 
 
@@ -87,6 +91,8 @@ class SandboxSupport(msgspec.Struct, frozen=True, kw_only=True):
     namespaces: bool
     landlock: bool
     reason: str = ""
+    cgroup: str = ""  # e.g. "cgroup v1 (memory, pids)": the tree-wide caps; "" when only rlimits hold
+    cgroup_reason: str = ""  # why there is no cgroup layer
 
 
 @functools.cache
@@ -97,12 +103,11 @@ def sandbox_support(python: str | None = None) -> SandboxSupport:
     namespaces = False
     if sys.platform.startswith("linux"):
         with tempfile.TemporaryDirectory(prefix="agent-env-python-probe-") as workdir:
-            Path(workdir, "snippet.py").write_text("print('ok')")
             config = _config(workdir, cpu=5, memory=1 << 30, fsize=1 << 20, network=False, namespaces=True)
-            config.update(landlock=False, audit_hooks=False)
+            config.update(disk=1 << 20, inodes=64, processes=64, cgroups=[], landlock=False, audit_hooks=False)
             try:
                 probe = subprocess.run(
-                    [python, "-I", "-B", _SUPERVISOR, json.dumps(config)],
+                    [python, "-I", "-B", _SUPERVISOR, json.dumps(config)], input="print('ok')",
                     capture_output=True, text=True, timeout=30, cwd=workdir, env=_environment(workdir),
                 )  # fmt: skip
                 namespaces = probe.returncode == 0 and probe.stdout == "ok\n"
@@ -117,7 +122,18 @@ def sandbox_support(python: str | None = None) -> SandboxSupport:
         landlock = int(abi.stdout or 0) > 0
     if not namespaces:
         logger.warning("python_sandbox_without_namespaces", reason=reason, landlock=landlock)
-    return SandboxSupport(namespaces=namespaces, landlock=landlock, reason=reason)
+    places = cgroup_places()
+    if not places.layer:
+        logger.warning("python_sandbox_without_cgroups", reason=places.reason)
+    return SandboxSupport(
+        namespaces=namespaces, landlock=landlock, reason=reason, cgroup=places.layer, cgroup_reason=places.reason
+    )
+
+
+@functools.cache
+def cgroup_places() -> CgroupPlaces:
+    """Where this process may create per-call cgroups (found once, by trying)."""
+    return find_cgroups()
 
 
 def default_max_concurrent() -> int:
@@ -154,6 +170,8 @@ class PythonTool(ToolBase):
         wall_time_s: float = 10.0,
         memory_mb: int = 1024,
         max_file_mb: int = 16,
+        disk_mb: int = 64,
+        max_processes: int = 64,
         max_stream_bytes: int = 64_000,
         allow_network: bool = False,
         python: str | None = None,
@@ -161,9 +179,12 @@ class PythonTool(ToolBase):
         max_concurrent: int | None = None,
         isolation: Isolation = "auto",
         audit_hooks: bool = True,
+        cgroups: bool = True,
     ) -> None:
-        if cpu_time_s <= 0 or wall_time_s <= 0 or memory_mb <= 0:
-            raise ValueError("cpu_time_s, wall_time_s and memory_mb must be positive")
+        if min(cpu_time_s, wall_time_s, memory_mb, max_file_mb, disk_mb) <= 0:
+            raise ValueError("cpu_time_s, wall_time_s, memory_mb, max_file_mb and disk_mb must be positive")
+        if max_processes < 4:  # the supervisor, the namespace's init and the snippet count too
+            raise ValueError(f"max_processes must be at least 4, got {max_processes}")
         if max_concurrent is not None and max_concurrent < 1:
             raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
         if isolation not in ("auto", "namespaces", "landlock"):
@@ -171,14 +192,17 @@ class PythonTool(ToolBase):
         self.name = name
         self.description = (
             "Run a Python 3 snippet in a fresh sandboxed process and return its output (stdout, stderr, exit "
-            f"code). Limits: {cpu_time_s} s CPU, {wall_time_s:g} s wall clock, {memory_mb} MB memory, no "
-            "network, files only in its own temporary directory. Nothing persists between calls."
+            f"code). Limits: {cpu_time_s} s CPU, {wall_time_s:g} s wall clock, {memory_mb} MB memory, "
+            f"{max_processes} processes, no network, files only in its own temporary directory ({disk_mb} MB). "
+            "Nothing persists between calls."
         )
         self.parameters = struct_schema(PythonToolArguments)
         self.cpu_time_s = cpu_time_s
         self.wall_time_s = wall_time_s
         self.memory_mb = memory_mb
         self.max_file_mb = max_file_mb
+        self.disk_mb = disk_mb
+        self.max_processes = max_processes
         self.max_stream_bytes = max_stream_bytes
         self.allow_network = allow_network
         self.python = python or sys.executable
@@ -186,6 +210,7 @@ class PythonTool(ToolBase):
         self.max_concurrent = max_concurrent or default_max_concurrent()
         self.isolation: Isolation = isolation
         self.audit_hooks = audit_hooks
+        self.cgroups = cgroups
         self.timeout_s = wall_time_s + 5.0  # the tool's own wall-clock kill fires first
         self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary()
@@ -200,10 +225,15 @@ class PythonTool(ToolBase):
         slots = self._slots.setdefault(loop, asyncio.Semaphore(self.max_concurrent))
         async with slots:
             workdir = tempfile.mkdtemp(prefix="agent-env-python-", dir=self.temp_root)
+            cgroup = None
             try:
-                return await self._run(arguments.code, workdir, namespaces, landlock)
+                if self.cgroups and (places := cgroup_places()).layer:
+                    cgroup = await asyncio.to_thread(
+                        CallCgroup, places, memory=(self.memory_mb + self.disk_mb) << 20, processes=self.max_processes
+                    )
+                return await self._run(arguments.code, workdir, namespaces, landlock, cgroup)
             finally:
-                await asyncio.to_thread(shutil.rmtree, workdir, True)
+                await asyncio.to_thread(_clean_up, workdir, cgroup)
 
     async def _layers(self) -> tuple[bool, bool]:
         """(namespaces, landlock) for this call, or a ToolError when the forced layer is missing."""
@@ -214,9 +244,7 @@ class PythonTool(ToolBase):
             raise ToolError("the Landlock sandbox is not available here (Linux 5.13+ with Landlock enabled)")
         return support.namespaces and self.isolation != "landlock", self.isolation != "namespaces"
 
-    async def _run(self, code: str, workdir: str, namespaces: bool, landlock: bool) -> str:
-        with open(os.path.join(workdir, "snippet.py"), "w", encoding="utf-8") as f:
-            f.write(code)
+    async def _run(self, code: str, workdir: str, namespaces: bool, landlock: bool, cgroup: CallCgroup | None) -> str:
         config = _config(
             workdir,
             cpu=self.cpu_time_s,
@@ -225,18 +253,24 @@ class PythonTool(ToolBase):
             network=self.allow_network,
             namespaces=namespaces,
         )
-        config.update(landlock=landlock, audit_hooks=self.audit_hooks)
+        disk = self.disk_mb << 20
+        config.update(
+            disk=disk, inodes=max(1024, disk // 4096), processes=self.max_processes,
+            cgroups=cgroup.procs_files if cgroup else [], landlock=landlock, audit_hooks=self.audit_hooks,
+        )  # fmt: skip
         process = await asyncio.create_subprocess_exec(
             self.python, "-I", "-B", _SUPERVISOR, json.dumps(config),
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             cwd=workdir,
             env=_environment(workdir),
             start_new_session=True,
         )  # fmt: skip
-        if process.stdout is None or process.stderr is None:  # pragma: no cover - PIPE always gives both
+        if process.stdin is None or process.stdout is None or process.stderr is None:  # pragma: no cover
             raise RuntimeError("subprocess pipes are missing")
+        process.stdin.write(code.encode("utf-8", errors="surrogateescape"))  # the supervisor reads it first
+        process.stdin.close()
         readers = (
             asyncio.ensure_future(_read_capped(process.stdout, self.max_stream_bytes)),
             asyncio.ensure_future(_read_capped(process.stderr, self.max_stream_bytes)),
@@ -277,6 +311,11 @@ class PythonTool(ToolBase):
             raise ToolError(
                 "the python sandbox could not be set up: " + stderr.strip()[len("sandbox setup failed: ") :]
             )
+        if returncode == _QUOTA_EXCEEDED and stderr.rstrip().endswith("sandbox: the work dir passed its disk quota"):
+            raise ToolError(
+                f"the snippet's files passed the disk quota of {self.disk_mb} MB and it was stopped",
+                hint="Write less: smaller files, fewer of them.",
+            )
         if returncode == -signal.SIGXCPU:
             raise ToolError(
                 f"the snippet was stopped at the CPU time limit of {self.cpu_time_s} s",
@@ -284,6 +323,19 @@ class PythonTool(ToolBase):
                 hint="Use a faster algorithm or smaller inputs.",
             )
         last_line = stderr.strip().rsplit("\n", 1)[-1]
+        if returncode not in (0, None) and "Error: [Errno " in last_line:  # an uncaught OSError ended it
+            if any(errno in last_line for errno in _FULL_DISK):
+                raise ToolError(
+                    f"the snippet ran out of its disk quota ({self.disk_mb} MB in all, {self.max_file_mb} MB a "
+                    f"file): {last_line}",
+                    hint="Write less: smaller files, fewer of them. Output before the stop:\n"
+                    + _combine(stdout, "", None)[:1000],
+                )
+            if last_line.startswith("BlockingIOError") and _NO_PROCESS in last_line:
+                raise ToolError(
+                    f"the snippet passed the cap of {self.max_processes} processes (threads count): {last_line}",
+                    hint="Start fewer processes or threads.",
+                )
         if returncode not in (0, None) and (
             last_line.startswith("MemoryError") or returncode in (-signal.SIGKILL, -signal.SIGSEGV)
         ):
@@ -292,6 +344,18 @@ class PythonTool(ToolBase):
                 hint="Use less memory: smaller data, generators instead of lists.",
             )
         return _combine(stdout, stderr, returncode)
+
+
+def _clean_up(workdir: str, cgroup: CallCgroup | None) -> None:
+    """After a call: kill what is left in its cgroups and remove them, then remove its work dir, whatever is in it."""
+    try:
+        if cgroup is not None:
+            cgroup.close()
+    finally:
+        try:
+            remove_tree(workdir)
+        except OSError as error:  # only what even the tree's owner cannot remove (a mount point, chattr +i)
+            logger.error("python_work_dir_not_removed", workdir=workdir, error=str(error))
 
 
 def _config(workdir: str, *, cpu: int, memory: int, fsize: int, network: bool, namespaces: bool) -> dict[str, Any]:
