@@ -60,6 +60,7 @@ from typing import Any, Final
 
 from agent_protocol.broken_call import broken_call
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
+from agent_protocol.control_tokens import unmarked
 from agent_protocol.errors import MessageError
 from agent_protocol.hermes_parser import split_reasoning
 from agent_protocol.json_limits import check_json_value, loads_bounded
@@ -174,7 +175,7 @@ class Glm45Protocol(ChatProtocol):
         """A user, system or tool message (`follows_tool`: the message before it is a tool result too)."""
         content = _visible(msg.content)
         if msg.role == "user":
-            nothink = NOTHINK if not self.enable_thinking and not content.endswith(NOTHINK) else ""
+            nothink = NOTHINK if not self.enable_thinking and not unmarked(content).endswith(NOTHINK) else ""
             return f"{USER}\n{content}{nothink}"
         if msg.role == "system":
             return f"{SYSTEM}\n{content}"

@@ -28,6 +28,7 @@ from agent_protocol.chatml import (
     hermes_tool_response,
     hermes_tools,
 )
+from agent_protocol.control_tokens import unmarked
 from agent_protocol.hermes_parser import parse_hermes_turn
 from agent_protocol.types import (
     Action,
@@ -137,13 +138,13 @@ def _last_query_index(msgs: list[Message], *, null_user_is_query: bool) -> int:
     for index in range(len(msgs) - 1, -1, -1):
         message = msgs[index]
         content = "" if message.content is None and null_user_is_query else message.content
-        if (
-            message.role == "user"
-            and content is not None
-            and not (content.startswith("<tool_response>") and content.endswith("</tool_response>"))
-        ):
+        if message.role == "user" and content is not None and not _is_wrapped_tool_response(unmarked(content)):
             return index
     return len(msgs) - 1
+
+
+def _is_wrapped_tool_response(content: str) -> bool:
+    return content.startswith("<tool_response>") and content.endswith("</tool_response>")
 
 
 def _split_reasoning(msg: Message) -> tuple[str, str]:
