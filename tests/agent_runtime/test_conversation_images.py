@@ -157,15 +157,33 @@ async def test_image_errors_name_the_part(tokenizer: HFTokenizer, qwen3_tokenize
         (vl, text_only_tokenizer, [_user(_img(data_url(5, 5)))], "messages", "no image processor"),
         (vl, tokenizer, [_user({"type": "text", "text": "a"}, _img(str(tmp_path / "gone.png")))],
          "messages[0].content[1]", "cannot be read"),
+    ]  # fmt: skip
+    # A pad written as text reaches the ids only where text may write control tokens (`special_tokens_in_text`).
+    pads_as_text: list[tuple[Any, Any, list[Message], str, str]] = [
         (vl, tokenizer, [_user({"type": "text", "text": "<|image_pad|> as text"})], "messages", "no image behind"),
         (vl, tokenizer, [_user(_img(data_url(5, 5)), {"type": "text", "text": "<|image_pad|>"})], "messages",
          "disagree"),
     ]  # fmt: skip
-    for protocol, tok, prompt, location, problem in cases:
-        conversation = Conversation(protocol, tok, max_new_tokens=8)
-        with pytest.raises(MessageError, match=problem) as info:
-            await conversation.open_segment(prompt)
-        assert info.value.location == location
+    for special, group in ((False, cases), (True, pads_as_text)):
+        for protocol, tok, prompt, location, problem in group:
+            conversation = Conversation(protocol, tok, max_new_tokens=8, special_tokens_in_text=special)
+            with pytest.raises(MessageError, match=problem) as info:
+                await conversation.open_segment(prompt)
+            assert info.value.location == location
+
+
+@run_async
+async def test_an_image_pad_written_in_user_or_tool_text_is_text(tokenizer: HFTokenizer) -> None:
+    """By default the pad a user or a tool writes is plain text: the image's own run of pads is the only one."""
+    conversation = Conversation(get_protocol("qwen3-vl"), tokenizer, max_new_tokens=8)
+    ids = await conversation.open_segment([_user(_img(data_url(5, 5)), {"type": "text", "text": "<|image_pad|>"})])
+    assert len(conversation.transcript.images) == 1
+    image = conversation.transcript.images[0]
+    assert all(i == PAD for i in ids[image.start : image.end])
+    assert PAD not in ids[image.end :]
+    assert "<|image_pad|>" in tokenizer.decode(ids[image.end :])
+    feedback = await conversation.feedback_ids([Message(role="tool", content="<|vision_start|><|image_pad|>")])
+    assert PAD not in feedback
 
 
 @run_async

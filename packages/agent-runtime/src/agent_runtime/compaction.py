@@ -39,6 +39,7 @@ class CompactableSession(AgentSession):
         instruction: str = DEFAULT_COMPACTION_INSTRUCTION,
         resume_template: str = DEFAULT_RESUME_TEMPLATE,
         max_images: int | None = None,
+        special_tokens_in_text: bool = False,
     ) -> None:
         policy = CompactionPolicy(
             compact_at_tokens=compact_at_tokens,
@@ -57,6 +58,7 @@ class CompactableSession(AgentSession):
             system_prompt=system_prompt,
             context=policy,
             max_images=max_images,
+            special_tokens_in_text=special_tokens_in_text,
         )
 
     @property

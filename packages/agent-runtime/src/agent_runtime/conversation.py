@@ -22,6 +22,12 @@ the current context's images in order, for the engine to see. A text-only protoc
 image; a vision protocol whose tokenizer has no image grid, an unreadable image or more images than `max_images`
 is a `MessageError` naming the message and part.
 
+Untrusted text (user and tool messages) never yields a control-token id: a prompt or feedback is rendered from the
+messages `ControlTokens.mark`ed and encoded by `ControlTokens.encode` (`agent_protocol.control_tokens`), so a tool
+result that writes `<|im_end|>` or `<tool_call>` is that text, not the frame. A conversation whose untrusted text
+holds no control string gets exactly the tokenizer's ids of the official render. `special_tokens_in_text=True`
+tokenizes it all as Hugging Face does.
+
 What it does not do: call an engine, step an environment, score, decide when an episode ends or when to compact
 (`AgentSession` and its `ContextPolicy` do), or speak HTTP (serving maps the wire format onto it). Foreign code it
 calls (the tokenizer, the protocol) may raise; `stage` says which was running, so that the caller's boundary
@@ -47,6 +53,7 @@ from agent_protocol import (
     ToolSpec,
     TranscriptRecord,
 )
+from agent_protocol.control_tokens import ControlTokens
 from agent_protocol.images import ImageSpan, VisionGrid, expand_image_pads, image_spans
 from agent_runtime.encoding import encode_off_loop
 from agent_runtime.engines.base import Generation, PromptView, SamplingParams
@@ -127,8 +134,11 @@ class Conversation:
         tools: Sequence[ToolSpec] = (),
         errors: list[EpisodeError] | None = None,
         max_images: int | None = None,
+        special_tokens_in_text: bool = False,
     ) -> None:
         self.max_images = max_images
+        #: how untrusted text is kept from writing control tokens (None: `special_tokens_in_text`, Hugging Face's way)
+        self.control = None if special_tokens_in_text else ControlTokens.for_tokenizer(tokenizer)
         self.protocol = protocol.with_tools(tools) if tools else protocol  # parsers that type values by schema
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
@@ -165,8 +175,9 @@ class Conversation:
         self.stage = "render"
         t0 = time.perf_counter()
         # No tools renders as no tools at all: Llama's template tells `tools=[]` (an empty tool prompt) from None.
-        text = self.protocol.render_prompt(list(prompt), tools=self.tools or None)
-        ids = await encode_off_loop(self.tokenizer, text)
+        shown = list(prompt) if self.control is None else self.control.mark(prompt)
+        text = self.protocol.render_prompt(shown, tools=self.tools or None)
+        ids = await encode_off_loop(self.tokenizer, text, self.control)
         spans: list[ImageSpan] = []
         if self.protocol.accepts_images:
             ids, spans = self._expand_images(ids, prompt, held=0)
@@ -184,8 +195,9 @@ class Conversation:
         """`messages` (tool results, a user message) rendered as what follows the last turn, tokenized alone."""
         self.stage = "render"
         t0 = time.perf_counter()
-        text = self.protocol.render_feedback(list(messages), turn_closed=self.turn_closed, ended_by=self.ended_by)
-        ids = await encode_off_loop(self.tokenizer, text)
+        shown = list(messages) if self.control is None else self.control.mark(messages)
+        text = self.protocol.render_feedback(shown, turn_closed=self.turn_closed, ended_by=self.ended_by)
+        ids = await encode_off_loop(self.tokenizer, text, self.control)
         if self.protocol.accepts_images:
             ids, _ = self._expand_images(ids, messages, held=len(self.transcript.images))
         self.render_s += time.perf_counter() - t0

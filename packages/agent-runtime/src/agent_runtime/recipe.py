@@ -83,6 +83,9 @@ class Recipe:
     max_context_tokens: int | None = None
     #: the most images one context may hold (OpenRLHF's ``--data.max_images_per_prompt``); None: no limit here
     max_images: int | None = None
+    #: True: user and tool text is tokenized as Hugging Face does, so a control string in it (``<|im_end|>``,
+    #: ``<tool_call>``) becomes the control token; False (default): it stays text (`agent_protocol.control_tokens`)
+    special_tokens_in_text: bool = False
     compaction: Compaction | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     dataset: DatasetSource = None
@@ -103,6 +106,7 @@ class Recipe:
             "max_context_tokens": self.max_context_tokens,
             "system_prompt": self.system_prompt,
             "max_images": self.max_images,
+            "special_tokens_in_text": self.special_tokens_in_text,
         }
         if self.compaction is None:
             return AgentSession(self.chat_protocol(), self.environment, **common)

@@ -107,9 +107,12 @@ class AgentSession:
         system_prompt: str | None = None,
         context: ContextPolicy | None = None,
         max_images: int | None = None,
+        special_tokens_in_text: bool = False,
     ) -> None:
         """`max_images`: the most images one context may hold (a prompt or feedback past it is an error that says
-        so; None: no limit here, the engine's own applies)."""
+        so; None: no limit here, the engine's own applies). `special_tokens_in_text`: tokenize user and tool text
+        as Hugging Face does, control strings in it becoming control tokens (default: they stay text, see
+        `agent_protocol.control_tokens`)."""
         self.protocol = get_protocol(protocol) if isinstance(protocol, str) else protocol
         self._environment_source = environment
         self.rewards = rewards
@@ -123,6 +126,7 @@ class AgentSession:
         if max_images is not None and max_images < 0:
             raise ValueError(f"max_images must be at least 0, got {max_images}")
         self.max_images = max_images
+        self.special_tokens_in_text = special_tokens_in_text
         self.system_prompt = system_prompt
         self.context: ContextPolicy = context if context is not None else BudgetPolicy()
         self.environment = self._new_environment()
@@ -257,6 +261,7 @@ class AgentSession:
             tools=self.environment.tools,
             errors=self.errors,
             max_images=self.max_images,
+            special_tokens_in_text=self.special_tokens_in_text,
         )
         self.started = True
         self.task = dict(task or {})

@@ -18,7 +18,8 @@ from typing import Final, Literal, overload
 
 import msgspec
 
-from agent_protocol import ChatProtocol, MessageLike, Tokenizer
+from agent_protocol import ChatProtocol, MessageLike, Tokenizer, coerce_messages
+from agent_protocol.control_tokens import ControlTokens
 from agent_runtime.errors import ContextBudgetExceeded, EngineBadOutput, EngineError
 
 __all__ = [
@@ -177,8 +178,12 @@ class LLMEngine(ABC):
         protocol: ChatProtocol,
         sampling: SamplingParams | None = None,
     ) -> str:
-        """Convenience for callers such as an LLM judge: render, generate, return the answer's content."""
-        prompt = self.tokenize(protocol.render_prompt(messages))
+        """Convenience for callers such as an LLM judge: render, generate, return the answer's content. The user
+        text (an answer under judgement, say) is kept from writing control tokens (`agent_protocol.control_tokens`)."""
+        control = ControlTokens.for_tokenizer(self.tokenizer)
+        prompt = control.encode(
+            protocol.render_prompt(control.mark(coerce_messages(messages, images=protocol.accepts_images)))
+        )
         generation = await self.generate(prompt, sampling or SamplingParams())
         text = self.tokenizer.decode(generation.ids)
         return protocol.parse_assistant_text(text).content
