@@ -1,11 +1,22 @@
-"""`TranscriptStore` and `conversation_key` on their own: what the key covers, handing conversations over, LRU
-bounds."""
+"""`TranscriptStore` and `conversation_key` on their own: what the key covers, handing conversations over, packing
+them without loss, LRU bounds in conversations, tokens and bytes."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent_protocol import HFTokenizer, Message, TokenTranscript, ToolCall, ToolSpec, get_protocol, load_tokenizer
+from agent_protocol import (
+    HFTokenizer,
+    Message,
+    ParseIssue,
+    TokenTranscript,
+    ToolCall,
+    ToolSpec,
+    get_protocol,
+    load_tokenizer,
+)
+from agent_protocol.images import ImageSpan
+from agent_protocol.types import ImagePart
 from agent_runtime.conversation import Conversation
 from agent_runtime.serving import StoredConversation, TranscriptStore, conversation_key
 from tests.support.qwen3_tokenizer import qwen3_tokenizer_path
@@ -24,14 +35,18 @@ def tokenizer() -> HFTokenizer:
     return load_tokenizer(qwen3_tokenizer_path())  # type: ignore[return-value]
 
 
-def entry(tokenizer: HFTokenizer, n: int, conversation_id: str = "c") -> StoredConversation:
-    """A stored conversation of n + 2 tokens: a prompt of n, then a generated turn of 2."""
+def entry(tokenizer: HFTokenizer, n: int) -> Conversation:
+    """A conversation of n + 2 tokens: a prompt of n, then a generated turn of 2."""
     conversation = Conversation(get_protocol("qwen3"), tokenizer, max_new_tokens=16)
     transcript = TokenTranscript()
     transcript.append_prompt(list(range(n)))
     transcript.append_action([7, 8], [-0.5, -1.5])
     conversation.segments.append(transcript)
-    return StoredConversation(conversation_id, conversation)
+    return conversation
+
+
+def fresh(tokenizer: HFTokenizer) -> Conversation:
+    return Conversation(get_protocol("qwen3"), tokenizer, max_new_tokens=16)
 
 
 def test_the_key_ignores_reasoning_and_the_order_of_argument_keys() -> None:
@@ -63,43 +78,140 @@ def test_the_key_covers_the_tools() -> None:
 
 def test_take_hands_the_conversation_over_so_no_two_requests_extend_it(tokenizer: HFTokenizer) -> None:
     store = TranscriptStore()
-    original = entry(tokenizer, 5)
-    store.put("k", original)
-    assert store.tokens == 7
+    assert store.put("k", "c", entry(tokenizer, 5))
+    assert store.tokens == 7 and store.bytes > 0
     got = store.take("k")
-    assert got is original  # no copy, no packing: a follow-up costs nothing per token of history
-    assert "k" not in store and store.tokens == 0
+    assert got is not None and got.conversation_id == "c"
+    assert "k" not in store and store.tokens == 0 and store.bytes == 0
     assert store.take("k") is None  # a second follow-up to the same turn (a branch, a retry) re-renders
+
+
+def test_a_conversation_comes_back_as_it_was_stored(tokenizer: HFTokenizer) -> None:
+    """Packed and restored: ids, loss mask, logprobs (an action without them too), spans, images, messages (tool
+    calls, a botched call, reasoning, images), segments of a compacted conversation, counters."""
+    original = fresh(tokenizer)
+    first = TokenTranscript()
+    first.append_prompt([151644, 872, 198, 2**31 - 1], images=[ImageSpan(start=1, end=3, source="data:image/png;x")])
+    first.append_action([151667, 42, 151645], [-0.125, -2.5e-9, 0.0])
+    first.append_observation([198, 151644])
+    first.append_action([5, 6])  # an engine that gave no logprobs
+    second = TokenTranscript()
+    second.append_prompt([1, 2, 3])
+    second.append_action([9], [-1.0])
+    original.segments += [first, second]
+    issue = ParseIssue(code="invalid_json", message="the call is not JSON")
+    original.messages += [
+        Message(role="user", content="Look: ", images=(ImagePart(url="data:image/png;x", offset=6),)),
+        Message(role="assistant", content="", reasoning_content="I think.", tool_calls=(CALL,)),
+        Message(role="tool", tool_call_id="call_1", name="calculator", content="2"),
+        Message(role="assistant", tool_calls=(ToolCall(id="c2", name="x", raw="{", error=issue),)),
+    ]
+    original.turns, original.generations, original.turn_closed, original.ended_by = 2, 3, False, None
+    original.render_s = 0.25
+    stored = StoredConversation.pack("c", original)
+    assert stored is not None and stored.tokens == len(first) + len(second)
+    restored = stored.restore(fresh(tokenizer))
+    assert restored.records() == original.records()
+    assert restored.messages == original.messages
+    assert (restored.turns, restored.generations, restored.turn_closed, restored.ended_by, restored.render_s) == (
+        2, 3, False, None, 0.25
+    )  # fmt: skip
+    restored.transcript.append_observation([1])  # it goes on like any conversation
+    assert len(restored) == len(second) + 1
+
+
+def test_a_follow_up_is_packed_on_top_of_what_it_was_restored_from(tokenizer: HFTokenizer) -> None:
+    """Packing again after a follow-up extends the arrays it was restored from: only the new tokens and messages
+    are packed, and the result is what packing it whole gives."""
+    store = TranscriptStore()
+    conversation = entry(tokenizer, 20)
+    conversation.messages.append(Message(role="user", content="What is 1 + 1?"))
+    store.put("k1", "c", conversation)
+    for i in range(20):  # past 16 messages: the msgpack array header grows a length field
+        stored = store.take(f"k{i + 1}")
+        assert stored is not None
+        restored = stored.restore(fresh(tokenizer))
+        restored.transcript.append_observation([100 + i, 101])
+        restored.transcript.append_action([7, 8, 9], [-0.25, -1.0, -2.0] if i % 2 else None)
+        restored.messages += [Message(role="tool", content=str(i)), Message(role="assistant", content="ok")]
+        assert store.put(f"k{i + 2}", "c", restored, previous=stored)
+        again = store.take(f"k{i + 2}")
+        assert again is not None and again.segments[0].ids is stored.segments[0].ids  # extended, not copied
+        whole = StoredConversation.pack("c", restored)
+        assert whole is not None and again.messages == whole.messages and again.tokens == whole.tokens
+        assert again.restore(fresh(tokenizer)).records() == restored.records()
+        assert again.restore(fresh(tokenizer)).messages == restored.messages
+        store.put(f"k{i + 2}", "c", again.restore(fresh(tokenizer)))
+    assert store.tokens == 22 + 20 * 5
+
+
+@pytest.mark.parametrize(
+    "trouble",
+    ["an id beyond 32 bits", "an integer beyond 64 bits in a tool call's arguments"],
+)
+def test_what_cannot_be_packed_is_not_stored(tokenizer: HFTokenizer, trouble: str) -> None:
+    conversation = entry(tokenizer, 3)
+    if trouble.startswith("an id"):
+        conversation.transcript.append_observation([2**32])
+    else:
+        call = ToolCall(id="c", name="x", arguments={"n": 2**70})
+        conversation.messages.append(Message(role="assistant", tool_calls=(call,)))
+    store = TranscriptStore()
+    assert not store.put("k", "c", conversation)
+    assert len(store) == 0 and store.tokens == 0 and store.bytes == 0
 
 
 def test_least_recently_used_conversations_are_evicted_first(tokenizer: HFTokenizer) -> None:
     store = TranscriptStore(max_conversations=2)
-    store.put("a", entry(tokenizer, 1))
-    store.put("b", entry(tokenizer, 1))
+    store.put("a", "a", entry(tokenizer, 1))
+    store.put("b", "b", entry(tokenizer, 1))
     a = store.take("a")
     assert a is not None
-    store.put("a", a)  # "a" is now the most recent
-    store.put("c", entry(tokenizer, 1))
+    store.put("a", "a", a.restore(fresh(tokenizer)))  # "a" is now the most recent
+    store.put("c", "c", entry(tokenizer, 1))
     assert "b" not in store and "a" in store and "c" in store
     assert store.evictions == 1
 
 
 def test_the_token_bound_evicts_and_refuses_what_cannot_fit(tokenizer: HFTokenizer) -> None:
     store = TranscriptStore(max_tokens=20)
-    store.put("a", entry(tokenizer, 8))  # 10 tokens
-    store.put("b", entry(tokenizer, 8))
+    store.put("a", "a", entry(tokenizer, 8))  # 10 tokens
+    store.put("b", "b", entry(tokenizer, 8))
     assert store.tokens == 20 and len(store) == 2
-    store.put("c", entry(tokenizer, 3))
+    store.put("c", "c", entry(tokenizer, 3))
     assert "a" not in store and store.tokens == 15
-    store.put("huge", entry(tokenizer, 30))
+    assert not store.put("huge", "huge", entry(tokenizer, 30))
     assert "huge" not in store and store.tokens == 15
-    store.put("b", entry(tokenizer, 1))  # replacing an entry frees its tokens
+    store.put("b", "b", entry(tokenizer, 1))  # replacing an entry frees its tokens
     assert store.tokens == 8
+
+
+def test_the_byte_bound_counts_what_an_entry_holds(tokenizer: HFTokenizer) -> None:
+    """4 bytes an id: 1,000 more ids cost 4,000 more bytes; a data URL costs its length."""
+    small = StoredConversation.pack("s", entry(tokenizer, 1))
+    large = StoredConversation.pack("l", entry(tokenizer, 1001))
+    assert small is not None and large is not None
+    assert large.nbytes - small.nbytes == 4000
+    with_image = entry(tokenizer, 1)
+    url = "data:image/png;base64," + "A" * 100_000
+    with_image.messages.append(Message(role="user", content="", images=(ImagePart(url=url, offset=0),)))
+    packed = StoredConversation.pack("i", with_image)
+    assert packed is not None and 100_000 < packed.nbytes - small.nbytes < 100_200
+    store = TranscriptStore(max_bytes=3 * small.nbytes)
+    for key in "abc":
+        store.put(key, key, entry(tokenizer, 1))
+    assert len(store) == 3 and store.bytes == 3 * small.nbytes
+    store.put("d", "d", entry(tokenizer, 1))
+    assert "a" not in store and len(store) == 3 and store.evictions == 1
+    assert not store.put("image", "image", with_image)  # alone larger than the bound
+    assert len(store) == 3
 
 
 def test_a_store_of_size_zero_keeps_nothing(tokenizer: HFTokenizer) -> None:
     store = TranscriptStore(max_conversations=0)
-    store.put("a", entry(tokenizer, 1))
+    assert not store.put("a", "a", entry(tokenizer, 1))
     assert len(store) == 0 and store.take("a") is None
     with pytest.raises(ValueError, match="bounds"):
         TranscriptStore(max_conversations=-1)
+    with pytest.raises(ValueError, match="bounds"):
+        TranscriptStore(max_bytes=-1)

@@ -267,9 +267,11 @@ async def metrics_view(request: Request) -> Response:
     counters["transcript_store"] = {
         "conversations": len(store),
         "tokens": store.tokens,
+        "bytes": store.bytes,
         "evictions": store.evictions,
         "max_conversations": store.max_conversations,
         "max_tokens": store.max_tokens,
+        "max_bytes": store.max_bytes,
     }
     return _json(counters)
 

@@ -49,7 +49,9 @@ class ServingBackend:
         #: why the served model takes no images (None: it takes them)
         self.text_only: str | None = text_only_reason(self.protocol, engine.tokenizer, engine)
         self.store = TranscriptStore(
-            max_conversations=config.transcript_store_conversations, max_tokens=config.transcript_store_tokens
+            max_conversations=config.transcript_store_conversations,
+            max_tokens=config.transcript_store_tokens,
+            max_bytes=config.transcript_store_bytes,
         )
         self.metrics = ServerMetrics()
         self.writer = TrajectoryWriter(config.trajectory_log) if config.trajectory_log else None

@@ -27,8 +27,11 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     - `max_chars_per_token`: a conversation whose text needs more tokens than the context holds, at this many
       characters per token, is refused (400) before it is tokenized. Generous: text averages about 4; raise it
       only for conversations made mostly of long runs of spaces or rule lines.
-    - `transcript_store_conversations` / `transcript_store_tokens`: bounds of the tools-mode transcript store
-      (0 conversations disables it: every follow-up is rendered from scratch).
+    - `transcript_store_conversations` / `transcript_store_tokens` / `transcript_store_bytes`: bounds of the
+      tools-mode transcript store (0 conversations disables it: every follow-up is rendered from scratch). It
+      holds conversations packed and counts the bytes they really hold (a full store measured at 1.01x its
+      count). A text conversation costs about 11 bytes a token (4 an id, 8 more a generated id, its messages'
+      text), so 8M tokens are some 85 MB; the 256 MiB byte bound binds first for conversations heavy in images.
     - `max_image_bytes`: the largest image a message may carry, decoded (400 beyond). Images arrive inline as
       base64 data URLs, a third larger than the image, so `max_request_bytes` bounds them too: raise both to
       take large images.
@@ -44,6 +47,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     engine_timeout_s: float = 600.0
     transcript_store_conversations: int = 1024
     transcript_store_tokens: int = 8_000_000
+    transcript_store_bytes: int = 256 * 2**20
     max_request_bytes: int = 8 * 1024 * 1024
     request_read_timeout_s: float = 30.0
     max_buffered_request_bytes: int = 256 * 1024 * 1024

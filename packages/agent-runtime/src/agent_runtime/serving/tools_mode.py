@@ -70,6 +70,7 @@ class _Turn:
     tools: list[ToolSpec]
     conversation_id: str = ""
     conversation: Conversation | None = None
+    stored: StoredConversation | None = None  # what the conversation was restored from (packed again on top of it)
     prepared: Preparation = "new"
     prompt_tokens: int = 0
     generation: Generation | None = None
@@ -87,10 +88,19 @@ class _Turn:
         stored = None
         if last is not None and last + 1 < len(messages):
             stored = backend.store.take(conversation_key(self.tools, messages[: last + 1]))
+        conversation = Conversation(
+            backend.protocol,
+            backend.engine.tokenizer,
+            max_new_tokens=backend.recipe.max_new_tokens,
+            max_context_tokens=backend.context_limit,
+            tools=self.tools,
+            errors=self.errors,  # this request's record holds this request's errors
+            max_images=backend.recipe.max_images,
+        )
+        self.conversation = conversation
         if stored is not None and last is not None:
-            self.conversation_id, conversation = stored.conversation_id, stored.conversation
-            self.conversation = conversation
-            conversation.errors = self.errors  # this request's record holds this request's errors
+            self.conversation_id, self.stored = stored.conversation_id, stored
+            stored.restore(conversation)
             reused = len(conversation)
             new = messages[last + 1 :]
             with self._contained("the follow-up"):
@@ -101,16 +111,6 @@ class _Turn:
             metrics.rendered_prompt_tokens += len(conversation) - reused
         else:
             self.conversation_id = uuid.uuid4().hex[:12]
-            conversation = Conversation(
-                backend.protocol,
-                backend.engine.tokenizer,
-                max_new_tokens=backend.recipe.max_new_tokens,
-                max_context_tokens=backend.context_limit,
-                tools=self.tools,
-                errors=self.errors,
-                max_images=backend.recipe.max_images,
-            )
-            self.conversation = conversation
             with self._contained("the conversation"):
                 await conversation.open_segment(messages)
             conversation.turns = conversation.generations = sum(1 for m in messages if m.role == "assistant")
@@ -161,7 +161,7 @@ class _Turn:
             self.finish = "length"
         backend.metrics.generated_tokens += len(outcome.ids)
         key = conversation_key(self.tools, [*self.messages, self.echo()])
-        backend.store.put(key, StoredConversation(self.conversation_id, conversation))
+        backend.store.put(key, self.conversation_id, conversation, previous=self.stored)
 
     @contextlib.contextmanager
     def _contained(self, what: str) -> Iterator[None]:

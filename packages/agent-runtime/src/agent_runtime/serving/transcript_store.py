@@ -11,20 +11,29 @@ The key covers what the prompt is made of (roles, contents, images, tool calls w
 tool-call ids and names, the tool specs) and leaves out `reasoning_content`, which clients often drop when they echo a
 turn back; the stored ids keep the reasoning as it was sampled.
 
-The store keeps the `Conversation` objects themselves, so a follow-up costs nothing per token of history: `take`
-hands the stored conversation over (it leaves the store) and the request puts it back under its new key once the
-model answered. A second follow-up to the same stored turn (a client that branches or retries) finds nothing and
-is rendered from scratch (a `transcript_rerenders`), so no two requests ever extend one transcript. The store is a
-bounded LRU: at most `max_conversations` entries and `max_tokens` token ids held (about 40 bytes each, as Python
-ints in lists: the default 8M tokens is at most about 320 MB); the images a conversation's messages hold (data
-URLs of megabytes) count as one token per `IMAGE_CHARS_PER_TOKEN` characters, so they are bounded by the same
-budget. One event loop uses it; it has no locks. This
-module knows messages and conversations only.
+A conversation is stored packed (`StoredConversation.pack`): its ids as 4-byte machine integers, the logprobs of
+its generated turns as 8-byte floats, its messages as one msgpack string, its counters; not its tools, protocol,
+tokenizer or budgets, which the request that continues it brings (its tools hash into the key). Kept as Python
+objects, a conversation held some 70 bytes per token of ints, list slots and floats, plus its messages and tool
+specs decoded into dicts: several times what the store counted. Packed, a text conversation holds about 4 bytes a
+token, 8 more per generated token, and its messages' msgpack (about the size of their text). Packing and
+unpacking are C-speed copies, a few milliseconds per 100,000 tokens, where a re-render tokenizes all of them.
+
+`take` hands the stored conversation over (it leaves the store) and the request puts it back under its new key
+once the model answered. A second follow-up to the same stored turn (a client that branches or retries) finds
+nothing and is rendered from scratch (a `transcript_rerenders`), so no two requests ever extend one transcript.
+The store is a bounded LRU: at most `max_conversations` entries, `max_tokens` token ids and `max_bytes` bytes,
+counted as what an entry really holds (`StoredConversation.nbytes`: its arrays, strings and objects, images'
+data URLs included, and `ENTRY_BYTES` for the entry itself); `tests/serve/test_transcript_store_memory.py`
+measures a full store against it. One event loop uses it; it has no locks. This module knows messages and
+conversations only.
 """
 
 from __future__ import annotations
 
+import array
 import hashlib
+import sys
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,15 +41,27 @@ from typing import Final
 
 import msgspec
 
-from agent_protocol import Message, ToolSpec
+from agent_protocol import Message, Span, TokenTranscript, ToolSpec
+from agent_protocol.images import ImageSpan
 from agent_runtime.conversation import Conversation
 
-__all__ = ["IMAGE_CHARS_PER_TOKEN", "StoredConversation", "TranscriptStore", "conversation_key"]
+__all__ = ["ENTRY_BYTES", "StoredConversation", "TranscriptStore", "conversation_key"]
 
-#: the characters of image references that weigh as much in the store as one token id
-IMAGE_CHARS_PER_TOKEN: Final = 40
+#: what one entry costs besides what it packs: the entry and its segments' objects, the key, the LRU's node
+ENTRY_BYTES: Final = 1024
 
 _canonical = msgspec.json.Encoder(order="sorted")
+_pack_message = msgspec.msgpack.Encoder()
+_unpack_messages = msgspec.msgpack.Decoder(list[Message])
+
+
+def _array_header(length: int) -> bytes:
+    """The msgpack header of an array of `length` items."""
+    if length < 16:
+        return bytes([0x90 | length])
+    if length < 2**16:
+        return b"\xdc" + length.to_bytes(2, "big")
+    return b"\xdd" + length.to_bytes(4, "big")
 
 
 def _message_form(message: Message) -> list[object]:
@@ -62,23 +83,149 @@ def conversation_key(tools: Sequence[ToolSpec], messages: Sequence[Message]) -> 
 
 
 @dataclass(frozen=True, slots=True)
+class _Segment:
+    """One `TokenTranscript`, packed. Its loss mask and the logprobs of its prompt and observations (0 and None
+    on every token, as `TokenTranscript` appends them) are not stored but rebuilt from its spans."""
+
+    ids: array.array[int]
+    #: the logprobs of the action spans that have them, in order
+    logprobs: array.array[float]
+    spans: tuple[Span, ...]
+    #: per span: whether its logprobs are in `logprobs` (an action the engine gave logprobs for)
+    with_logprobs: bytes
+    images: tuple[ImageSpan, ...]
+
+    @classmethod
+    def pack(cls, transcript: TokenTranscript, previous: _Segment | None = None) -> _Segment:
+        """`transcript` packed. When it is `previous` unpacked and appended to, only what was appended is packed:
+        `previous`'s arrays are extended in place (the caller gives it up). Raises `OverflowError` for an id
+        beyond 32 bits, `TypeError` for a logprob that is not a float."""
+        spans = transcript.spans
+        if previous is not None and tuple(spans[: len(previous.spans)]) == previous.spans:
+            # spans are only appended: an equal prefix of spans is one of ids too
+            ids, logprobs, flags = previous.ids, previous.logprobs, bytearray(previous.with_logprobs)
+            ids.extend(transcript.ids[len(ids) :])
+            packed = len(previous.spans)
+        else:
+            ids, logprobs, flags = array.array("i", transcript.ids), array.array("d"), bytearray()
+            packed = 0
+        for span in spans[packed:]:
+            values = transcript.logprobs[span.start : span.end]
+            has = span.kind == "action" and bool(values) and values[0] is not None
+            if has:
+                logprobs.extend(values)  # type: ignore[arg-type]  # all floats: an action has logprobs for all or none
+            flags.append(has)
+        return cls(ids=ids, logprobs=logprobs, spans=tuple(spans), with_logprobs=bytes(flags),
+                   images=tuple(transcript.images))  # fmt: skip
+
+    def unpack(self) -> TokenTranscript:
+        transcript = TokenTranscript()
+        transcript.ids = self.ids.tolist()
+        mask: list[int] = []
+        logprobs: list[float | None] = []
+        taken = 0
+        for span, has in zip(self.spans, self.with_logprobs, strict=True):
+            count = span.end - span.start
+            mask += [1 if span.kind == "action" else 0] * count
+            if has:
+                logprobs += self.logprobs[taken : taken + count].tolist()
+                taken += count
+            else:
+                logprobs += [None] * count
+        transcript.loss_mask, transcript.logprobs = mask, logprobs
+        transcript.spans, transcript.images = list(self.spans), list(self.images)
+        return transcript
+
+    def nbytes(self) -> int:
+        size = sys.getsizeof
+        held = size(self.ids) + size(self.logprobs) + size(self.spans) + size(self.with_logprobs)
+        held += sum(size(span) for span in self.spans)
+        held += size(self.images) + sum(size(image) + size(image.source) for image in self.images)
+        return held
+
+
+@dataclass(frozen=True, slots=True)
 class StoredConversation:
-    """One stored conversation: its id (kept across turns, for logs) and the conversation itself."""
+    """One stored conversation, packed: its id (kept across turns, for logs), its token transcript, messages and
+    counters. `restore` puts them into a new `Conversation` built for the request that continues it."""
 
     conversation_id: str
-    conversation: Conversation
+    segments: tuple[_Segment, ...]
+    #: the messages' msgpack encodings, one after the other (a msgpack array without its header)
+    messages: bytes
+    message_count: int
+    turns: int
+    generations: int
+    turn_closed: bool
+    ended_by: str | None
+    render_s: float
+    #: the token ids it holds
+    tokens: int
+    #: the bytes it holds
+    nbytes: int
+
+    @classmethod
+    def pack(
+        cls, conversation_id: str, conversation: Conversation, previous: StoredConversation | None = None
+    ) -> StoredConversation | None:
+        """`conversation` packed; None when it cannot be (an id beyond 32 bits, an integer in a tool call's
+        arguments beyond 64 bits): its follow-up is rendered from scratch. `previous`: the entry it was restored
+        from (`take` handed it over); then only what the conversation gained since is packed, into `previous`'s
+        arrays (a follow-up costs O(its new tokens) here, not O(the history))."""
+        segments = conversation.segments
+        olds: Sequence[_Segment | None] = [None] * len(segments)
+        messages, count = b"", 0
+        if previous is not None and len(previous.segments) == len(segments):
+            olds = previous.segments
+            if len(conversation.messages) >= previous.message_count:
+                messages, count = previous.messages, previous.message_count
+        try:
+            packed = tuple(_Segment.pack(t, old) for t, old in zip(segments, olds, strict=True))
+            # `join` makes one bytes of exactly its length (`encode` leaves room to spare allocated)
+            messages = b"".join([messages, *(_pack_message.encode(m) for m in conversation.messages[count:])])
+        except (OverflowError, TypeError, msgspec.EncodeError):
+            return None
+        held = ENTRY_BYTES + sys.getsizeof(messages) + sys.getsizeof(conversation_id)
+        held += sys.getsizeof(packed) + sum(segment.nbytes() for segment in packed)
+        return cls(
+            conversation_id=conversation_id,
+            segments=packed,
+            messages=messages,
+            message_count=len(conversation.messages),
+            turns=conversation.turns,
+            generations=conversation.generations,
+            turn_closed=conversation.turn_closed,
+            ended_by=conversation.ended_by,
+            render_s=conversation.render_s,
+            tokens=sum(len(segment.ids) for segment in packed),
+            nbytes=held,
+        )
+
+    def restore(self, conversation: Conversation) -> Conversation:
+        """Give `conversation` (new, with the tools, budgets and error record of the request that continues this
+        one) this one's transcript, messages and counters."""
+        conversation.segments = [segment.unpack() for segment in self.segments]
+        conversation.messages = _unpack_messages.decode(_array_header(self.message_count) + self.messages)
+        conversation.turns, conversation.generations = self.turns, self.generations
+        conversation.turn_closed, conversation.ended_by = self.turn_closed, self.ended_by
+        conversation.render_s = self.render_s
+        return conversation
 
 
 class TranscriptStore:
-    """A bounded LRU of conversations. `take` hands one over; `put` stores one."""
+    """A bounded LRU of packed conversations. `take` hands one over; `put` stores one."""
 
-    def __init__(self, *, max_conversations: int = 1024, max_tokens: int = 8_000_000) -> None:
-        if max_conversations < 0 or max_tokens < 0:
+    def __init__(
+        self, *, max_conversations: int = 1024, max_tokens: int = 8_000_000, max_bytes: int = 256 * 2**20
+    ) -> None:
+        if max_conversations < 0 or max_tokens < 0 or max_bytes < 0:
             raise ValueError("the transcript store's bounds must be >= 0 (0 disables it)")
         self.max_conversations = max_conversations
         self.max_tokens = max_tokens
-        self._entries: OrderedDict[str, tuple[StoredConversation, int]] = OrderedDict()
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[str, StoredConversation] = OrderedDict()
         self.tokens = 0
+        self.bytes = 0
         self.evictions = 0
 
     def __len__(self) -> int:
@@ -89,25 +236,32 @@ class TranscriptStore:
 
     def take(self, key: str) -> StoredConversation | None:
         """The conversation stored under `key`, removed from the store (the caller now owns it)."""
-        found = self._entries.pop(key, None)
-        if found is None:
-            return None
-        entry, size = found
-        self.tokens -= size
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self.tokens -= entry.tokens
+            self.bytes -= entry.nbytes
         return entry
 
-    def put(self, key: str, entry: StoredConversation) -> None:
-        conversation = entry.conversation
-        image_chars = sum(len(image.url) for message in conversation.messages for image in message.images)
-        size = sum(len(t) for t in conversation.segments) + image_chars // IMAGE_CHARS_PER_TOKEN
-        if self.max_conversations == 0 or size > self.max_tokens:
-            return
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.tokens -= old[1]
-        self._entries[key] = (entry, size)
-        self.tokens += size
-        while len(self._entries) > self.max_conversations or self.tokens > self.max_tokens:
-            _, (_, evicted) = self._entries.popitem(last=False)
-            self.tokens -= evicted
+    def put(
+        self, key: str, conversation_id: str, conversation: Conversation, previous: StoredConversation | None = None
+    ) -> bool:
+        """Store `conversation` packed under `key`, evicting the least recently used ones to make room; `previous`
+        is the entry it was restored from, if any (see `StoredConversation.pack`). False when it is not stored:
+        the store is disabled, it exceeds a bound alone, or it cannot be packed."""
+        if self.max_conversations == 0:
+            return False
+        entry = StoredConversation.pack(conversation_id, conversation, previous)
+        if entry is None or entry.tokens > self.max_tokens or entry.nbytes > self.max_bytes:
+            return False
+        self.take(key)  # replacing an entry frees what it held
+        self._entries[key] = entry
+        self.tokens += entry.tokens
+        self.bytes += entry.nbytes
+        while (
+            len(self._entries) > self.max_conversations or self.tokens > self.max_tokens or self.bytes > self.max_bytes
+        ):
+            _, evicted = self._entries.popitem(last=False)
+            self.tokens -= evicted.tokens
+            self.bytes -= evicted.nbytes
             self.evictions += 1
+        return True
