@@ -1,5 +1,10 @@
 """Tool faults stay inside the call: a tool that raises anything, blocks its event loop or hangs forever gets
-a coded observation, on time, and cannot end the process, stall other calls or pile up threads."""
+a coded observation, on time, and cannot end the process, stall other calls or pile up threads.
+
+Each fault a test throws at the runner is tallied (`FaultTally`): whether it was contained (the run returned, the
+faulty call got the expected code, the call beside it was answered) and, for the hung and blocking tools, the
+threads and stalls measured. The module prints the tally at its end and fails if a fault was not contained
+(``uv run pytest tests/agent_env/test_tool_faults.py -s``; with ``-k``, the selected tests' faults)."""
 
 from __future__ import annotations
 
@@ -7,8 +12,9 @@ import asyncio
 import json
 import threading
 import time
+from collections import Counter as Tally
 from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -21,6 +27,37 @@ from agent_env.tool_runner import WORKER_THREADS, ToolRunner
 from agent_protocol.types import ToolCall
 
 gate = threading.Event()
+
+
+@dataclass
+class FaultTally:
+    """The faults thrown at the runner, whether each was contained, and the figures of the hung and blocking
+    tools."""
+
+    contained: Tally[str] = field(default_factory=Tally)  # code of each contained fault -> count
+    escaped: list[str] = field(default_factory=list)
+    figures: list[str] = field(default_factory=list)
+
+    def record(self, fault: str, observation: Observation, expected: str, beside: Observation | None = None) -> None:
+        if observation.code == expected and (beside is None or beside.ok):
+            self.contained[expected] += 1
+        else:
+            self.escaped.append(f"{fault}: {observation.code}")
+
+    def summary(self) -> str:
+        total = self.contained.total() + len(self.escaped)
+        codes = ", ".join(f"{code}: {n}" for code, n in sorted(self.contained.items()))
+        lines = [f"tool faults: {self.contained.total()} / {total} contained ({codes}); not contained: {self.escaped}"]
+        return "\n".join([*lines, *self.figures])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def faults() -> Iterator[FaultTally]:
+    """The module's tally, printed (and checked) once its last test ran."""
+    tally = FaultTally()
+    yield tally
+    print(f"\n{tally.summary()}")
+    assert not tally.escaped, tally.summary()
 
 
 @pytest.fixture(autouse=True)
@@ -80,23 +117,29 @@ def message_of(observation: Observation) -> str:
 
 @pytest.mark.parametrize("kind", sorted(RAISED))
 @pytest.mark.parametrize("event_loop", ["isolated", "shared", "inline"])
-def test_an_async_tool_that_raises_a_base_exception_is_a_tool_error(kind: str, event_loop: EventLoopMode) -> None:
+def test_an_async_tool_that_raises_a_base_exception_is_a_tool_error(
+    kind: str, event_loop: EventLoopMode, faults: FaultTally
+) -> None:
     runner = ToolRunner([raiser(kind, asynchronous=True, event_loop=event_loop), add])
     boom, after = run_guarded(runner.run([call("boom"), call("add", "c2", a=1, b=2)]))
+    faults.record(f"async {kind} ({event_loop})", boom, "tool_error", after)
     assert boom.code == "tool_error" and message_of(boom).startswith(f"{kind}")
     assert after.ok and after.content == "3"
 
 
 @pytest.mark.parametrize("kind", sorted(RAISED))
 @pytest.mark.parametrize("event_loop", [None, "inline"])
-def test_a_sync_tool_that_raises_a_base_exception_is_a_tool_error(kind: str, event_loop: EventLoopMode | None) -> None:
+def test_a_sync_tool_that_raises_a_base_exception_is_a_tool_error(
+    kind: str, event_loop: EventLoopMode | None, faults: FaultTally
+) -> None:
     runner = ToolRunner([raiser(kind, asynchronous=False, event_loop=event_loop), add])
     boom, after = run_guarded(runner.run([call("boom"), call("add", "c2", a=1, b=2)]))
+    faults.record(f"sync {kind} ({event_loop or 'thread'})", boom, "tool_error", after)
     assert boom.code == "tool_error" and message_of(boom).startswith(f"{kind}")
     assert after.ok and after.content == "3"
 
 
-def test_a_tool_that_raises_cancelled_error_itself_is_a_tool_error() -> None:
+def test_a_tool_that_raises_cancelled_error_itself_is_a_tool_error(faults: FaultTally) -> None:
     async def fn() -> str:
         raise asyncio.CancelledError
 
@@ -104,6 +147,7 @@ def test_a_tool_that_raises_cancelled_error_itself_is_a_tool_error() -> None:
     for event_loop in modes:
         runner = ToolRunner([FunctionTool(fn, name="quit", event_loop=event_loop)])
         [observation] = run_guarded(runner.run([call("quit")]))
+        faults.record(f"self-cancel ({event_loop})", observation, "tool_error")
         assert observation.code == "tool_error" and "cancelled" in message_of(observation)
 
 
@@ -159,7 +203,9 @@ async def heartbeat(gaps: list[float], stop: asyncio.Event) -> None:
 
 
 @pytest.mark.parametrize("blocking", [stuck, spin], ids=["blocks", "spins"])
-def test_a_blocking_async_tool_times_out_on_time_and_the_loop_keeps_running(blocking: FunctionTool) -> None:
+def test_a_blocking_async_tool_times_out_on_time_and_the_loop_keeps_running(
+    blocking: FunctionTool, faults: FaultTally
+) -> None:
     runner = ToolRunner([blocking, add])
 
     async def main() -> tuple[list[Observation], float, float]:
@@ -175,6 +221,9 @@ def test_a_blocking_async_tool_times_out_on_time_and_the_loop_keeps_running(bloc
         return observations, elapsed, max(gaps)
 
     [observation, after], elapsed, longest_gap = asyncio.run(main())
+    faults.record(f"async tool that {blocking.name}s", observation, "timeout", after)
+    faults.figures.append(f"a blocking async tool ({blocking.name}): answered in {elapsed:.2f} s at its 0.3 s "
+                          f"timeout; the caller's loop stalled at most {longest_gap:.3f} s")  # fmt: skip
     assert observation.code == "timeout" and after.content == "4"
     assert elapsed < 1.2, f"the 0.3 s timeout came after {elapsed:.2f} s"
     assert longest_gap < 0.5, f"the caller's loop stalled for {longest_gap:.2f} s"
@@ -234,7 +283,7 @@ async def quick() -> str:
     return "in time"
 
 
-def test_waiting_for_the_thread_to_start_does_not_count_against_the_timeout() -> None:
+def test_waiting_for_the_thread_to_start_does_not_count_against_the_timeout(faults: FaultTally) -> None:
     """Many calls at once while another thread keeps the GIL busy, as the hf engine's does in rollouts: each call
     waits for its thread to get going, and only the tool's own time counts."""
     stop = threading.Event()
@@ -258,6 +307,8 @@ def test_waiting_for_the_thread_to_start_does_not_count_against_the_timeout() ->
         stop.set()
         burner.join()
     codes = [o.code for o in observations if not o.ok]
+    timed_out = f"{codes.count('timeout')} / 300 timed out, {len(codes)} failed, in {elapsed:.2f} s"
+    faults.figures.append(f"300 calls of a 0.2 s-timeout tool beside a thread that keeps the GIL busy: {timed_out}")
     assert codes == [], f"{len(codes)} of 300 calls failed ({set(codes)}) in {elapsed:.2f} s"
 
 
@@ -280,7 +331,7 @@ async def block_forever() -> str:
 
 
 @pytest.mark.parametrize("hung", [hang_forever, block_forever], ids=["sync", "async"])
-def test_hung_calls_do_not_pile_up_threads(hung: FunctionTool) -> None:
+def test_hung_calls_do_not_pile_up_threads(hung: FunctionTool, faults: FaultTally) -> None:
     runner = ToolRunner([hung])
 
     async def main() -> tuple[list[Observation], int]:
@@ -293,9 +344,12 @@ def test_hung_calls_do_not_pile_up_threads(hung: FunctionTool) -> None:
 
     started = time.monotonic()
     answers, most = asyncio.run(main())
+    codes = [answer.code for answer in answers]
+    faults.figures.append(f"200 hung calls one after another ({hung.name}): at most {most} threads alive "
+                          f"(max_hung_calls=4); {codes.count('timeout')} timeout, "
+                          f"{codes.count('tool_unavailable')} tool_unavailable")  # fmt: skip
     assert time.monotonic() - started < 5
     assert most <= 4, f"{most} threads of {hung.name} were alive at once"
-    codes = [answer.code for answer in answers]
     assert codes == ["timeout"] * 4 + ["tool_unavailable"] * 196
     assert "4 earlier calls" in message_of(answers[-1])
 
@@ -317,7 +371,7 @@ def test_a_hung_thread_that_finishes_frees_its_slot() -> None:
     assert observation.ok and observation.content == "released"
 
 
-def test_concurrent_hung_calls_stop_at_the_process_cap() -> None:
+def test_concurrent_hung_calls_stop_at_the_process_cap(faults: FaultTally) -> None:
     runner = ToolRunner([hang_forever], max_calls_per_step=200)
     limit, WORKER_THREADS.max_live = WORKER_THREADS.max_live, 16
     try:
@@ -334,9 +388,13 @@ def test_concurrent_hung_calls_stop_at_the_process_cap() -> None:
         answers, most = asyncio.run(main())
     finally:
         WORKER_THREADS.max_live = limit
+    codes = [answer.code for answer in answers]
+    counts = f"{codes.count('timeout')} timeout, {codes.count('tool_unavailable')} tool_unavailable"
+    faults.figures.append(
+        f"200 hung calls at once under a 16-thread process cap: at most {most} threads alive; {counts}"
+    )
     assert time.monotonic() - started < 3
     assert most <= 16
-    codes = [answer.code for answer in answers]
     assert codes.count("timeout") + codes.count("tool_unavailable") == 200
     assert codes.count("timeout") <= 16
     refused = next(answer for answer in answers if answer.code == "tool_unavailable")
@@ -400,7 +458,7 @@ def test_an_inline_tool_runs_in_place_in_the_callers_task_and_thread() -> None:
     assert seen["sync_thread"] == threading.get_ident()
 
 
-def test_an_inline_tool_that_awaits_is_a_tool_error_and_its_coroutine_is_closed() -> None:
+def test_an_inline_tool_that_awaits_is_a_tool_error_and_its_coroutine_is_closed(faults: FaultTally) -> None:
     closed = threading.Event()
 
     async def waits() -> str:
@@ -413,6 +471,7 @@ def test_an_inline_tool_that_awaits_is_a_tool_error_and_its_coroutine_is_closed(
     runner = ToolRunner([FunctionTool(waits, name="waits", event_loop="inline"), add])
     with capture_logs() as logs:
         waited, after = run_guarded(runner.run([call("waits"), call("add", "c2", a=2, b=3)]))
+    faults.record("inline tool that awaits", waited, "tool_error", after)
     assert waited.code == "tool_error" and "inline tool and awaited" in message_of(waited)
     assert "event_loop='shared'" in message_of(waited)
     assert closed.is_set() and after.ok and after.content == "5"

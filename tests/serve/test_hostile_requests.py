@@ -1,7 +1,12 @@
 """Requests an attacker (or a broken client) sends, against a real server: clients that stall mid-body, bodies
 over the size cap, text too long for the context, JSON nested 100,000 deep, numbers of thousands of digits, and
 components that raise inside a request. Each is answered 4xx (or 408/413), never 5xx, never a hang; valid
-requests keep being served meanwhile, and the server stays up."""
+requests keep being served meanwhile, and the server stays up.
+
+Every hostile request the module sends is tallied with the answer it got (`Tally`): the module prints the count
+by status at its end and fails if any got a 5xx or none (``uv run pytest tests/serve/test_hostile_requests.py -s``;
+with ``-k`` it counts the selected tests' requests). The components that raise are counted apart: their 500s are
+the answer they should get."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import json
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, MutableMapping, Sequence
 from typing import Any
 
@@ -31,6 +37,49 @@ VALID = json.dumps({"model": MODEL, "messages": USER}).encode()
 @pytest.fixture(scope="module")
 def server(start_server: ServerFactory) -> LiveServer:
     return start_server()
+
+
+@dataclasses.dataclass
+class Tally:
+    """The hostile requests sent and the answers they got (a status, or None: no answer)."""
+
+    statuses: Counter[int | None] = dataclasses.field(default_factory=Counter)
+    #: hostile requests whose error named the field at fault, of those that name one
+    named: list[bool] = dataclasses.field(default_factory=list)
+    #: requests whose body the server refused while the client was still sending it (a 413 and a closed
+    #: connection: the client may see only the close)
+    cut_off: int = 0
+
+    def record(self, status: int | None, count: int = 1) -> None:
+        self.statuses[status] += count
+
+    def record_reply(self, reply: bytes) -> None:
+        """The status of a raw HTTP reply (None when there was none)."""
+        self.record(int(reply[9:12]) if reply.startswith(b"HTTP/1.1 ") else None)
+
+    def summary(self) -> str:
+        total = sum(self.statuses.values()) + self.cut_off
+        by_class = Counter("none" if s is None else f"{s // 100}xx" for s in self.statuses.elements())
+        statuses = ", ".join(f"{s}: {n}" for s, n in sorted(self.statuses.items(), key=lambda x: x[0] or 0))
+        named = f"; errors naming the field: {sum(self.named)} / {len(self.named)}" if self.named else ""
+        cut = f"; {self.cut_off} refused mid-body (413 and the connection closed)" if self.cut_off else ""
+        answered = f"{by_class['4xx'] + self.cut_off} answered 4xx, {by_class['5xx']} answered 5xx"
+        others = f"{by_class['2xx']} accepted, {by_class['none']} unanswered"
+        return f"hostile requests: {total} tried: {answered}, {others} ({statuses}{cut}){named}"
+
+    def check(self) -> None:
+        refused = sum(n for s, n in self.statuses.items() if s is not None and 400 <= s < 500)
+        assert refused == sum(self.statuses.values()), self.summary()
+        assert all(self.named), self.summary()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tally() -> Iterator[Tally]:
+    """The module's tally, printed (and checked) once its last test ran."""
+    tally = Tally()
+    yield tally
+    print(f"\n{tally.summary()}")
+    tally.check()
 
 
 def post(server: LiveServer, body: bytes | dict[str, Any], **kwargs: Any) -> httpx.Response:
@@ -87,7 +136,7 @@ def answered_yet(sock: socket.socket) -> bool:
 STALLED = 80  # more than the default max_concurrency (64), which they all held before the body was read first
 
 
-def test_clients_stalling_mid_body_do_not_lock_out_valid_requests(start_server: ServerFactory) -> None:
+def test_clients_stalling_mid_body_do_not_lock_out_valid_requests(start_server: ServerFactory, tally: Tally) -> None:
     """More clients than `max_concurrency` send half a body and stall: valid requests still get 200 meanwhile, and
     the stalled ones get 408 once the read timeout passes."""
     server = start_server(request_read_timeout_s=2.5)
@@ -97,20 +146,26 @@ def test_clients_stalling_mid_body_do_not_lock_out_valid_requests(start_server: 
         time.sleep(0.3)  # every stalled request is in the server, waiting for the rest of its body
         statuses = [post(server, VALID).status_code for _ in range(6)]
         unanswered = sum(not answered_yet(sock) for sock in stalled)
-        assert statuses == [200] * 6
+        assert statuses == [200] * 6, statuses
         assert unanswered == STALLED  # the valid requests were served while every stalled client still stalled
         replies = [read_reply(sock, timeout=15) for sock in stalled]
     finally:
         for sock in stalled:
             sock.close()
-    assert sum(reply.startswith(b"HTTP/1.1 408") for reply in replies) == STALLED, {r[:40] for r in replies}
-    assert b"request_timeout" in replies[0]
+    for reply in replies:
+        tally.record_reply(reply)
+    timed_out = sum(reply.startswith(b"HTTP/1.1 408") for reply in replies)
     metrics = server.metrics()
+    served = f"valid requests served meanwhile: {statuses.count(200)} / {len(statuses)}"
+    print(f"\n{STALLED} clients stalled mid-body: {timed_out} got 408 at the read timeout; {served}; refused with 429: "
+          f"{metrics['rejected_overloaded']}")  # fmt: skip
+    assert timed_out == STALLED, {r[:40] for r in replies}
+    assert b"request_timeout" in replies[0]
     assert metrics["in_flight"] == 0 and metrics["rejected_overloaded"] == 0 and metrics["server_errors"] == 0
     assert metrics["client_errors"] == STALLED
 
 
-def test_a_client_trickling_its_body_is_cut_off_at_the_read_timeout(start_server: ServerFactory) -> None:
+def test_a_client_trickling_its_body_is_cut_off_at_the_read_timeout(start_server: ServerFactory, tally: Tally) -> None:
     """The read timeout bounds the whole body, not each read: a byte every 0.2 s does not keep it open."""
     server = start_server(request_read_timeout_s=1.0)
     sock = raw_head(server, f"Content-Length: {len(VALID)}\r\n")
@@ -124,6 +179,7 @@ def test_a_client_trickling_its_body_is_cut_off_at_the_read_timeout(start_server
         reply = read_reply(sock, timeout=5)
     finally:
         sock.close()
+    tally.record_reply(reply)
     assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
     assert time.monotonic() - started < 3.5
 
@@ -131,13 +187,14 @@ def test_a_client_trickling_its_body_is_cut_off_at_the_read_timeout(start_server
 # -- body size ----------------------------------------------------------------------------------------------------
 
 
-def test_a_declared_body_over_the_cap_is_a_413_at_once(server: LiveServer) -> None:
+def test_a_declared_body_over_the_cap_is_a_413_at_once(server: LiveServer, tally: Tally) -> None:
     """A 50 MB Content-Length is refused from the head alone, before a byte of the body is read."""
     sock = raw_head(server, "Content-Length: 50000000\r\n")
     try:
         reply = read_reply(sock, timeout=5)
     finally:
         sock.close()
+    tally.record_reply(reply)
     assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
     head, _, body = reply.partition(b"\r\n\r\n")
     assert b"connection: close" in head.lower()
@@ -145,18 +202,19 @@ def test_a_declared_body_over_the_cap_is_a_413_at_once(server: LiveServer) -> No
     assert error["code"] == "request_too_large" and "8388608" in error["message"]
 
 
-def test_a_50_mb_body_sent_whole_is_refused(server: LiveServer) -> None:
+def test_a_50_mb_body_sent_whole_is_refused(server: LiveServer, tally: Tally) -> None:
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * 50_000_000}]}).encode()
     try:
         response = post(server, body)
     except httpx.TransportError:  # the server answered 413 and closed while the client was still sending
-        pass
+        tally.cut_off += 1
     else:
+        tally.record(response.status_code)
         assert response.status_code == 413 and error_of(response)["code"] == "request_too_large"
     assert post(server, VALID).status_code == 200
 
 
-def test_a_chunked_body_over_the_cap_is_a_413(start_server: ServerFactory) -> None:
+def test_a_chunked_body_over_the_cap_is_a_413(start_server: ServerFactory, tally: Tally) -> None:
     """Without a Content-Length, the cap is checked as the body streams in."""
     server = start_server(max_request_bytes=64 * 1024)
     sock = raw_head(server, "Transfer-Encoding: chunked\r\n")
@@ -167,6 +225,7 @@ def test_a_chunked_body_over_the_cap_is_a_413(start_server: ServerFactory) -> No
         reply = read_reply(sock, timeout=5)
     finally:
         sock.close()
+    tally.record_reply(reply)
     assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
     assert post(server, VALID).status_code == 200
 
@@ -194,7 +253,7 @@ class RecordingTokenizer:
 
 @pytest.mark.parametrize("tools", [None, [CALCULATOR_TOOL]], ids=["agent", "tools"])
 def test_text_too_long_for_the_context_is_refused_before_it_is_tokenized(
-    start_server: ServerFactory, tokenizer: HFTokenizer, tools: list[dict[str, Any]] | None
+    start_server: ServerFactory, tokenizer: HFTokenizer, tools: list[dict[str, Any]] | None, tally: Tally
 ) -> None:
     recording = RecordingTokenizer(tokenizer)
     engine = ScriptedEngine(recording, policy=calculator_policy(tokenizer), context_length=4096)
@@ -205,6 +264,7 @@ def test_text_too_long_for_the_context_is_refused_before_it_is_tokenized(
     if tools:
         huge["tools"] = tools
     response = post(server, huge)
+    tally.record(response.status_code)
     assert response.status_code == 400, response.text
     error = error_of(response)
     assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
@@ -280,13 +340,17 @@ HOSTILE: list[tuple[str, bytes, str | None]] = [
 
 
 @pytest.mark.parametrize(("body", "param"), [h[1:] for h in HOSTILE], ids=[h[0] for h in HOSTILE])
-def test_hostile_json_is_a_400_naming_the_field(server: LiveServer, body: bytes, param: str | None) -> None:
+def test_hostile_json_is_a_400_naming_the_field(
+    server: LiveServer, body: bytes, param: str | None, tally: Tally
+) -> None:
     response = post(server, body)
+    tally.record(response.status_code)
     assert 400 <= response.status_code < 500, (response.status_code, response.text[:500])
     error = error_of(response)
     assert error["type"] == "invalid_request_error"
     if param is None:
         return
+    tally.named.append(error["param"] is not None and error["param"].startswith(param) and param in error["message"])
     assert error["param"] is not None and error["param"].startswith(param), error
     assert param in error["message"]
 
@@ -305,14 +369,18 @@ TOWER_124 = "[" * 122 + "[[]]" + "]" * 122  # 124 levels, the innermost two of t
     ],
     ids=["shallow", "128_levels", "129_levels", "two_towers_of_128", "129_levels_empty_leaves"],
 )
-def test_nesting_is_refused_exactly_past_the_limit(server: LiveServer, x: str, status: int) -> None:
+def test_nesting_is_refused_exactly_past_the_limit(server: LiveServer, x: str, status: int, tally: Tally) -> None:
     response = post(server, body_with("x", x))
+    if status == 400:  # the ones at the limit are no hostile requests: they must be served
+        tally.record(response.status_code)
     assert response.status_code == status, response.text[:300]
     if status == 400:
         assert error_of(response)["param"].startswith("messages[0].x[0]")
 
 
-def test_bodies_held_at_once_are_bounded_and_small_requests_still_pass(start_server: ServerFactory) -> None:
+def test_bodies_held_at_once_are_bounded_and_small_requests_still_pass(
+    start_server: ServerFactory, tally: Tally
+) -> None:
     """Bodies are read before a slot is taken, so their bytes are budgeted across requests: once the stalled
     bodies hold the budget, a further big body is a 429, while a small request still fits and is served."""
     server = start_server(
@@ -325,6 +393,7 @@ def test_bodies_held_at_once_are_bounded_and_small_requests_still_pass(start_ser
         third = raw_head(server, f"Content-Length: {64 * 1024}\r\n", part)  # would hold 180 KiB
         refused = read_reply(third, timeout=5)
         third.close()
+        tally.record_reply(refused)
         assert refused.startswith(b"HTTP/1.1 429"), refused[:200]
         assert b"retry-after: 1" in refused.lower() and b"server_overloaded" in refused
         assert post(server, VALID).status_code == 200  # a small body still fits
@@ -332,6 +401,8 @@ def test_bodies_held_at_once_are_bounded_and_small_requests_still_pass(start_ser
     finally:
         for sock in stalled:
             sock.close()
+    for reply in replies:
+        tally.record_reply(reply)
     assert all(reply.startswith(b"HTTP/1.1 408") for reply in replies)
     metrics = server.metrics()
     assert metrics["rejected_body_budget"] == 1 and metrics["server_errors"] == 0
