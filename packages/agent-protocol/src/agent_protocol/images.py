@@ -12,8 +12,8 @@ one ``<|image_pad|>`` per image; the model's processor expands it into N pads (N
 each run of pads collapsed to one (`collapse_image_pads`, as `dedup_media_tokens` does) and expands it itself.
 `expand_image_pads` turns the first form into the second and records where each image's run sits.
 
-Pure Python (no PIL): `image_size` reads width and height from the PNG, JPEG, GIF, WebP or BMP header. This module
-knows no chat format and no tokenizer.
+Pure Python (no PIL): `image_size` reads width and height from the PNG, JPEG, GIF, WebP or BMP structure, every
+frame checked against them (`agent_protocol.image_format`). This module knows no chat format and no tokenizer.
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-import struct
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import msgspec
+
+from agent_protocol.image_format import read_header
 
 __all__ = [
     "ImageSpan",
@@ -122,71 +123,11 @@ def _data_url_bytes(url: str) -> bytes:
 
 
 def image_size(data: bytes) -> tuple[int, int]:
-    """(width, height) of a PNG, JPEG, GIF, WebP or BMP image, read from its header, as PIL reports `Image.size`
-    (no EXIF rotation: OpenRLHF's loader applies none). ValueError for anything else or a truncated header."""
-    size = _header_size(data)
-    if size is None:
-        raise ValueError("the data is not a PNG, JPEG, GIF, WebP or BMP image (or its header is cut off)")
-    width, height = size
-    if width <= 0 or height <= 0:
-        raise ValueError(f"the image header gives an empty size {width}x{height}")
-    return size
-
-
-def _header_size(data: bytes) -> tuple[int, int] | None:
-    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24 and data[12:16] == b"IHDR":
-        w, h = struct.unpack(">II", data[16:24])
-        return int(w), int(h)
-    if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 10:
-        w, h = struct.unpack("<HH", data[6:10])
-        return int(w), int(h)
-    if data[:2] == b"BM" and len(data) >= 26:
-        w, h = struct.unpack("<ii", data[18:26])
-        return abs(int(w)), abs(int(h))
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return _webp_size(data)
-    if data[:2] == b"\xff\xd8":
-        return _jpeg_size(data)
-    return None
-
-
-def _webp_size(data: bytes) -> tuple[int, int] | None:
-    chunk = data[12:16]
-    if chunk == b"VP8 " and len(data) >= 30:
-        w, h = struct.unpack("<HH", data[26:30])
-        return int(w) & 0x3FFF, int(h) & 0x3FFF
-    if chunk == b"VP8L" and len(data) >= 25:
-        bits = int.from_bytes(data[21:25], "little")
-        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
-    if chunk == b"VP8X" and len(data) >= 30:
-        return int.from_bytes(data[24:27], "little") + 1, int.from_bytes(data[27:30], "little") + 1
-    return None
-
-
-#: JPEG start-of-frame markers (baseline, progressive, lossless, ...), which carry the frame size
-_SOF: Final = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
-
-
-def _jpeg_size(data: bytes) -> tuple[int, int] | None:
-    at = 2
-    while at + 4 <= len(data):
-        if data[at] != 0xFF:
-            return None
-        marker = data[at + 1]
-        if marker == 0xFF:  # fill byte
-            at += 1
-            continue
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:  # no length
-            at += 2
-            continue
-        (length,) = struct.unpack(">H", data[at + 2 : at + 4])
-        if marker in _SOF:
-            if at + 9 > len(data):
-                return None
-            h, w = struct.unpack(">HH", data[at + 5 : at + 9])
-            return int(w), int(h)
-        at += 2 + int(length)
-    return None
+    """(width, height) of a PNG, JPEG, GIF, WebP or BMP image, as PIL reports `Image.size` (no EXIF rotation:
+    OpenRLHF's loader applies none), read from its structure over every frame (`image_format.read_header`).
+    ValueError for anything else, a truncated header, or frames that do not fit that size."""
+    _, width, height = read_header(data)
+    return width, height
 
 
 class VisionGrid(msgspec.Struct, frozen=True, kw_only=True):
