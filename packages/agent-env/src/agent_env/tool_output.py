@@ -12,9 +12,11 @@ returns ``ToolOutput(text, images=[...])``; each image is either
 
 The tool runner checks every image before it builds the observation (`check_tool_images`): an image that cannot
 be read or is not of a known type, one over `ImageLimits.max_image_bytes` bytes or `max_image_pixels` pixels,
-or more than `max_images` images from one call make the call an ``invalid_image`` failure whose message names
-the image (``images[k]``) and what is wrong with it. Sizes come from the image header, without decoding it
-(`agent_protocol.images.image_size`).
+more than `max_images` images or `max_total_pixels` pixels from one call, or an image that does not decode make
+the call an ``invalid_image`` failure whose message names the image (``images[k]``) and what is wrong with it.
+Sizes come from every frame header (`agent_protocol.images.image_size`), all checked before any image is
+decoded; then each is decoded (`image_decoder.checked_size`, with Pillow when installed), one at a time, within
+`max_image_pixels`: the same rules a server applies to its clients' images.
 
 This module knows image references and limits; it knows nothing about observations, tools or chat formats.
 """
@@ -30,6 +32,8 @@ from urllib.parse import unquote, urlparse
 
 import msgspec
 
+from agent_env.image_decoder import checked_size
+from agent_protocol.image_format import read_header
 from agent_protocol.images import check_image_url, image_size, read_image
 
 __all__ = ["DEFAULT_IMAGE_LIMITS", "ImageLimits", "ToolOutput", "check_tool_images", "image_data_url"]
@@ -54,40 +58,27 @@ class ToolOutput:
 
 class ImageLimits(msgspec.Struct, frozen=True, kw_only=True):
     """What the tool runner accepts from one call: at most `max_images` images, each at most `max_image_bytes`
-    bytes (the decoded file, not its data URL) and `max_image_pixels` pixels (width times height)."""
+    bytes (the decoded file, not its data URL) and `max_image_pixels` pixels (width times height), and at most
+    `max_total_pixels` pixels in all."""
 
     max_images: int = 8
     max_image_bytes: int = 8 * _MIB
     max_image_pixels: int = 4096 * 4096
+    max_total_pixels: int = 2 * 4096 * 4096
 
     def __post_init__(self) -> None:
-        for name in ("max_images", "max_image_bytes", "max_image_pixels"):
+        for name in ("max_images", "max_image_bytes", "max_image_pixels", "max_total_pixels"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ImageLimits.{name} must be at least 1, got {getattr(self, name)}")
 
 
 DEFAULT_IMAGE_LIMITS: Final = ImageLimits()
 
-#: the image types `agent_protocol.images.image_size` reads, by their header's first bytes (checked in this order)
-_MAGIC: Final = (
-    (b"\x89PNG\r\n\x1a\n", "png"),
-    (b"GIF87a", "gif"),
-    (b"GIF89a", "gif"),
-    (b"BM", "bmp"),
-    (b"\xff\xd8", "jpeg"),
-)
-
 
 def image_data_url(data: bytes) -> str:
     """`data` (a PNG, JPEG, GIF, WebP or BMP file) as a ``data:image/<type>;base64,`` URL, the type read from its
-    header. ValueError when it is none of these."""
-    image_size(data)
-    kind = "webp" if data[:4] == b"RIFF" and data[8:12] == b"WEBP" else None
-    for magic, name in _MAGIC:
-        if kind is None and data.startswith(magic):
-            kind = name
-    if kind is None:  # image_size accepted it, so this is a type image_size learned and this table did not
-        raise ValueError("the image type is not one of PNG, JPEG, GIF, WebP, BMP")
+    header (`agent_protocol.image_format.read_header`). ValueError when it is none of these."""
+    kind, _, _ = read_header(data)
     return f"data:image/{kind};base64,{base64.b64encode(data).decode('ascii')}"
 
 
@@ -96,10 +87,25 @@ def check_tool_images(images: Sequence[object], limits: ImageLimits = DEFAULT_IM
     or ValueError naming the first image that breaks a rule (``images[k]``) and what is wrong with it."""
     if len(images) > limits.max_images:
         raise ValueError(f"the tool returned {len(images)} images; at most {limits.max_images} are shown per call")
-    return tuple(_checked(f"images[{k}]", image, limits) for k, image in enumerate(images))
+    read = [_read(f"images[{k}]", image, limits) for k, image in enumerate(images)]
+    pixels = 0
+    for k, (_, _, (width, height)) in enumerate(read):
+        pixels += width * height
+        if pixels > limits.max_total_pixels:
+            raise ValueError(
+                f"the images up to images[{k}] hold {pixels} pixels; the limit is {limits.max_total_pixels} pixels "
+                "per call"
+            )
+    for k, (_, data, _) in enumerate(read):  # each decoded, one at a time, once every size is known to fit
+        try:
+            checked_size(data, max_pixels=limits.max_image_pixels)
+        except ValueError as e:
+            raise ValueError(f"images[{k}]: {e}") from e
+    return tuple(image if isinstance(image, str) else image_data_url(data) for image, data, _ in read)
 
 
-def _checked(where: str, image: object, limits: ImageLimits) -> str:
+def _read(where: str, image: object, limits: ImageLimits) -> tuple[object, bytes, tuple[int, int]]:
+    """`image`, its bytes and its size from its frame headers, or ValueError naming `where`."""
     if isinstance(image, (bytes, bytearray, memoryview)):
         data = bytes(image)
     elif isinstance(image, str):
@@ -124,7 +130,7 @@ def _checked(where: str, image: object, limits: ImageLimits) -> str:
         raise ValueError(
             f"{where} is {width}x{height} = {width * height} pixels; the limit is {limits.max_image_pixels} pixels"
         )
-    return image if isinstance(image, str) else image_data_url(data)
+    return image, data, (width, height)
 
 
 def _check_bytes(where: str, size: int, limits: ImageLimits) -> None:

@@ -10,7 +10,9 @@ The task's images are the list under ``"images"`` in the episode's task row (`To
 as Pillow's `Image.crop`), and a `zoom` factor; the region is resized with bicubic resampling to
 ``floor(width * zoom) x floor(height * zoom)``, the zoom lowered where needed so the result stays within
 `max_output_pixels` (the text then says so). A box that is empty or outside the image, or an image number the
-task does not have, is a `ToolError` whose message says the image's size or how many images there are.
+task does not have, is a `ToolError` whose message says the image's size or how many images there are. The task's
+image is decoded within `max_input_pixels` (`agent_env.image_decoder`: its size from every frame header, agreed
+by Pillow); one over it, or one that does not decode, is a `ToolError` saying so.
 
 `plot_chart` draws with matplotlib's Agg canvas (no pyplot, no display) at a fixed size and dpi in matplotlib's
 default style, and writes the PNG without metadata, so equal arguments give equal bytes. Rendering holds a lock:
@@ -35,10 +37,11 @@ import msgspec
 
 from agent_env._threads import run_in_daemon_thread
 from agent_env.errors import ArgumentError, ToolError
+from agent_env.image_decoder import decode_image
 from agent_env.schema import convert_arguments, struct_schema
 from agent_env.tool import ToolBase, ToolContext
 from agent_env.tool_output import ToolOutput
-from agent_protocol.images import image_size, read_image
+from agent_protocol.images import read_image
 
 __all__ = ["ChartArguments", "ChartTool", "CropArguments", "CropTool", "crop", "plot_chart"]
 
@@ -81,10 +84,14 @@ class CropTool(ToolBase):
         images_key: str = "images",
         max_output_pixels: int = 1024 * 1024,
         timeout_s: float | None = 10.0,
+        max_input_pixels: int = 40_000_000,
     ) -> None:
         _require("PIL", "Pillow", name)
-        if max_output_pixels < 1:
-            raise ValueError(f"max_output_pixels must be at least 1, got {max_output_pixels}")
+        if max_output_pixels < 1 or max_input_pixels < 1:
+            raise ValueError(
+                f"max_output_pixels and max_input_pixels must be at least 1, got {max_output_pixels} and "
+                f"{max_input_pixels}"
+            )
         self.name = name
         self.description = (
             "Zoom into one of the task's images: crop the box [left, top, right, bottom] (pixels of the original "
@@ -93,6 +100,7 @@ class CropTool(ToolBase):
         self.parameters = struct_schema(CropArguments)
         self.images_key = images_key
         self.max_output_pixels = max_output_pixels
+        self.max_input_pixels = max_input_pixels
         self.timeout_s = timeout_s
 
     def parse_arguments(self, arguments: dict[str, Any]) -> CropArguments:
@@ -118,13 +126,19 @@ class CropTool(ToolBase):
         return image
 
     def _crop(self, source: str | bytes, arguments: CropArguments) -> ToolOutput:
-        from PIL import Image
 
         try:
             data = source if isinstance(source, bytes) else read_image(source)
-            width, height = image_size(data)
+            opened = decode_image(data, max_pixels=self.max_input_pixels)
         except ValueError as e:
             raise ToolError(f"task image {arguments.image} cannot be read: {e}") from e
+        with opened:
+            return self._crop_decoded(opened, arguments)
+
+    def _crop_decoded(self, opened: Any, arguments: CropArguments) -> ToolOutput:
+        from PIL import Image
+
+        width, height = opened.size
         left, top, right, bottom = arguments.bbox
         where = f"image {arguments.image} is {width}x{height} pixels"
         if right <= left or bottom <= top:
@@ -141,8 +155,7 @@ class CropTool(ToolBase):
         region_w, region_h = right - left, bottom - top
         zoom = min(arguments.zoom, math.sqrt(self.max_output_pixels / (region_w * region_h)))
         size = (max(1, math.floor(region_w * zoom)), max(1, math.floor(region_h * zoom)))
-        with Image.open(io.BytesIO(data)) as opened:
-            picture = opened.convert("RGBA" if _has_alpha(opened) else "RGB")
+        picture = opened.convert("RGBA" if _has_alpha(opened) else "RGB")
         region = picture.crop((left, top, right, bottom))
         if size != region.size:
             region = region.resize(size, Image.Resampling.BICUBIC)

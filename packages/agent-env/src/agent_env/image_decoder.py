@@ -1,0 +1,99 @@
+"""Images decoded under a pixel budget: `decode_image` (the first frame as Pillow decodes it, or ValueError) and
+`checked_size` (the size an image really decodes to, within a budget).
+
+The size of an image is not trusted from its first header: `agent_protocol.image_format.read_header` reads every
+frame's header and refuses frames that do not fit the image, and the budget (`max_pixels`) is checked on that
+size before anything is allocated. Then Pillow opens the image as the one format its header names (no guessing
+of another format for the same bytes) and must agree: the size it reports and every tile it would decode must
+be the header's, or the image is refused before Pillow allocates a pixel. Only then is the first frame decoded
+(the one frame OpenRLHF's loader and the engines use), so a truncated body, a corrupt bitstream or a palette
+Pillow cannot convert is a `ValueError` here, and no decode ever holds more than ``max_pixels`` pixels (at most
+4 bytes each in any mode these formats decode to). The limit is passed on each call; Pillow's process-wide
+``Image.MAX_IMAGE_PIXELS`` is left as it is.
+
+`ImageTooLarge` (a ValueError) says an image is over the budget, as opposed to broken. Pillow is imported on the
+first decode, never at import time (it is the ``vision`` extra); without it `checked_size` checks the structure
+only, and `decode_image` raises ValueError saying Pillow is missing. This module knows image bytes and Pillow;
+nothing about URLs, tools or requests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+from typing import TYPE_CHECKING, Final
+
+from agent_protocol.image_format import read_header
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+__all__ = ["BYTES_PER_PIXEL", "ImageTooLarge", "checked_size", "decode_image", "has_decoder"]
+
+#: the most bytes one decoded pixel takes in Pillow (RGB is stored in 4 bytes, as RGBA, I and F are)
+BYTES_PER_PIXEL: Final = 4
+
+#: Pillow's name for each format `read_header` tells apart: an image is opened as that format only
+_PIL_FORMAT: Final = {"png": "PNG", "jpeg": "JPEG", "gif": "GIF", "webp": "WEBP", "bmp": "BMP"}
+
+
+class ImageTooLarge(ValueError):
+    """The image is well formed but has more pixels than the caller's budget."""
+
+
+def has_decoder() -> bool:
+    """Whether Pillow is installed, so that `checked_size` decodes images (else it reads their structure only)."""
+    return importlib.util.find_spec("PIL") is not None
+
+
+def checked_size(data: bytes, *, max_pixels: int | None) -> tuple[int, int]:
+    """(width, height) of the image in `data` if it decodes (with Pillow, when installed) within `max_pixels`
+    pixels; `ImageTooLarge` over the budget, ValueError saying what is wrong otherwise. The decoded pixels are
+    dropped at once: this only proves that the image can be decoded, at the size its header says."""
+    if not has_decoder():
+        _, width, height = read_header(data)
+        _check_budget(width, height, max_pixels)
+        return width, height
+    picture = decode_image(data, max_pixels=max_pixels)
+    size: tuple[int, int] = picture.size
+    picture.close()
+    return size
+
+
+def decode_image(data: bytes, *, max_pixels: int | None = None) -> Image:
+    """The first frame of the image in `data`, decoded by Pillow (in the mode it decodes to), if its size is the
+    one its frame headers say and within `max_pixels` (None: no budget of the caller's, only Pillow's own). Raises
+    `ImageTooLarge` or ValueError, before any pixel is allocated where the sizes alone refuse it."""
+    kind, width, height = read_header(data)
+    _check_budget(width, height, max_pixels)
+    try:
+        from PIL import Image as pil
+    except ImportError as e:
+        raise ValueError("decoding images needs Pillow: install agent-env[vision]") from e
+    try:
+        picture = pil.open(io.BytesIO(data), formats=[_PIL_FORMAT[kind]])
+    except Exception as e:  # Pillow raises its own errors (SyntaxError, OSError, DecompressionBombError, ...)
+        raise ValueError(f"the image cannot be decoded: {type(e).__name__}: {e}") from e
+    try:
+        if picture.size != (width, height):
+            raise ValueError(
+                f"the decoder reads a {picture.size[0]}x{picture.size[1]} image where the header says {width}x{height}"
+            )
+        for tile in picture.tile:
+            extents = tile[1]  # (left, top, right, bottom); None: the whole image
+            if extents is not None and (min(extents[:2]) < 0 or extents[2] > width or extents[3] > height):
+                raise ValueError(f"the image's data reaches outside its {width}x{height} size ({extents})")
+        try:
+            picture.load()
+            picture.crop((0, 0, 1, 1)).convert("RGB")  # a palette or mode the engines' RGB conversion refuses
+        except Exception as e:
+            raise ValueError(f"the image cannot be decoded: {type(e).__name__}: {e}") from e
+    except BaseException:
+        picture.close()
+        raise
+    return picture
+
+
+def _check_budget(width: int, height: int, max_pixels: int | None) -> None:
+    if max_pixels is not None and width * height > max_pixels:
+        raise ImageTooLarge(f"the image is {width}x{height} = {width * height} pixels; the limit is {max_pixels}")
