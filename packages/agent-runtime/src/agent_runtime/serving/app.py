@@ -53,7 +53,7 @@ from agent_runtime.serving.agent_mode import complete_agent, stream_agent
 from agent_runtime.serving.api_error import ApiError, from_decode_error, from_message_error
 from agent_runtime.serving.backend import ServingBackend
 from agent_runtime.serving.config import ServeConfig
-from agent_runtime.serving.images import check_request_images
+from agent_runtime.serving.images import check_request_images, image_count_limit
 from agent_runtime.serving.json_guard import check_json_body
 from agent_runtime.serving.openai_wire import ChatCompletionRequest, ModelCard, ModelList, decode_request, encode
 from agent_runtime.serving.request_body import BodyBudget, request_body
@@ -132,7 +132,8 @@ def _parse(body: bytes, backend: ServingBackend) -> tuple[ChatCompletionRequest,
         grid=getattr(backend.engine.tokenizer, "vision", None),
         max_image_bytes=config.max_image_bytes,
         max_image_pixels=config.max_image_pixels,
-        max_images=backend.recipe.max_images,
+        max_request_pixels=config.max_request_pixels,
+        max_images=image_count_limit(backend.recipe.max_images, config.max_images),
         context_tokens=backend.context_limit,
     )
     try:
@@ -159,7 +160,8 @@ async def chat_completions(request: Request) -> Response:
         async with request_body(
             request, max_bytes=config.max_request_bytes, timeout_s=config.request_read_timeout_s, budget=budget
         ) as body:
-            if len(body) > _PARSE_OFF_LOOP_BYTES:  # megabytes of JSON: checked and decoded off the event loop
+            # megabytes of JSON, or images (each is decoded to be checked): checked and decoded off the event loop
+            if len(body) > _PARSE_OFF_LOOP_BYTES or b"image" in body or b"\\u" in body:
                 chat, messages, tools = await asyncio.to_thread(_parse, body, backend)
             else:
                 chat, messages, tools = _parse(body, backend)
@@ -252,7 +254,7 @@ async def health(request: Request) -> Response:
             "images": {
                 "accepted": backend.text_only is None,
                 "max_image_bytes": backend.config.max_image_bytes,
-                "max_images": backend.recipe.max_images,
+                "max_images": image_count_limit(backend.recipe.max_images, backend.config.max_images),
             },
             "uptime_s": round(time.time() - backend.created, 1),
         }

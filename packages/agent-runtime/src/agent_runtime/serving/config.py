@@ -35,8 +35,14 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     - `max_image_bytes`: the largest image a message may carry, decoded (400 beyond). Images arrive inline as
       base64 data URLs, a third larger than the image, so `max_request_bytes` bounds them too: raise both to
       take large images.
-    - `max_image_pixels`: the most pixels (width x height, read from the image's header) one image may have
-      (400 beyond): a few kilobytes of PNG can claim a gigapixel that an engine would decode in full.
+    - `max_image_pixels`: the most pixels (width x height, read from every frame header and confirmed by the
+      decoder) one image may have (400 beyond): a few kilobytes of PNG can claim a gigapixel that an engine would
+      decode in full. The server decodes each image it takes, one at a time, so this also bounds the memory one
+      image costs it: at most 4 bytes a pixel.
+    - `max_request_pixels`: the most pixels all the images of one request may have together (400 beyond): an
+      engine decodes a request's images together.
+    - `max_images`: the most images one request may carry (400 beyond), whatever the recipe allows; a recipe's
+      own `max_images` lowers it.
     """
 
     model_name: str
@@ -54,6 +60,8 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_chars_per_token: float = 32.0
     max_image_bytes: int = 8 * 1024 * 1024
     max_image_pixels: int = 40_000_000
+    max_request_pixels: int = 80_000_000
+    max_images: int = 16
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -77,4 +85,9 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(
                 f"max_image_bytes and max_image_pixels must be at least 1, got {self.max_image_bytes} and "
                 f"{self.max_image_pixels}"
+            )
+        if self.max_request_pixels < 1 or self.max_images < 1:
+            raise ValueError(
+                f"max_request_pixels and max_images must be at least 1, got {self.max_request_pixels} and "
+                f"{self.max_images}"
             )

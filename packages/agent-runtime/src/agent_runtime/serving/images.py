@@ -10,11 +10,15 @@ before they are converted or tokenized, and refuses with a 400 naming ``messages
   would make requests on a client's behalf), and ``file://`` URLs and paths are never read: over HTTP they would
   let any client read the server's files. (In-process, `agent_runtime`'s Python API takes both.);
 - a data URL that does not decode to a PNG, JPEG, GIF, WebP or BMP image (a wrong type, broken base64, a cut
-  header), an image the model's image grid cannot take (an aspect ratio over 200), an image over
-  `ServeConfig.max_image_bytes` decoded or over `max_image_pixels`;
+  header, frames that do not fit the image's size, two JPEG frame headers), an image the model's image grid cannot
+  take (an aspect ratio over 200), an image over `ServeConfig.max_image_bytes` decoded or over `max_image_pixels`;
+- an image that passes all that and still does not decode: each is decoded (`agent_env.image_decoder`, when
+  Pillow is installed), one at a time and within `max_image_pixels`, after every size is checked, so a truncated
+  body, a corrupt bitstream or a size the decoder reads otherwise is a 400 here, not an engine's 500 later;
 
-and with a 400 naming ``messages``: more images in the request than the recipe's `max_images` (counted before any
-is decoded), or images whose pads alone (`VisionGrid.pads`) would fill the context.
+and with a 400 naming ``messages``: more images in the request than `image_count_limit` allows (the recipe's
+`max_images`, at most the server's; counted before any is decoded), more pixels in all than
+`max_request_pixels`, or images whose pads alone (`VisionGrid.pads`) would fill the context.
 
 Out: `client_image_parts` turns the images a tool returned (`Observation.images`: data URLs, or paths of files the
 server's own tools wrote) into ``image_url`` parts holding data URLs, which any client can show.
@@ -29,13 +33,20 @@ from typing import Any
 
 import structlog
 
+from agent_env.image_decoder import checked_size
 from agent_env.tool_output import image_data_url
 from agent_protocol import ChatProtocol, Tokenizer
 from agent_protocol.images import VisionGrid, data_url_payload, decode_base64, image_size, read_image
 from agent_runtime.engines.base import LLMEngine
 from agent_runtime.serving.api_error import ApiError
 
-__all__ = ["check_request_images", "client_image_parts", "image_url_part", "text_only_reason"]
+__all__ = [
+    "check_request_images",
+    "client_image_parts",
+    "image_count_limit",
+    "image_url_part",
+    "text_only_reason",
+]
 
 logger = structlog.get_logger(__name__)
 
@@ -54,6 +65,12 @@ def text_only_reason(protocol: ChatProtocol, tokenizer: Tokenizer, engine: LLMEn
     return None
 
 
+def image_count_limit(recipe_max_images: int | None, server_max_images: int) -> int:
+    """The most images one request may hold: the recipe's `max_images` where it sets one, never more than the
+    server's (`ServeConfig.max_images`)."""
+    return server_max_images if recipe_max_images is None else min(recipe_max_images, server_max_images)
+
+
 def check_request_images(
     messages: Sequence[Any],
     *,
@@ -61,13 +78,15 @@ def check_request_images(
     grid: VisionGrid | None,
     max_image_bytes: int,
     max_image_pixels: int,
+    max_request_pixels: int | None = None,
     max_images: int | None,
     context_tokens: int,
 ) -> int:
     """Check every ``image_url`` part of the request's raw `messages` (see the module docstring); the number of
     images. Raises `ApiError` 400. `grid`: the model's image grid (each image must have a size it takes, and its
     pads count against `context_tokens`). Parts that are not even shaped like an image part are left to
-    `agent_protocol.coerce_messages`, which names them the same way."""
+    `agent_protocol.coerce_messages`, which names them the same way. Decodes every image (with Pillow, when
+    installed): call it off the event loop."""
     images = list(_image_urls(messages))
     if images and text_only is not None:
         where = images[0][0]
@@ -81,15 +100,26 @@ def check_request_images(
         raise ApiError(
             400,
             f"the conversation holds {len(images)} images; the model takes at most {max_images} in one "
-            "conversation (the recipe's max_images)",
+            "conversation (the recipe's max_images, or the server's --max-images)",
             param="messages",
             code="too_many_images",
         )
-    pads = 0
-    for where, url in images:
-        width, height = _check_url(
+    pads = pixels = 0
+    read: list[tuple[str, bytes]] = []
+    for where, url in images:  # sizes and limits first, from the frame headers: nothing decoded yet
+        data, (width, height) = _check_url(
             url, where, grid=grid, max_image_bytes=max_image_bytes, max_image_pixels=max_image_pixels
         )
+        read.append((where, data))
+        pixels += width * height
+        if max_request_pixels is not None and pixels > max_request_pixels:
+            raise ApiError(
+                400,
+                f"the images up to `{where}` hold {pixels} pixels; this server takes at most {max_request_pixels} "
+                "in one request (ServeConfig.max_request_pixels)",
+                param="messages",
+                code="too_many_image_pixels",
+            )
         pads += grid.pads(width, height) if grid is not None else 0
         if pads > context_tokens:
             raise ApiError(
@@ -98,6 +128,11 @@ def check_request_images(
                 param="messages",
                 code="context_length_exceeded",
             )
+    for where, data in read:  # then each image decoded, one at a time, within the per-image budget
+        try:
+            checked_size(data, max_pixels=max_image_pixels)
+        except ValueError as e:
+            raise _refuse(where, f"the image cannot be read: {e}", "invalid_image") from e
     return len(images)
 
 
@@ -122,9 +157,9 @@ def _refuse(where: str, problem: str, code: str) -> ApiError:
 
 def _check_url(
     url: str, where: str, *, grid: VisionGrid | None, max_image_bytes: int, max_image_pixels: int
-) -> tuple[int, int]:
-    """The image's (width, height) if the server takes it, else the 400 naming `where`. The size is checked from
-    the payload's length before anything is decoded."""
+) -> tuple[bytes, tuple[int, int]]:
+    """The image's bytes and (width, height), from its frame headers, if the server takes it, else the 400 naming
+    `where`. The byte size is checked from the payload's length before anything is decoded."""
     if not url.startswith("data:"):
         if url[:8].lower().startswith(("http://", "https://")):
             problem = "remote image URLs are not fetched by this server; send the image inline as a data URL"
@@ -162,7 +197,7 @@ def _check_url(
             "(ServeConfig.max_image_pixels)",
             "image_too_large",
         )
-    return width, height
+    return data, (width, height)
 
 
 def image_url_part(url: str) -> dict[str, Any]:
