@@ -186,7 +186,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=40_000_000,
         metavar="PIXELS",
-        help="the most pixels (width x height, read from the header) one image may have (default: %(default)s)",
+        help="the most pixels (width x height, read from every frame header and confirmed by decoding the image) "
+        "one image may have; the server decodes each image it takes, one at a time, at most 4 bytes a pixel "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-request-pixels",
+        type=int,
+        default=80_000_000,
+        metavar="PIXELS",
+        help="the most pixels all the images of one request may have together (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-images",
+        type=int,
+        default=16,
+        metavar="N",
+        help="the most images one request may carry; a recipe's own max_images lowers it (default: %(default)s)",
     )
     parser.add_argument(
         "--served-model-name", help="the model id clients send (default: the model directory's name or the model id)"
@@ -234,8 +250,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--max-buffered-request-bytes must be at least --max-request-bytes")
     if not args.max_chars_per_token >= 1:
         parser.error("--max-chars-per-token must be at least 1")
-    if args.max_image_bytes < 1 or args.max_image_pixels < 1:
-        parser.error("--max-image-bytes and --max-image-pixels must be at least 1")
+    if min(args.max_image_bytes, args.max_image_pixels, args.max_request_pixels, args.max_images) < 1:
+        parser.error("--max-image-bytes, --max-image-pixels, --max-request-pixels and --max-images must be at least 1")
     return args
 
 
@@ -370,6 +386,8 @@ def serve_config(args: argparse.Namespace, recipe: Recipe, model: str) -> ServeC
         max_chars_per_token=args.max_chars_per_token,
         max_image_bytes=args.max_image_bytes,
         max_image_pixels=args.max_image_pixels,
+        max_request_pixels=args.max_request_pixels,
+        max_images=args.max_images,
     )
 
 

@@ -112,19 +112,19 @@ def test_the_limits_given_on_the_command_line_reach_the_server() -> None:
     args = app["parse_args"](
         ["--engine-timeout", "7.5", "--max-request-bytes", "1000", "--request-read-timeout", "2",
          "--max-chars-per-token", "16", "--max-buffered-request-bytes", "5000", "--model", "some/model",
-         "--max-image-bytes", "900", "--max-image-pixels", "640"]
+         "--max-image-bytes", "900", "--max-image-pixels", "640", "--max-request-pixels", "700", "--max-images", "5"]
     )  # fmt: skip
     config = app["serve_config"](args, calculator_recipe(), "some/model")
     assert config == ServeConfig(
         model_name="some/model", aliases=("calculator",), engine_timeout_s=7.5, max_request_bytes=1000,
         request_read_timeout_s=2.0, max_chars_per_token=16.0, max_buffered_request_bytes=5000,
-        max_image_bytes=900, max_image_pixels=640,
+        max_image_bytes=900, max_image_pixels=640, max_request_pixels=700, max_images=5,
     )  # fmt: skip
     defaults = app["serve_config"](app["parse_args"]([]), calculator_recipe(), "unused")
     assert defaults.engine_timeout_s == 600.0 and defaults.max_request_bytes == 8 * 1024 * 1024
     for wrong in (["--engine-timeout", "0"], ["--engine-timeout", "nan"], ["--request-read-timeout", "-1"],
                   ["--max-request-bytes", "0"], ["--max-buffered-request-bytes", "10"], ["--max-image-bytes", "0"],
-                  ["--max-image-pixels", "-3"]):  # fmt: skip
+                  ["--max-image-pixels", "-3"], ["--max-request-pixels", "0"], ["--max-images", "0"]):  # fmt: skip
         with pytest.raises(SystemExit) as caught:
             app["parse_args"](wrong)
         assert caught.value.code == 2
