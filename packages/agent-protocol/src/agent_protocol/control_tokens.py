@@ -82,6 +82,10 @@ class ControlTokens:
         self._prefixes = {t[:k] for t in self.controls for k in range(1, len(t))}
         self._suffixes = {t[k:] for t in self.controls for k in range(1, len(t))}
         self._edge = max((len(t) for t in self.controls), default=1) - 1
+        # A text can end with part of a control string only if its last `_edge` characters hold a first character
+        # of one (and start with part of one only if its first hold a last character): a cheap test first.
+        self._firsts = _char_class({t[0] for t in self.controls})
+        self._lasts = _char_class({t[-1] for t in self.controls})
         self._plain: dict[str, list[int]] = {}
         self._model_only: tokenizers.Tokenizer | bool | None = False  # False: not built yet
 
@@ -108,7 +112,11 @@ class ControlTokens:
         if self._pattern.search(text) is not None:
             return True
         edge = min(self._edge, len(text))
-        return any(text[-k:] in self._prefixes or text[:k] in self._suffixes for k in range(1, edge + 1))
+        ends = self._firsts.search(text, len(text) - edge) is not None
+        if ends and any(text[-k:] in self._prefixes for k in range(1, edge + 1)):
+            return True
+        starts = self._lasts.search(text, 0, edge) is not None
+        return starts and any(text[:k] in self._suffixes for k in range(1, edge + 1))
 
     def mark(self, messages: Iterable[Message]) -> list[Message]:
         """`messages` with the text of each user and tool message that needs it between markers (module
@@ -246,6 +254,10 @@ def _unwrap(text: str) -> tuple[str, list[tuple[int, int]]]:
 def _without_markers(message: Message) -> Message:
     """`message` with every marker character in its text replaced by U+FFFD (one for one: image offsets hold)."""
     return msgspec.structs.replace(message, content=_MARKERS.sub("\ufffd", message.content or ""))
+
+
+def _char_class(chars: set[str]) -> re.Pattern[str]:
+    return re.compile("[" + "".join(re.escape(c) for c in sorted(chars)) + "]" if chars else "(?!)")
 
 
 def _trie_pattern(strings: Iterable[str]) -> re.Pattern[str]:
