@@ -111,6 +111,8 @@ def test_close_stops_a_running_batch_once_its_timeout_is_spent(
         return await queue_then_close(engine, await started(engine, running, LONG), queued)
 
     waited, (first, second) = run(close_now())
+    print(f"\nclose() during a {LONG.max_new_tokens}-token generation with one queued: returned in {waited:.2f} s "
+          f"after {engine.row_steps} row-steps; running: {first}; queued: {second}")  # fmt: skip
     assert waited < 3.0, f"close() took {waited:.1f} s"
     assert isinstance(first, EngineUnavailable) and "while this request ran" in str(first)
     assert isinstance(second, EngineUnavailable) and "before this request ran" in str(second)
@@ -135,6 +137,7 @@ def test_a_model_stuck_in_a_forward_pass_cannot_make_close_hang(
         waited, (first, second) = run(close_while_stuck())
     finally:
         model.gate.set()  # the stuck pass returns: the worker sees the engine closed and ends
+    print(f"\nclose() with a forward pass stuck (grace 0.2 s): returned in {waited:.2f} s; running: {first}")
     assert waited < 3.0, f"close() took {waited:.1f} s"
     assert isinstance(first, EngineUnavailable) and "did not return" in str(first)
     assert isinstance(second, EngineUnavailable) and "before this request ran" in str(second)
@@ -220,6 +223,8 @@ def test_an_engine_timeout_stops_the_generation_it_gave_up_on(tiny_hf_engine: HF
         run(engine.close(timeout_s=5.0))  # the worker ends once its batch has (at most 5 s: then close() stops it)
     finally:
         model.gate.set()
+    print(f"\na {LONG.max_new_tokens}-token generation timed out by call_engine: {engine.row_steps} row-steps "
+          f"computed, abandoned_requests={engine.abandoned_requests}")  # fmt: skip
     assert isinstance(outcome, EngineFailure) and outcome.code == "engine_timeout"
     assert engine.abandoned_requests == 1
     assert engine.row_steps <= 3, f"the timed-out row went on: {engine.row_steps} rows computed"

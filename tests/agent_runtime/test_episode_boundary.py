@@ -4,14 +4,16 @@ every other episode.
 
 Each fault is injected by a real component that raises at one point (a protocol whose parser raises, an
 environment whose step raises, a reward that raises...); the rest is the real Qwen3 tokenizer, the real
-calculator tool and `ScriptedEngine` replaying real token ids.
+calculator tool and `ScriptedEngine` replaying real token ids. Each fault's end is tallied: the module prints
+how many ended only their episode, coded (``uv run pytest tests/agent_runtime/test_episode_boundary.py -s``), and
+the batch of 100 prints what came back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,16 @@ from agent_protocol.protocols.qwen3 import Qwen3Protocol
 from agent_runtime import AgentRuntime, AgentSession, CompactableSession, ErrorEvent, FinalEvent, ScriptedEngine
 
 QUESTION = "What is 17 * 23?"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def contained() -> Iterator[dict[str, bool]]:
+    """fault -> whether it ended only its episode, with the expected code; printed once the module ran."""
+    tally: dict[str, bool] = {}
+    yield tally
+    ended = ", ".join(f"{fault}{'' if ok else ' (NOT contained)'}" for fault, ok in tally.items())
+    print(f"\na component raising at each point: {sum(tally.values())} / {len(tally)} ended only their episode, "
+          f"coded ({ended})")  # fmt: skip
 
 
 def call(expression: str) -> str:
@@ -146,12 +158,15 @@ EXPECTED = {
 
 
 @pytest.mark.parametrize("fault", sorted(EXPECTED))
-def test_a_raising_component_ends_only_its_episode_with_a_coded_error(tokenizer: HFTokenizer, fault: str) -> None:
+def test_a_raising_component_ends_only_its_episode_with_a_coded_error(
+    tokenizer: HFTokenizer, fault: str, contained: dict[str, bool]
+) -> None:
     engine = ScriptedEngine(tokenizer, [call("17 * 23"), answer("391")])
     runtime = AgentRuntime(engine, _session(tokenizer, fault))
     result = asyncio.run(runtime.run(QUESTION, task={"answer": "391"}, keep_events=True))
 
     stop, code = EXPECTED[fault]
+    contained[fault] = result.stop_reason == stop and code in [e.code for e in result.trajectory.errors]
     assert result.stop_reason == stop
     assert code in [e.code for e in result.trajectory.errors], result.trajectory.errors
     assert isinstance(result.events[-1], FinalEvent)
@@ -162,14 +177,18 @@ def test_a_raising_component_ends_only_its_episode_with_a_coded_error(tokenizer:
         assert sum(segment.loss_mask) == len(tokenizer.encode(call("17 * 23")))
 
 
-def test_a_reward_that_raises_while_finishing_keeps_the_answer(tokenizer: HFTokenizer) -> None:
+def test_a_reward_that_raises_while_finishing_keeps_the_answer(
+    tokenizer: HFTokenizer, contained: dict[str, bool]
+) -> None:
     engine = ScriptedEngine(tokenizer, [answer("391")])
     result = asyncio.run(AgentRuntime(engine, _session(tokenizer, "result_reward")).run(QUESTION))
+    codes = [e.code for e in result.trajectory.errors]
+    contained["result_reward_on_the_final_answer"] = result.final_answer == "391" and codes == ["reward_error"]
     assert result.final_answer == "391" and result.reward == 0.0
     assert [e.code for e in result.trajectory.errors] == ["reward_error"]
 
 
-def test_step_itself_never_raises_for_a_broken_environment(tokenizer: HFTokenizer) -> None:
+def test_step_itself_never_raises_for_a_broken_environment(tokenizer: HFTokenizer, contained: dict[str, bool]) -> None:
     """The loop in the README (reset / next_request / step) gets the boundary too, without AgentRuntime."""
 
     async def main() -> tuple[bool, str | None]:
@@ -181,10 +200,12 @@ def test_step_itself_never_raises_for_a_broken_environment(tokenizer: HFTokenize
         outcome = await session.step(await engine.generate(request.prompt_ids, request.sampling()))
         return outcome.done, session.stop_reason
 
-    assert asyncio.run(main()) == (True, "environment_error")
+    outcome = asyncio.run(main())
+    contained["environment_step_without_runtime"] = outcome == (True, "environment_error")
+    assert outcome == (True, "environment_error")
 
 
-def test_compaction_summary_turn_has_the_same_boundary(tokenizer: HFTokenizer) -> None:
+def test_compaction_summary_turn_has_the_same_boundary(tokenizer: HFTokenizer, contained: dict[str, bool]) -> None:
     class RaisingDecodeOnSummary(HFTokenizer):
         calls = 0
 
@@ -203,6 +224,7 @@ def test_compaction_summary_turn_has_the_same_boundary(tokenizer: HFTokenizer) -
     )
     engine = ScriptedEngine(tokenizer, [call("17 * 23"), answer("Summary: 17 * 23 = 391."), answer("391")])
     result = asyncio.run(AgentRuntime(engine, session).run(QUESTION, keep_events=True))
+    contained["compaction_summary"] = result.stop_reason == "decode_error"
     assert result.stop_reason == "decode_error"
     assert any(isinstance(e, ErrorEvent) and e.code == "decode_error" for e in result.events)
 
@@ -226,8 +248,12 @@ def test_one_bad_episode_among_100_loses_nothing_else(tokenizer: HFTokenizer) ->
     runtime = AgentRuntime(engine, _session(tokenizer, "none"))
     results = asyncio.run(runtime.run_many(prompts, tasks=[{"answer": "391"}] * 100))
 
-    assert len(results) == 100
     stops = [r.stop_reason for r in results]
+    healthy = [r for i, r in enumerate(results) if i not in (7, 8, 9)]
+    scored = sum(r.stop_reason == "final_answer" and r.reward > 0 for r in healthy)
+    print(f"\n100 episodes with 3 bad ones: {len(results)} results, {scored} / {len(healthy)} healthy ones answered "
+          f"and scored; the bad ones ended {stops[7]}, {stops[8]}, {stops[9]}")  # fmt: skip
+    assert len(results) == 100
     # the degenerate episode is answered with a parse error each turn until its step budget runs out
     assert stops[7] == "max_steps"
     assert {e.code for e in results[7].trajectory.errors} <= {"invalid_json", "unclosed_tag"}

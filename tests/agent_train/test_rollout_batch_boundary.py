@@ -5,7 +5,8 @@ so one exception from one episode ends the training step. Here OpenRLHF's own `g
 from its Ray actor class, unchanged) with our `AgentExecutor` and `LocalRolloutEngine` standing in for the vLLM
 actor; the scripted engine replays real Qwen3 ids, among them a degenerate generation (a 1,500-deep tool call)
 and a dead engine call. The local trainer's `Rollouts.collect` gets the same faults plus a row whose prompt
-cannot be rendered.
+cannot be rendered. Each test prints what came back (``uv run pytest tests/agent_train/test_rollout_batch_boundary.py
+-s``).
 """
 
 from __future__ import annotations
@@ -69,8 +70,11 @@ def test_openrlhf_generate_responses_keeps_every_sample(tokenizer: HFTokenizer, 
         )
     )
 
-    assert len(samples) == 8
     logs = [s["extra_logs"] for s in samples]
+    print(f"\nOpenRLHF's generate_responses, 8 samples with a degenerate and a dead one: {len(samples)} / 8 returned, "
+          f"{sum(s['reward'] > 0 for s in samples)} scored > 0, "
+          f"{sum(log['agent_error_engine_error'] for log in logs):.0f} with engine_error")  # fmt: skip
+    assert len(samples) == 8
     assert sum(log["agent_error_engine_error"] for log in logs) == 1
     degenerate = [
         s for s in samples if s["extra_logs"]["agent_error_invalid_json"] or s["extra_logs"]["agent_error_unclosed_tag"]
@@ -90,6 +94,10 @@ def test_local_rollouts_keep_every_episode_that_can_run(tokenizer: HFTokenizer) 
         {"prompt": QUESTION, "answer": "391"},
     ]
     records = asyncio.run(rollouts.collect(rows, group_size=3, temperature=1.0, seed=0))
+    kept = sum(r.group != 1 for r in records)
+    print(f"\nthe local trainer's collect, 3 rows x 3 episodes, one row unrenderable: {kept} / 6 runnable episodes "
+          f"kept, {sum(r.group == 1 for r in records)} of the unrenderable row; {sum(r.reward > 0 for r in records)} "
+          f"scored > 0")  # fmt: skip
 
     assert sorted(r.group for r in records) == [0, 0, 0, 2, 2, 2]  # only the unrenderable row's episodes are lost
     assert sum(r.reward > 0 for r in records) == 5  # the degenerate episode recovers; the dead one scores 0
