@@ -15,8 +15,8 @@ the event's `images`, as OpenAI ``image_url`` parts holding data URLs (`images.c
 An engine failure, an engine timeout, a broken environment or any component that raises (a parser, a tokenizer,
 a plug-in calling `sys.exit`) ends that request only, with a 500 whose code says which (or an error frame
 mid-stream); the episode is recorded in the trajectory log either way, its error included, and a client that
-goes away mid-stream leaves a record marked ``client_disconnected``. This module knows the runtime and the wire
-format; routing, auth and the overload gate are the app's.
+goes away (mid-stream, or before a plain answer is ready) leaves a record marked ``client_disconnected``. This
+module knows the runtime and the wire format; routing, auth and the overload gate are the app's.
 """
 
 from __future__ import annotations
@@ -208,11 +208,15 @@ async def complete_agent(
 ) -> ChatCompletion:
     """Run the episode to its end and answer with the final assistant message."""
     episode = _Episode(backend, request, messages)
+    cancelled = False
     try:
         async for _ in episode.events():
             pass
+    except asyncio.CancelledError:  # the client hung up (`disconnect.py`): recorded as such
+        cancelled = True
+        raise
     finally:
-        episode.finish()
+        episode.finish(disconnected=cancelled)
     failure = episode.failure()
     if failure is not None:
         raise failure

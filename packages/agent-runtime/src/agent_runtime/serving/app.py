@@ -15,7 +15,8 @@ requests (`request_body.py`: 413, 408, 429); its shape (`json_guard.py`: nesting
 recursive decoder); its fields and images (`images.py`: inline data URLs only, under the size limits); its length
 against the context, before any tokenizing (`text_budget.py`); and only then a concurrency slot (429). A client
 that stalls mid-body therefore holds no slot, and a request that will be refused never waits for one. A body of
-megabytes is checked and decoded off the event loop.
+megabytes is checked and decoded off the event loop. A client that hangs up while its (not streamed) completion
+runs has it cancelled, its engine request with it, and its slot freed at once (`disconnect.py`).
 
 Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``: 400 for a malformed body, naming
 the field (too deep, a number too long, a wrong type or value, a conversation longer than the context, an image
@@ -53,6 +54,7 @@ from agent_runtime.serving.agent_mode import complete_agent, stream_agent
 from agent_runtime.serving.api_error import ApiError, from_decode_error, from_message_error
 from agent_runtime.serving.backend import ServingBackend
 from agent_runtime.serving.config import ServeConfig
+from agent_runtime.serving.disconnect import ClientGone, unless_disconnected
 from agent_runtime.serving.images import check_request_images, image_count_limit
 from agent_runtime.serving.json_guard import check_json_body
 from agent_runtime.serving.openai_wire import ChatCompletionRequest, ModelCard, ModelList, decode_request, encode
@@ -202,10 +204,12 @@ async def chat_completions(request: Request) -> Response:
                 log.info("request_served", duration_ms=round((time.perf_counter() - started) * 1000, 1))
 
             return EventStream(frames, on_close=done)
-        if tools:
-            result = await complete_tools(backend, chat, messages, tools)
-        else:
-            result = await complete_agent(backend, chat, messages)
+        work = complete_tools(backend, chat, messages, tools) if tools else complete_agent(backend, chat, messages)
+        try:  # a client that hangs up meanwhile has its completion cancelled, and its slot freed, at once
+            result = await unless_disconnected(request.receive, work)
+        except ClientGone:
+            log.info("client_disconnected", duration_ms=round((time.perf_counter() - started) * 1000, 1))
+            return Response(status_code=499)
         metrics.completed += 1
         log.info("request_served", duration_ms=round((time.perf_counter() - started) * 1000, 1))
         return _json(result)

@@ -17,6 +17,7 @@ engine and the wire format; routing, auth and the overload gate are the app's.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -261,6 +262,9 @@ async def complete_tools(
     turn = await _new_turn(backend, request, messages, tools)
     try:
         await turn.generate()
+    except asyncio.CancelledError:  # the client hung up (`disconnect.py`): recorded as such
+        turn.errors.append(EpisodeError(code="client_disconnected", message="the client went away", turn=turn._turns()))
+        raise
     finally:
         turn.record()
     return ChatCompletion(
