@@ -19,6 +19,7 @@ import pytest
 from agent_env.errors import ToolError
 from agent_env.tool import ToolContext
 from agent_env.tools.python import PythonTool, sandbox_support
+from tests.support.hostile_snippets import SEEKER, litter
 from tests.support.sandbox_watch import SandboxWatch, files_beneath
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the watch reads Linux's /proc")
@@ -47,25 +48,6 @@ def temp_root(tmp_path: Path) -> Path:
     root = tmp_path / f"calls-{uuid.uuid4().hex[:8]}"
     root.mkdir()
     return root
-
-
-def litter(victim: Path) -> str:
-    """A snippet that leaves what `shutil.rmtree` cannot remove: a chain deeper than its recursion (1100 levels)
-    and longer than ``PATH_MAX`` (10 more levels of 250-character names), locked dirs, a symlink out."""
-    return (
-        "import os\n"
-        "os.mkdir('locked'); open('locked/f', 'w').write('x'); os.chmod('locked', 0)\n"
-        "os.mkdir('readonly'); open('readonly/f', 'w').write('x'); os.chmod('readonly', 0o500)\n"
-        f"try:\n    os.symlink({str(victim)!r}, 'victim')\nexcept PermissionError:\n    pass  # the hook's refusal\n"
-        "os.mkdir('deep'); os.chdir('deep')\n"
-        "try:\n"
-        "    for name in ['d'] * 1100 + ['x' * 250] * 10:\n"
-        "        os.mkdir(name); os.chdir(name)\n"
-        "    open('bottom', 'w').write('x'); os.chmod('.', 0o500)\n"
-        "    print('built')\n"
-        "except PermissionError as error:  # the hook past PATH_MAX without namespaces (getcwd cannot list up)\n"
-        "    print('built up to the refusal:', error)\n"
-    )
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -122,7 +104,9 @@ for _ in range(started):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.skipif(not SUPPORT.cgroup, reason=f"no cgroup layer here: {SUPPORT.cgroup_reason}")
+@pytest.mark.skipif(  # without a cgroup the caps are per process: see the fallback's own test below
+    getattr(SUPPORT, "cgroup", None) == "", reason=f"no cgroup layer here: {getattr(SUPPORT, 'cgroup_reason', '')}"
+)
 def test_many_children_stay_within_the_memory_and_process_caps(tmp_path: Path, mode: str) -> None:
     """40 forked children of 32 MiB each (1.3 GiB, 41 processes uncapped) under a 128 MiB, 16-task cap."""
     root = temp_root(tmp_path)
@@ -153,34 +137,6 @@ def test_without_cgroups_the_user_namespace_caps_the_processes(tmp_path: Path) -
     print(f"\n[rlimits] 16 processes, 128 MiB each: {watch.report()}; {output.splitlines()}")
     assert watch.tasks_peak <= 16  # RLIMIT_NPROC 14 in the snippet's namespace, beside the supervisor and init
     assert watch.memory_peak <= 16 * 128 * MiB  # the documented total: the processes times RLIMIT_AS
-
-
-SEEKER = """import os, re, time
-root = os.path.dirname(os.getcwd())
-found, looked = set(), 0
-deadline = time.time() + 1.0
-while time.time() < deadline:
-    places = set()
-    try:
-        places.update(os.path.join(root, name) for name in os.listdir(root))
-    except OSError:
-        pass
-    for pid in filter(str.isdigit, os.listdir('/proc')):
-        places.add(f'/proc/{pid}/cwd')
-        try:
-            command = open(f'/proc/{pid}/cmdline', 'rb').read().decode(errors='replace')
-        except OSError:
-            continue
-        places.update(re.findall(re.escape(root) + r'/agent-env-python-[A-Za-z0-9_]+', command))
-    for place in places:
-        looked += 1
-        try:
-            found.add(open(os.path.join(place, "secret.txt")).read() + place)
-        except OSError:
-            pass
-    time.sleep(0.05)
-print('looked', looked > 0, 'found', sorted(found))
-"""
 
 
 @pytest.mark.parametrize("mode", MODES)

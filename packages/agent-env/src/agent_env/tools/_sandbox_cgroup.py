@@ -157,14 +157,6 @@ class CallCgroup:
     def procs_files(self) -> list[str]:
         return [os.path.join(directory, "cgroup.procs") for _, directory in self.directories]
 
-    def memory_peak(self) -> int | None:
-        """The most memory the call's tree held at once, in bytes (None where the kernel does not say)."""
-        for version, directory in self.directories:
-            name = "memory.peak" if version == "v2" else "memory.max_usage_in_bytes"
-            with contextlib.suppress(OSError, ValueError), open(os.path.join(directory, name)) as f:
-                return int(f.read())
-        return None
-
     def close(self) -> None:
         """Kill every process still in the call's cgroups, then remove them (retrying while they die)."""
         deadline = time.monotonic() + 5.0

@@ -1,6 +1,6 @@
 """Removing a python-tool work dir whatever the snippet left in it: `remove_tree`.
 
-`shutil.rmtree` recurses once per directory level (a chain a few thousand deep raises `RecursionError`), builds
+`shutil.rmtree` recurses once per directory level (a chain about a thousand deep raises `RecursionError`), builds
 full paths (a deep chain passes ``PATH_MAX``) and gives up on directories the snippet made unreadable or
 unwritable. `remove_tree` walks with directory file descriptors, one level open at a time, and a list of names
 instead of the call stack: it goes down by ``openat(name)`` and back up by ``openat("..")``, so neither the
@@ -8,7 +8,8 @@ depth nor the length of a path matters. Each directory is set to 0700 before it 
 snippet chose (000, 0500) do not stop it. Symlinks are removed, never followed.
 
 It expects nothing to run in the tree any more (the snippet's processes are dead when it is called): it does
-not defend against renames happening while it walks. It knows directories; it knows nothing about sandboxes.
+not defend against renames happening while it walks; an entry someone else removed meanwhile is no error. It
+knows directories; it knows nothing about sandboxes.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def _clear_files(fd: int) -> list[str]:
         if is_dir:
             subdirectories.append(name)
         else:
-            os.unlink(name, dir_fd=fd)
+            with contextlib.suppress(FileNotFoundError):  # already gone is what we want
+                os.unlink(name, dir_fd=fd)
     return subdirectories
 
 
@@ -62,7 +64,10 @@ def remove_tree(path: str) -> None:
             name, pending = frames[-1]
             if pending:
                 child = pending.pop()
-                child_fd = _open_dir(child, fd)
+                try:
+                    child_fd = _open_dir(child, fd)
+                except FileNotFoundError:
+                    continue
                 os.close(fd)
                 fd = child_fd
                 frames.append((child, _clear_files(fd)))
@@ -73,7 +78,9 @@ def remove_tree(path: str) -> None:
             parent = os.open("..", _DIRECTORY, dir_fd=fd)
             os.close(fd)
             fd = parent
-            os.rmdir(name, dir_fd=fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(name, dir_fd=fd)
     finally:
         os.close(fd)
-    os.rmdir(path)
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(path)

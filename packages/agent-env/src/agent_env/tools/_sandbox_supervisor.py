@@ -1,25 +1,33 @@
 """The python tool's supervisor: a script that builds the sandbox's kernel layers and outlives nothing it starts.
 
-Run as ``python -I -B _sandbox_supervisor.py CONFIG_JSON`` by `agent_env.tools.python`; never
-imported by agent_env (it must start with nothing but the standard library). What it does, in order:
+Run as ``python -I -B _sandbox_supervisor.py CONFIG_JSON`` (the snippet's source on stdin) by
+`agent_env.tools.python`; never imported by agent_env (it must start with nothing but the standard library).
+What it does, in order:
 
+0. Joins the call's cgroups (``cgroups``: their ``cgroup.procs`` files, made by the tool) before it forks
+   anything, so its whole tree shares their memory and pids caps; reads the source; the snippet's stdin is
+   /dev/null.
 1. Namespaces (``isolation`` "auto" or "namespaces"): ``unshare`` a user namespace that maps only our own
    uid/gid, a mount namespace, a PID namespace and (network off) an empty network namespace. In the mount
-   namespace every mount is remounted read-only, nosuid and nodev, except a writable bind of the work dir
-   (nosuid, nodev); /dev/null, zero, full, random, urandom are bound back without nodev. The process forked
-   next is PID 1 of the new PID namespace: it mounts a fresh read-only /proc (so /proc/<host pid>/root cannot
-   lead back to the host's writable mounts), starts the snippet and exits when the snippet does, and the
-   kernel then kills every process left in the namespace, ``setsid`` or not. It dies with the supervisor
-   (``PR_SET_PDEATHSIG``).
-2. Without namespaces (``isolation="landlock"``, or "auto" where ``unshare`` is refused): the supervisor
-   becomes a child subreaper (``PR_SET_CHILD_SUBREAPER``), so orphans of any session come back to it, and
-   when the snippet ends it kills its whole remaining process tree (walked in /proc, signalled by pidfd).
+   namespace a fresh tmpfs (``disk`` bytes, ``inodes`` inodes, nosuid, nodev) is mounted on the work dir and
+   the source written there as snippet.py; every other mount is remounted read-only, nosuid and nodev;
+   /dev/null, zero, full, random, urandom are bound back without nodev. The process forked next is PID 1 of
+   the new PID namespace: it mounts a fresh read-only /proc (so /proc/<host pid>/root cannot lead back to the
+   host's writable mounts), starts the snippet and exits when the snippet does, and the kernel then kills
+   every process left in the namespace, ``setsid`` or not. It dies with the supervisor (``PR_SET_PDEATHSIG``).
+2. Without namespaces (``isolation="landlock"``, or "auto" where ``unshare`` is refused): snippet.py goes into
+   the host's work dir; the supervisor becomes a child subreaper (``PR_SET_CHILD_SUBREAPER``), so orphans of
+   any session come back to it; while the snippet runs it walks the work dir (`usage`) every `QUOTA_CHECK_S`
+   and past ``disk`` bytes or ``inodes`` entries stops it (exit code 126, `QUOTA_MESSAGE` on stderr); when the
+   snippet ends it kills its whole remaining process tree (walked in /proc, signalled by pidfd).
 3. The snippet's process, before exec: a second user + mount namespace (in namespace mode), which locks the
-   read-only mounts so that even root inside cannot remount them; rlimits (CPU, address space, file size, no
-   core); ``PR_SET_NO_NEW_PRIVS``; Landlock where the kernel has it (ABI >= 1): writes, creations, removals,
-   renames and links only beneath the work dir (and writes to /dev/null), TCP bind/connect refused when the
-   network is off (ABI >= 4), signals and abstract unix sockets scoped to the sandbox (ABI >= 6). Then it
-   execs `_sandbox_runner.py`, which adds the audit-hook tripwire and runs the snippet.
+   read-only mounts so that even root inside cannot remount them, with ``RLIMIT_NPROC`` counting its tree;
+   rlimits (CPU, address space, file size, no core); ``PR_SET_NO_NEW_PRIVS``; Landlock where the kernel has it
+   (ABI >= 1): writes, creations, removals, renames and links only beneath the work dir (and writes to
+   /dev/null), reads refused in the work dir's siblings and the directories above it (without namespaces),
+   TCP bind/connect refused when the network is off (ABI >= 4), signals and abstract unix sockets scoped to
+   the sandbox (ABI >= 6). Then it execs `_sandbox_runner.py`, which adds the audit-hook tripwire and runs the
+   snippet.
 
 SIGUSR1 or SIGTERM (the tool's wall clock) kill the snippet and everything it started. The supervisor exits
 with the snippet's own status (or dies by its signal); a layer it was asked for and could not build is exit

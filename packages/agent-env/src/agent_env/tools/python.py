@@ -1,45 +1,58 @@
 """The `python` tool: run a snippet in a fresh sandboxed process and return what it printed.
 
-Each call gets a new temporary working directory (removed afterwards) and a new interpreter,
-``sys.executable -I -B`` (isolated: no PYTHON* variables, no user site), with a small environment (no secrets
-from the parent's), started as `_sandbox_supervisor.py`, which builds the sandbox and then runs the snippet
-(through `_sandbox_runner.py`) in a forked child. At most `max_concurrent` sandboxes run at once per tool
-(default: the CPU count); other calls wait for a slot.
+Each call gets a new working directory and a new interpreter, ``sys.executable -I -B`` (isolated: no PYTHON*
+variables, no user site), with a small environment (no secrets from the parent's), started as
+`_sandbox_supervisor.py` with the snippet's source on stdin; the supervisor builds the sandbox and then runs
+the snippet (through `_sandbox_runner.py`) in a forked child. At most `max_concurrent` sandboxes run at once
+per tool (default: the CPU count); other calls wait for a slot.
 
 What the sandbox rests on, layer by layer (`sandbox_support()` says which this machine has):
 
 1. Linux namespaces, where ``unshare`` is allowed (root or not: a user namespace maps only the caller's own
-   uid): a mount namespace in which every mount is read-only, nosuid and nodev except a writable bind of the
-   work dir (and /dev/null, zero, full, random, urandom); a fresh PID namespace whose init exits when the
-   snippet does, so the kernel kills every process the snippet left (``setsid`` and double forks included);
-   a fresh read-only /proc; an empty network namespace when the network is off. The snippet runs in a second
-   user namespace as a non-root uid with no capabilities, so it cannot remount anything writable.
-2. Landlock, where the kernel has it (Linux 5.13+): writes, creations, removals, renames and links only
+   uid): a mount namespace in which every mount is read-only, nosuid and nodev, except the work dir, which is
+   a fresh tmpfs of `disk_mb` (and ``disk_mb * 256`` inodes) mounted there: the snippet's files never reach
+   the host's disk, vanish with the namespace, and other calls' work dirs (each its own tmpfs) are not there
+   to see; /dev/null, zero, full, random, urandom stay usable. A fresh PID namespace whose init exits when
+   the snippet does, so the kernel kills every process the snippet left (``setsid`` and double forks
+   included); a fresh read-only /proc; an empty network namespace when the network is off. The snippet runs
+   in a second user namespace as a non-root uid with no capabilities, so it cannot remount anything
+   writable; ``RLIMIT_NPROC`` there counts its own tree (`max_processes` - 2; a root tool is exempt).
+2. Per-call cgroups (`_sandbox_cgroup.py`), where this process may create children with the ``memory`` and
+   ``pids`` controllers (cgroup v2, or v1 hierarchies): ``memory_mb + disk_mb`` (tmpfs pages are charged
+   there too; no swap) and `max_processes` tasks for the supervisor, the snippet and every descendant. The
+   kernel OOM-kills inside the group (-> ``tool_error`` "memory limit") and refuses forks past the cap
+   (-> ``tool_error`` "process cap").
+3. Landlock, where the kernel has it (Linux 5.13+): writes, creations, removals, renames and links only
    beneath the work dir (and writes to /dev/null), by any route (``fork_exec``, sqlite, ``dir_fd``, links,
    /proc/<pid>/root); TCP bind/connect refused when the network is off (Landlock ABI 4+); signals and
-   abstract unix sockets scoped to the sandbox (ABI 6+).
-3. Without namespaces: the supervisor is a child subreaper (``PR_SET_CHILD_SUBREAPER``) and, when the
-   snippet ends or the wall clock fires, SIGKILLs its whole remaining process tree through pidfds.
-4. Always: rlimits (CPU ``RLIMIT_CPU`` default 5 s -> ``timeout``; address space ``RLIMIT_AS`` default 1 GiB
-   -> ``tool_error`` "memory limit"; file size ``RLIMIT_FSIZE`` 16 MiB; no core), ``PR_SET_NO_NEW_PRIVS``, an
-   empty capability bounding set, the wall clock (`wall_time_s`, default 10 s -> ``timeout``), and an audit
-   hook tripwire (`_sandbox_runner.py`) that refuses writes outside the work dir, process creation (including
-   ``_posixsubprocess.fork_exec``), signals to other processes, ctypes calls and the network with a clear
-   PermissionError for the model.
+   abstract unix sockets scoped to the sandbox (ABI 6+). Without namespaces it also refuses reads in the
+   work dir's siblings (other calls' work dirs) and in the directories above it.
+4. Without namespaces: the supervisor is a child subreaper (``PR_SET_CHILD_SUBREAPER``) and, when the
+   snippet ends or the wall clock fires, SIGKILLs its whole remaining process tree through pidfds; the work
+   dir is on the host's disk, and the supervisor walks it every 10 ms and kills the tree past `disk_mb`.
+5. Always: rlimits (CPU ``RLIMIT_CPU`` default 5 s -> ``timeout``; address space ``RLIMIT_AS`` default 1 GiB
+   per process -> ``tool_error`` "memory limit"; file size ``RLIMIT_FSIZE`` 16 MiB; no core),
+   ``PR_SET_NO_NEW_PRIVS``, an empty capability bounding set, the wall clock (`wall_time_s`, default 10 s ->
+   ``timeout``), and an audit hook tripwire (`_sandbox_runner.py`) that refuses writes outside the work dir,
+   process creation (including ``_posixsubprocess.fork_exec``), signals to other processes, ctypes calls and
+   the network with a clear PermissionError for the model. Afterwards the work dir is removed by
+   `_sandbox_cleanup.remove_tree` (directory fds, no recursion, modes set back), which no snippet defeats.
 
 "auto" `isolation` uses every layer the kernel offers; "namespaces" or "landlock" force one (an error where it
-is missing). The call returns when the snippet's main process ends, even if a child still holds its stdout:
-the supervisor kills that child first.
+is missing); ``cgroups=False`` leaves the cgroup layer out. The call returns when the snippet's main process
+ends, even if a child still holds its stdout: the supervisor kills that child first. A snippet that ends on a
+full disk (ENOSPC, EFBIG) or on the watch's quota is a ``tool_error`` naming the quota.
 
 What it does not promise: audit hooks alone are a tripwire, not a boundary (CPython says as much), so a host
 with neither namespaces nor Landlock (macOS, a container that forbids both) has only the hook, rlimits and the
 process-group kill, and a descendant that calls ``setsid`` can outlive the call on macOS. Landlock has no
-right for chmod/chown/utime: without namespaces those rest on the hook and on the tool's uid. Reading is
-allowed everywhere the tool's own uid can read (the interpreter needs its standard library; do not keep
-secrets readable by it), named unix sockets of the host (/run/...) are not hidden, CPU and memory are per
-process (a snippet that bypasses the hook to fork gets a budget per process until the wall clock), and there
-is no cgroup, so there is no cap on the number of processes. Kernel bugs are out of scope. Run untrusted code
-from the open internet in a VM or a hardened container as well.
+right for chmod/chown/utime: without namespaces those rest on the hook and on the tool's uid. Without
+namespaces the disk quota is a watch, not a cap (the snippet writes on until the next look). Without a cgroup,
+memory is per process (``max_processes * memory_mb`` in all under the namespaces' RLIMIT_NPROC), and without
+namespaces and cgroups there is no process cap. With namespaces, reading is allowed everywhere the tool's own
+uid can read (the interpreter needs its standard library; do not keep secrets readable by it), and named unix
+sockets of the host (/run/...) are not hidden. Kernel bugs are out of scope. Run untrusted code from the open
+internet in a VM or a hardened container as well.
 
 Output: stdout, then ``[stderr]`` and stderr if any, then ``[exit code N]`` if non-zero; each stream is cut
 at `max_stream_bytes` with a marker. A snippet that raised is not a tool failure: the traceback is the
@@ -228,12 +241,19 @@ class PythonTool(ToolBase):
             cgroup = None
             try:
                 if self.cgroups and (places := cgroup_places()).layer:
-                    cgroup = await asyncio.to_thread(
-                        CallCgroup, places, memory=(self.memory_mb + self.disk_mb) << 20, processes=self.max_processes
-                    )
+                    cgroup = await self._cgroup(places)
                 return await self._run(arguments.code, workdir, namespaces, landlock, cgroup)
             finally:
                 await asyncio.to_thread(_clean_up, workdir, cgroup)
+
+    async def _cgroup(self, places: CgroupPlaces) -> CallCgroup:
+        """The call's cgroups: the tree's memory (its tmpfs files count there too) and its tasks."""
+        memory = (self.memory_mb + self.disk_mb) << 20
+        try:
+            return await asyncio.to_thread(CallCgroup, places, memory=memory, processes=self.max_processes)
+        except OSError as error:
+            logger.error("python_sandbox_cgroup_failed", error=str(error))
+            raise ToolError(f"the python sandbox could not be set up: its cgroup: {error}") from error
 
     async def _layers(self) -> tuple[bool, bool]:
         """(namespaces, landlock) for this call, or a ToolError when the forced layer is missing."""
@@ -258,6 +278,7 @@ class PythonTool(ToolBase):
             disk=disk, inodes=max(1024, disk // 4096), processes=self.max_processes,
             cgroups=cgroup.procs_files if cgroup else [], landlock=landlock, audit_hooks=self.audit_hooks,
         )  # fmt: skip
+        source = code.encode("utf-8", errors="replace")  # before the process: nothing may fail between
         process = await asyncio.create_subprocess_exec(
             self.python, "-I", "-B", _SUPERVISOR, json.dumps(config),
             stdin=asyncio.subprocess.PIPE,
@@ -269,7 +290,7 @@ class PythonTool(ToolBase):
         )  # fmt: skip
         if process.stdin is None or process.stdout is None or process.stderr is None:  # pragma: no cover
             raise RuntimeError("subprocess pipes are missing")
-        process.stdin.write(code.encode("utf-8", errors="surrogateescape"))  # the supervisor reads it first
+        process.stdin.write(source)  # the supervisor reads it all first
         process.stdin.close()
         readers = (
             asyncio.ensure_future(_read_capped(process.stdout, self.max_stream_bytes)),
