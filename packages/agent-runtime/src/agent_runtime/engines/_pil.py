@@ -31,8 +31,10 @@ def decode_image(url: str, *, engine: str, index: int) -> Image:
         raise ValueError(f"{engine}: image {index}: {e}") from e
     try:
         picture = decode_bytes(data)
-    except ValueError as e:
-        raise ValueError(f"{engine}: image {index}: {e}") from e
+    except ValueError as e:  # "the image cannot be decoded: ..." reads "image 3 cannot be decoded: ..."
+        problem = str(e)
+        named = f" {problem.removeprefix('the image ')}" if problem.startswith("the image ") else f": {problem}"
+        raise ValueError(f"{engine}: image {index}{named}") from e
     if picture.mode == "RGB":  # already what the processor takes: no second copy of the pixels
         return picture
     try:
