@@ -9,22 +9,27 @@ in the host's /proc: tasks and Pss):
   host after the call;
 - writer: 1 MiB files until 256 MiB (it stops itself there): the host disk's peak, and how the call ended;
 - fork storm: 100 children holding 24 MiB each (2.4 GiB, 101 processes uncapped): the tree's peak tasks and Pss;
-- seeker: a call that looks for a concurrent call's secret file for 1 s: found or not.
+- seeker: a call that looks for a concurrent call's secret file for 1 s: found or not;
+- and what the layers cost: the median wall time of `--calls` calls of ``print(1)``, one at a time.
 
 Only options every version of the tool takes are used, so the same script measures an older checkout:
 ``PYTHONPATH=<checkout>/packages/agent-env/src:... uv run python bench/bench_python_sandbox_limits.py``.
 
-    uv run python bench/bench_python_sandbox_limits.py [--isolation auto|namespaces|landlock]
+    uv run python bench/bench_python_sandbox_limits.py [--isolation auto|namespaces|landlock] [--calls 20]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
+import statistics
 import sys
 import tempfile
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -37,6 +42,20 @@ from agent_env.tool import ToolContext  # noqa: E402
 from agent_env.tools.python import PythonTool, sandbox_support  # noqa: E402
 from tests.support.hostile_snippets import SEEKER, litter  # noqa: E402
 from tests.support.sandbox_watch import SandboxWatch, allocated_beneath, files_beneath  # noqa: E402
+
+
+def _remove_tree() -> Callable[[str], None]:
+    """This checkout's `remove_tree` (standard library only), loaded by path: an older tool under test has none."""
+    path = ROOT / "packages/agent-env/src/agent_env/tools/_sandbox_cleanup.py"
+    spec = importlib.util.spec_from_file_location("bench_sandbox_cleanup", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.remove_tree  # type: ignore[no-any-return]
+
+
+remove_tree = _remove_tree()
 
 WRITER = "for i in range(256):\n    open(f'f{i}', 'wb').write(b'x' * (1 << 20))\nprint('wrote 256 MiB')\n"
 STORM = """import os, time
@@ -75,6 +94,7 @@ def scenario(name: str, code: str, isolation: str, **options: object) -> None:
         result = asyncio.run(one(tool, code))
     left = allocated_beneath(root)
     print(f"{name:10} {watch.report()}; left on the host: {left / 2**20:.1f} MiB {files_beneath(root)[:3]}")
+    remove_tree(str(root))
     print(f"{'':10} -> {result[:150]}")
 
 
@@ -92,12 +112,29 @@ def seeker(isolation: str) -> None:
         return list(await asyncio.gather(one(tool, holder), seek()))
 
     _, sought = asyncio.run(both())
+    remove_tree(str(root))
     print(f"{'seeker':10} the other call's secret {'FOUND' if secret in sought else 'not found'} ({sought[:80]})")
+
+
+def latency(isolation: str, calls: int) -> None:
+    tool = PythonTool(isolation=isolation)  # type: ignore[arg-type]
+
+    async def timed() -> list[float]:
+        arguments, took = tool.parse_arguments({"code": "print(1)"}), []
+        for _ in range(calls):
+            started = time.perf_counter()
+            await tool.call(arguments, ToolContext())
+            took.append(time.perf_counter() - started)
+        return took
+
+    took = asyncio.run(timed())
+    print(f"{'print(1)':10} median {statistics.median(took) * 1000:.1f} ms a call over {calls} calls")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--isolation", default="auto", choices=["auto", "namespaces", "landlock"])
+    parser.add_argument("--calls", type=int, default=20)
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     print(f"{sandbox_support()}\nisolation={args.isolation}, the tool's default limits")
@@ -105,6 +142,7 @@ def main() -> None:
     scenario("writer", WRITER, args.isolation)
     scenario("fork storm", STORM, args.isolation, audit_hooks=False)
     seeker(args.isolation)
+    latency(args.isolation, args.calls)
 
 
 if __name__ == "__main__":
