@@ -21,14 +21,17 @@ import importlib
 from importlib.metadata import version as _version
 from typing import TYPE_CHECKING, Any
 
+from agent_env._threads import run_coroutine_in_thread
 from agent_env.environment import Environment, StepResult, StopReason
 from agent_env.environments import FunctionCallEnvironment, SingleTurnEnvironment
 from agent_env.errors import (
     AgentEnvError,
     ArgumentError,
+    ContainedBaseException,
     EnvironmentStateError,
     MCPBridgeError,
     SearchIndexError,
+    ThreadLimitError,
     ToolDefinitionError,
     ToolError,
 )
@@ -68,6 +71,7 @@ __all__ = [
     "ArgumentError",
     "CalculatorTool",
     "ChartTool",
+    "ContainedBaseException",
     "CropTool",
     "Environment",
     "EnvironmentStateError",
@@ -99,6 +103,7 @@ __all__ = [
     "StepResult",
     "StepReward",
     "StopReason",
+    "ThreadLimitError",
     "ToolBase",
     "ToolCallReward",
     "ToolContext",
@@ -111,6 +116,7 @@ __all__ = [
     "crop",
     "error_content",
     "plot_chart",
+    "run_coroutine_in_thread",
     "think",
     "tool",
 ]

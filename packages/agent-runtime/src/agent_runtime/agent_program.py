@@ -16,8 +16,15 @@ proxy keeps the token ids the model sampled, and the episode's training sample i
 the tool messages the program sent back as their observations), as for any recipe.
 
 Budgets: `timeout_s` bounds the whole program (wall clock), `max_episode_tokens` the tokens the model may
-generate over all of its requests. A program that raises, overruns its time or spends its tokens ends only its own
-episode, with one of `ProgramCode`; one that never calls the endpoint gets reward 0 and a warning.
+generate over all of its requests, `max_requests` its model calls and `max_conversations` the conversations it may
+open (each one a training record). A program that raises anything at all, overruns its time, spends its tokens or
+passes a cap ends only its own episode, with one of `ProgramCode`; one that never calls the endpoint gets reward 0
+and a warning.
+
+Each episode's program runs on a thread and an event loop of its own, so that blocking code in it (``time.sleep``,
+a synchronous client, a CPU loop) stalls nobody else and is cut off at `timeout_s`; its requests are handed to the
+endpoint on the rollout's own loop, where the engine lives. At most `max_concurrent` episodes of one program run at
+once in a process; the others wait for a place, and their time budget starts when they run.
 
 This module holds the definition only; running it is `agent_runtime.proxy`'s business.
 """
@@ -30,18 +37,50 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-__all__ = ["PROGRAM_CODES", "AgentFunction", "AgentProgram", "ProgramCode", "ProgramTask"]
+__all__ = [
+    "DEFAULT_MAX_CONCURRENT",
+    "DEFAULT_MAX_CONVERSATIONS",
+    "DEFAULT_MAX_REQUESTS",
+    "PROGRAM_CODES",
+    "AgentFunction",
+    "AgentProgram",
+    "ProgramCode",
+    "ProgramTask",
+]
 
-ProgramCode = Literal["program_error", "program_timeout", "token_budget_exhausted", "no_model_calls"]
-"""How an agent program's episode went wrong: it raised (or returned something that is not a string), it ran past
-`timeout_s`, the model's requests spent `max_episode_tokens`, or it never called the model at all."""
+ProgramCode = Literal[
+    "program_error",
+    "program_timeout",
+    "token_budget_exhausted",
+    "no_model_calls",
+    "too_many_requests",
+    "too_many_conversations",
+    "program_unavailable",
+]
+"""How an agent program's episode went wrong: it raised (anything: a `BaseException` too; or returned something that
+is not a string), it ran past `timeout_s`, the model's requests spent `max_episode_tokens`, it never called the
+model at all, it asked for a model call past `max_requests` or opened a conversation past `max_conversations`, or
+it could not be started (the process already holds too many programs that never stopped after their timeout)."""
 
 PROGRAM_CODES: Final[tuple[ProgramCode, ...]] = (
     "program_error",
     "program_timeout",
     "token_budget_exhausted",
     "no_model_calls",
+    "too_many_requests",
+    "too_many_conversations",
+    "program_unavailable",
 )
+
+DEFAULT_MAX_REQUESTS: Final = 256
+"""Model calls one episode may make: far more than an agent's turns, few enough that a retry loop is cut short."""
+
+DEFAULT_MAX_CONVERSATIONS: Final = 32
+"""Conversations one episode may open (a new one, or a rewritten history: each is a training record of its own)."""
+
+DEFAULT_MAX_CONCURRENT: Final = 512
+"""Episodes of one program that run at once in one process, each on a thread of its own: half of agent-env's
+process-wide cap on worker threads (1024), which the tools' threads share."""
 
 
 class ProgramTask(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,19 +122,34 @@ class AgentProgram:
       the per-turn and context limits apply). A request past it fails (HTTP 500, ``engine_error``) and the
       episode is recorded as ``token_budget_exhausted`` if the program then fails.
     - `model_name`: the model id the endpoint serves (`ProgramTask.model`).
+    - `max_requests`: the most model calls (chat completions) one episode may make (None: no cap). The one past it
+      is refused (HTTP 429, ``too_many_requests``) and ends the episode as ``too_many_requests``; the turns before
+      are kept.
+    - `max_conversations`: the most conversations one episode may open, counting each new conversation and each
+      rewritten history (each becomes a training record; None: no cap). A request that opens one past it ends the
+      episode as ``too_many_conversations``; its turn is dropped, the first `max_conversations` are kept.
+    - `max_concurrent`: the most episodes of this program that run at once in one process (each holds a thread
+      while it runs); more wait for a place, and their `timeout_s` counts from when they start.
     """
 
     agent: AgentFunction
     timeout_s: float | None = 600.0
     max_episode_tokens: int | None = None
     model_name: str = "policy"
+    max_requests: int | None = DEFAULT_MAX_REQUESTS
+    max_conversations: int | None = DEFAULT_MAX_CONVERSATIONS
+    max_concurrent: int = DEFAULT_MAX_CONCURRENT
 
     def __post_init__(self) -> None:
         if not callable(self.agent):
             raise TypeError(f"AgentProgram.agent must be an async function, got {type(self.agent).__name__}")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive (or None), got {self.timeout_s}")
-        if self.max_episode_tokens is not None and self.max_episode_tokens < 1:
-            raise ValueError(f"max_episode_tokens must be at least 1 (or None), got {self.max_episode_tokens}")
+        for name in ("max_episode_tokens", "max_requests", "max_conversations"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1 (or None), got {value}")
+        if self.max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be at least 1, got {self.max_concurrent}")
         if not self.model_name:
             raise ValueError("model_name must not be empty")

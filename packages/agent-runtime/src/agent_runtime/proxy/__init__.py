@@ -7,8 +7,9 @@ A recipe with `agent=AgentProgram(fn)` (`agent_runtime.agent_program`) names an 
 ``agent(client, task) -> answer``. Each episode gets its own in-process tools-mode endpoint on the rollout engine
 (`endpoint.py`, `episode_engine.py`); every request is recorded by its transcript (`request_log.py`): sampled ids
 kept as sampled, feedback tokenized alone, loss mask on generated tokens only. A client that rewrites its
-history opens a new segment, with the reason (`prefix_break.py`). `episode.py` runs the program under its budgets
-and scores it.
+history opens a new segment, with the reason (`prefix_break.py`). `program_thread.py` runs the program on a thread
+and an event loop of its own under its time budget and caps, its requests handed to the endpoint on the rollout's
+loop; `episode.py` turns what it did into the episode and scores it.
 
 A separate import from `agent_runtime`: it needs the `serve` extra (Starlette) and the `openai` client.
 """

@@ -8,13 +8,17 @@ sampling and the episode's token budget) under the program's time budget. Then t
 episode: its segments (`RequestLog.segments`, with the prefix breaks that opened them), the model's turns as
 reward steps, the program's return value as the final answer, scored by the recipe's reward pipeline.
 
-Every failure ends this episode only and is recorded, never raised: the program raising (``program_error``),
-overrunning `timeout_s` (``program_timeout``, the program cancelled), failing after the token budget was spent
-(``token_budget_exhausted``), or returning something that is not a string. What the model generated before is
-kept and trained. A program that never called the endpoint gets reward 0 and a warning (``no_model_calls``); its
-trajectory holds the task's prompt alone, so that a rollout record still exists. The program's code goes in
-``trajectory.task["agent_program"]`` with its request count and prefix breaks (the stored trajectory's error
-codes are a closed set that does not name programs).
+Every failure ends this episode only and is recorded, never raised (`program_thread.py` runs the program on a
+thread and a loop of its own): the program raising anything at all (``program_error``), overrunning `timeout_s`
+(``program_timeout``, the program cancelled, even one that blocks), failing after the token budget was spent
+(``token_budget_exhausted``), asking for a model call past `max_requests` (``too_many_requests``) or opening a
+conversation past `max_conversations` (``too_many_conversations``), not starting for want of a thread
+(``program_unavailable``), or returning something that is not a string. What the model generated before is kept
+and trained (up to `max_conversations` conversations). A program that never called the endpoint gets reward 0 and a
+warning (``no_model_calls``); its trajectory holds the task's prompt alone, so that a rollout record still exists.
+The program's code goes in ``trajectory.task["agent_program"]`` with its request count and prefix breaks (the
+stored trajectory's error codes are a closed set that does not name programs). A reward strategy that raises (a
+`BaseException` too) leaves the episode unscored. Only the cancellation of the caller's own task propagates.
 
 This module knows the endpoint, the request log and the reward pipeline; it knows nothing about OpenRLHF.
 """
@@ -31,12 +35,13 @@ import structlog
 
 from agent_env import EpisodeRecord, RewardBreakdown
 from agent_protocol import Message, TokenTranscript, TranscriptRecord, coerce_messages
-from agent_runtime.agent_program import AgentProgram, ProgramCode, ProgramTask
+from agent_runtime.agent_program import ProgramCode, ProgramTask
 from agent_runtime.engines.base import LLMEngine, SamplingParams
 from agent_runtime.outcomes import StopReason
 from agent_runtime.proxy.endpoint import EpisodeEndpoint
 from agent_runtime.proxy.episode_engine import EpisodeEngine
 from agent_runtime.proxy.prefix_break import PrefixBreak
+from agent_runtime.proxy.program_thread import run_program_thread
 from agent_runtime.proxy.request_log import Segment, generated
 from agent_runtime.recipe import Recipe, RecipeError
 from agent_runtime.session import CONTAINED
@@ -86,14 +91,19 @@ async def run_program(
     limits = [x for x in (max_context_tokens, recipe.max_context_tokens) if x]
     served = dataclasses.replace(recipe, max_context_tokens=min(limits) if limits else None, sampling=sampling)
     episode_engine = EpisodeEngine(engine, sampling, max_tokens=program.max_episode_tokens)
-    endpoint = EpisodeEndpoint(served, episode_engine, model_name=program.model_name, engine_timeout_s=engine_timeout_s)
+    endpoint = EpisodeEndpoint(
+        served, episode_engine, model_name=program.model_name, engine_timeout_s=engine_timeout_s,
+        max_requests=program.max_requests, max_conversations=program.max_conversations,
+    )  # fmt: skip
     task = msgspec.structs.replace(task, model=program.model_name)
     log = logger.bind(recipe=recipe.name, endpoint=endpoint.key)
     started = time.perf_counter()
     try:
-        answer, code, message = await _run(program, endpoint, task)
+        answer, code, message = await run_program_thread(program, endpoint, task)
     finally:
-        await endpoint.aclose()
+        await endpoint.close()
+    if code is None and answer is not None and not isinstance(answer, str):
+        answer, code, message = None, "program_error", f"the program returned a {type(answer).__name__}, not a str"
     if code is None and endpoint.requests == 0:
         code, message = "no_model_calls", "the program never called the model; the episode gets reward 0"
     if code == "program_error" and episode_engine.exhausted:
@@ -114,25 +124,6 @@ async def run_program(
     return ProgramEpisode(
         trajectory=trajectory, truncated=last is not None and last.stop_reason == "length", outcome=outcome
     )
-
-
-async def _run(
-    program: AgentProgram, endpoint: EpisodeEndpoint, task: ProgramTask
-) -> tuple[str | None, ProgramCode | None, str]:
-    """The program under its time budget: its answer, or the code and message of how it failed."""
-    client = endpoint.client()
-    try:
-        async with asyncio.timeout(program.timeout_s) as deadline:
-            answer = await program.agent(client, task)
-    except TimeoutError as e:
-        if deadline.expired():
-            return None, "program_timeout", f"the program ran past its {program.timeout_s} s budget"
-        return None, "program_error", f"{type(e).__name__}: {str(e)[:_PREVIEW]}"
-    except CONTAINED as e:
-        return None, "program_error", f"{type(e).__name__}: {str(e)[:_PREVIEW]}"
-    if answer is not None and not isinstance(answer, str):
-        return None, "program_error", f"the program returned a {type(answer).__name__}, not a str or None"
-    return answer, None, ""
 
 
 async def _trajectory(
@@ -198,9 +189,19 @@ async def _score(recipe: Recipe, record: EpisodeRecord) -> RewardBreakdown | Non
         return None
     try:
         return await recipe.rewards.score(record)
-    except CONTAINED as e:  # the pipeline contains its strategies; this is the last boundary
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # the pipeline contains its strategies' errors; this is the last boundary
+        if isinstance(e, asyncio.CancelledError) and _cancelling():
+            raise  # the episode itself is cancelled
         logger.error("agent_program_reward_failed", error_type=type(e).__name__, error=str(e)[:_PREVIEW])
         return None
+
+
+def _cancelling() -> bool:
+    """Whether the current task is being cancelled (a `CancelledError` then is its own, not foreign code's)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _prompt_only(recipe: Recipe, engine: LLMEngine, prompt: list[Message]) -> TranscriptRecord:

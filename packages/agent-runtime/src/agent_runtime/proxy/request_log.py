@@ -10,13 +10,17 @@ conversation's id (kept across the follow-ups that continued its ids) and how it
 - anything else opens a new segment, and when the episode already has one that is a prefix break, diagnosed
   (`prefix_break.diagnose`) against every conversation seen before.
 
+A cap on conversations (`max_conversations`, from `AgentProgram`): a record that would open one more conversation
+than that (a request that is not a ``prefix_hit`` of a conversation kept here) is not kept, and `on_refused` is
+called with the cap, once per refused record; the conversations already opened go on being recorded.
+
 `steps()` gives the model's turns as reward steps: each generated assistant message, with the tool messages the
 program sent back after it as its observations. This module knows trajectories and messages; it runs nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -55,10 +59,25 @@ class Segment:
 class RequestLog(TrajectoryWriter):
     """The serving trajectory log of one episode, in memory (`write` is what the server calls per request)."""
 
-    def __init__(self) -> None:  # no file: the records stay here
+    def __init__(
+        self, *, max_conversations: int | None = None, on_refused: Callable[[int], None] | None = None
+    ) -> None:  # no file: the records stay here
         self.records: list[Trajectory] = []
+        self.max_conversations = max_conversations
+        self.on_refused = on_refused
+        self.refused = 0
+        self._opened: set[str] = set()
 
     def write(self, trajectory: Trajectory) -> None:
+        continued = trajectory.task.get("prepared") == "prefix_hit" and trajectory.episode_id in self._opened
+        if not continued:
+            cap = self.max_conversations
+            if cap is not None and len(self._opened) >= cap:
+                self.refused += 1
+                if self.on_refused is not None:
+                    self.on_refused(cap)
+                return
+            self._opened.add(trajectory.episode_id)
         self.records.append(trajectory)
 
     def segments(self) -> tuple[list[Segment], list[PrefixBreak]]:

@@ -1,0 +1,129 @@
+"""`run_program_thread`: one episode's agent program, on a thread and an event loop of its own, under its time
+budget and its endpoint's caps; whatever it does becomes an outcome, never an exception of the caller's.
+
+    answer, code, message = await run_program_thread(program, endpoint, task)
+
+Why a thread: a program is foreign code written for the OpenAI API, and nothing stops it from blocking
+(``time.sleep``, a synchronous HTTP client, a CPU loop inside ``async def``). On the rollout's loop that would stall
+every other episode of the batch and its own timeout with them; on a loop of its own it stalls only itself, its
+timeout fires on the rollout's loop at `timeout_s`, and the thread is left to finish on its own (agent-env's
+`run_coroutine_in_thread`: counted against the process's cap on hung worker threads, cancelled on its loop as soon
+as that loop takes it). Its requests reach the endpoint on the rollout's loop through the hand-off of
+`EpisodeEndpoint.client`.
+
+What the caller gets (answer, code, message):
+
+- the program's return value (a str or None), no code;
+- ``program_error``: it raised anything at all: an `Exception`, `SystemExit`, `KeyboardInterrupt` or
+  `GeneratorExit` raised by its own code (a real Ctrl-C arrives on the main thread, not on the program's), a
+  `CancelledError` of its own, a `BaseExceptionGroup` from its own `TaskGroup`, a `BaseException` subclass; or it
+  returned something that is not awaitable (an `AgentProgram` is an async function);
+- ``program_timeout``: it ran past `timeout_s`;
+- the endpoint's code (``too_many_requests``, ``too_many_conversations``) when the endpoint ended the episode
+  first; the program is then cancelled;
+- ``program_unavailable``: no thread could be started (agent-env's `ThreadLimitError`: the process already holds
+  too many threads, or too many programs that never stopped after their timeout).
+
+Only the cancellation of the caller's own task propagates (the program is then cancelled too).
+
+At most `AgentProgram.max_concurrent` episodes of one program run at once on one rollout loop: the others wait
+for a place (an `asyncio.Semaphore` per loop and program) before their clock starts. This module knows the
+endpoint and agent-env's threads; it knows nothing about records or rewards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import weakref
+from typing import Any, Final
+
+from agent_env import ContainedBaseException, ThreadLimitError, run_coroutine_in_thread
+from agent_runtime.agent_program import AgentProgram, ProgramCode, ProgramTask
+from agent_runtime.proxy.endpoint import EpisodeEndpoint
+
+__all__ = ["describe", "run_program_thread"]
+
+_PREVIEW: Final = 500
+
+Outcome = tuple[Any, ProgramCode | None, str]
+
+_gates: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[AgentProgram, asyncio.Semaphore]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _gate(program: AgentProgram) -> asyncio.Semaphore:
+    per_loop = _gates.setdefault(asyncio.get_running_loop(), {})
+    gate = per_loop.get(program)
+    if gate is None:
+        gate = per_loop[program] = asyncio.Semaphore(program.max_concurrent)
+    return gate
+
+
+async def run_program_thread(program: AgentProgram, endpoint: EpisodeEndpoint, task: ProgramTask) -> Outcome:
+    """Run `program` once on `task` against `endpoint` (see the module docstring)."""
+    async with _gate(program):
+        try:
+            async with asyncio.timeout(program.timeout_s) as deadline:
+                return await _race(program, endpoint, task)
+        except TimeoutError as e:
+            if deadline.expired():
+                return None, "program_timeout", f"the program ran past its {program.timeout_s} s budget"
+            return None, "program_error", describe(e)
+
+
+async def _race(program: AgentProgram, endpoint: EpisodeEndpoint, task: ProgramTask) -> Outcome:
+    """The program's thread against the endpoint's end of the episode; the first one decides."""
+    runner = asyncio.ensure_future(
+        run_coroutine_in_thread(lambda: _main(program, endpoint, task), name="agent-program")
+    )
+    try:
+        await asyncio.wait((runner, endpoint.ended), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not runner.done():
+            runner.cancel()  # returns at once: a blocked program's thread is left to finish (see _threads)
+            await asyncio.wait((runner,))
+    ran = _result(runner) if not runner.cancelled() else None  # read even when the endpoint's end decides
+    if endpoint.ended.done() and not endpoint.ended.cancelled():
+        code, message = endpoint.ended.result()
+        return None, code, message
+    assert ran is not None  # the runner was only cancelled if the endpoint ended the episode
+    return ran
+
+
+def _result(runner: asyncio.Future[Any]) -> Outcome:
+    error = runner.exception()
+    if error is None:
+        return runner.result(), None, ""
+    if isinstance(error, ThreadLimitError):
+        return None, "program_unavailable", f"the program could not be started: {error}"
+    return None, "program_error", describe(error)
+
+
+async def _main(program: AgentProgram, endpoint: EpisodeEndpoint, task: ProgramTask) -> Any:
+    """The program on its own loop, with a client made on that loop (closed there, whatever happens)."""
+    client = endpoint.client()
+    try:
+        running = program.agent(client, task)
+        if not inspect.isawaitable(running):
+            raise TypeError(
+                f"the program returned a {type(running).__name__}, not an awaitable: AgentProgram.agent must be "
+                "an async function"
+            )
+        return await running
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()
+
+
+def describe(error: BaseException) -> str:
+    """``Type: message`` of what the program raised (a contained `BaseException` by its own type; a group with the
+    types and messages of what it holds)."""
+    if isinstance(error, ContainedBaseException):
+        error = error.original
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    if isinstance(error, BaseExceptionGroup):
+        text += " [" + "; ".join(describe(inner) for inner in error.exceptions[:4]) + "]"
+    return text[:_PREVIEW]
