@@ -126,6 +126,9 @@ def test_many_children_stay_within_the_memory_and_process_caps(tmp_path: Path, m
 @pytest.mark.skipif(
     os.geteuid() == 0, reason="root is exempt from RLIMIT_NPROC: a root tool's process cap is the cgroup"
 )
+@pytest.mark.skipif(
+    tuple(map(int, os.uname().release.split(".")[:2])) < (5, 14), reason="RLIMIT_NPROC per user namespace: 5.14+"
+)
 def test_without_cgroups_the_user_namespace_caps_the_processes(tmp_path: Path) -> None:
     """The fallback: RLIMIT_NPROC, counted in the snippet's own user namespace, and RLIMIT_AS per process."""
     root = temp_root(tmp_path)

@@ -216,6 +216,11 @@ def drop_capabilities() -> None:
     _checked(libc.capset(header, ctypes.create_string_buffer(24)), "capset")
 
 
+def _linux_at_least(major: int, minor: int) -> bool:
+    found = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return found is not None and (int(found[1]), int(found[2])) >= (major, minor)
+
+
 def start_snippet(cfg: dict[str, Any], namespaces: bool, landlock: int) -> NoReturn:
     """In the forked child: the last layers, then the snippet in this same process (one interpreter start).
 
@@ -227,8 +232,10 @@ def start_snippet(cfg: dict[str, Any], namespaces: bool, landlock: int) -> NoRet
             enter_user_namespace(os.CLONE_NEWNS, inside=SNIPPET_UID if os.geteuid() == 0 else None)
             _mount(None, "/proc", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
             # counted in this fresh user namespace: the snippet's own tree, beside the supervisor and init (the
-            # fallback where there is no pids cgroup; a tool running as root is exempt, as root is everywhere)
-            _cap(resource.RLIMIT_NPROC, cfg["processes"] - 2, cfg["processes"] - 2)
+            # fallback where there is no pids cgroup; a tool running as root is exempt, as root is everywhere).
+            # Before Linux 5.14 the count was the uid's, host-wide: there it would starve the snippet instead.
+            if _linux_at_least(5, 14):
+                _cap(resource.RLIMIT_NPROC, cfg["processes"] - 2, cfg["processes"] - 2)
         os.setpgid(0, 0)
         _cap(resource.RLIMIT_CPU, cfg["cpu"], cfg["cpu"] + 1)  # SIGXCPU at the soft limit, SIGKILL a second later
         _cap(resource.RLIMIT_AS, cfg["memory"], cfg["memory"])

@@ -16,7 +16,7 @@ What the sandbox rests on, layer by layer (`sandbox_support()` says which this m
    the snippet does, so the kernel kills every process the snippet left (``setsid`` and double forks
    included); a fresh read-only /proc; an empty network namespace when the network is off. The snippet runs
    in a second user namespace as a non-root uid with no capabilities, so it cannot remount anything
-   writable; ``RLIMIT_NPROC`` there counts its own tree (`max_processes` - 2; a root tool is exempt).
+   writable; ``RLIMIT_NPROC`` there counts its own tree (Linux 5.14+; `max_processes` - 2; a root tool is exempt).
 2. Per-call cgroups (`_sandbox_cgroup.py`), where this process may create children with the ``memory`` and
    ``pids`` controllers (cgroup v2, or v1 hierarchies): ``memory_mb + disk_mb`` (tmpfs pages are charged
    there too; no swap) and `max_processes` tasks for the supervisor, the snippet and every descendant. The
@@ -369,14 +369,15 @@ class PythonTool(ToolBase):
 
 def _clean_up(workdir: str, cgroup: CallCgroup | None) -> None:
     """After a call: kill what is left in its cgroups and remove them, then remove its work dir, whatever is in it."""
-    try:
-        if cgroup is not None:
-            cgroup.close()
-    finally:
+    if cgroup is not None:
         try:
-            remove_tree(workdir)
-        except OSError as error:  # only what even the tree's owner cannot remove (a mount point, chattr +i)
-            logger.error("python_work_dir_not_removed", workdir=workdir, error=str(error))
+            cgroup.close()
+        except OSError as error:  # the call's result stands; what is left is the operator's to see
+            logger.error("python_cgroup_not_removed", cgroups=cgroup.directories, error=str(error))
+    try:
+        remove_tree(workdir)
+    except OSError as error:  # only what even the tree's owner cannot remove (a mount point, chattr +i)
+        logger.error("python_work_dir_not_removed", workdir=workdir, error=str(error))
 
 
 def _config(workdir: str, *, cpu: int, memory: int, fsize: int, network: bool, namespaces: bool) -> dict[str, Any]:
