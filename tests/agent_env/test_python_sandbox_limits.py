@@ -168,3 +168,28 @@ def test_the_active_layers_are_reported() -> None:
     assert support.cgroup or support.cgroup_reason
     if os.path.isdir("/sys/fs/cgroup") and os.geteuid() == 0 and os.access("/sys/fs/cgroup", os.W_OK):
         assert support.cgroup, support.cgroup_reason
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.skipif(getattr(SUPPORT, "cgroup", None) == "", reason="no cgroup layer here")
+def test_the_snippet_cannot_leave_its_cgroups_or_grow_its_tmpfs(tmp_path: Path, mode: str) -> None:
+    """With the hook off: moving itself into the parent cgroups, and remounting its tmpfs at 1 GiB, both refused."""
+    from agent_env.tools.python import cgroup_places
+
+    parents = [os.path.join(parent, "cgroup.procs") for _, parent in cgroup_places().places.values()]
+    tool = PythonTool(temp_root=str(temp_root(tmp_path)), isolation=mode, audit_hooks=False)  # type: ignore[arg-type]
+    code = (
+        "import ctypes, os\n"
+        f"for path in {parents!r}:\n"
+        "    try:\n"
+        "        open(path, 'w').write(str(os.getpid())); print('moved into', path)\n"
+        "    except OSError as error:\n"
+        "        print('refused', error.errno)\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "flags = 32 | 2 | 4  # MS_REMOUNT | MS_NOSUID | MS_NODEV\n"
+        "result = libc.mount(None, os.getcwd().encode(), None, ctypes.c_ulong(flags), b'size=1073741824')\n"
+        "print('remount', 'done' if result == 0 else f'refused {ctypes.get_errno()}')\n"
+    )
+    output = call(tool, code)
+    print(f"\n[{mode}] {output!r}")
+    assert "moved into" not in output and output.count("refused") == len(parents) + 1
