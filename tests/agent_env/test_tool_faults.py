@@ -47,8 +47,8 @@ class FaultTally:
     def summary(self) -> str:
         total = self.contained.total() + len(self.escaped)
         codes = ", ".join(f"{code}: {n}" for code, n in sorted(self.contained.items()))
-        lines = [f"tool faults: {self.contained.total()} / {total} contained ({codes}); not contained: {self.escaped}"]
-        return "\n".join([*lines, *self.figures])
+        line = f"tool faults: {self.contained.total()} / {total} contained ({codes}); not contained: {self.escaped}"
+        return "\n".join([line, *self.figures] if total else self.figures)
 
 
 @pytest.fixture(scope="module", autouse=True)
