@@ -13,11 +13,12 @@ Three ways an answer of a few kilobytes could cost this process gigabytes, and w
   prompt's length, which vLLM echoes), and the length of its longest string, before any decoder sees it. A
   body of few tokens is passed by a handful of C-speed ``bytes.count`` calls; another is walked string by string,
   stopping as soon as the budget is spent.
+- Copies. The decoded body is held once, in an anonymous memory map (`AnswerBody`), and decoded from there.
 - Decoding. `decode_answer` reads only what a completion needs (``choices[i].token_ids`` and its aliases,
   ``logprobs.token_logprobs`` or ``logprobs.content[i].logprob``, ``finish_reason``) with msgspec, which skips
   every other field without building it, straight from the bytes (no copy of the body as text).
 
-Both checks and the decoding are synchronous; the engine runs them in a worker thread. Every refusal is
+`check_answer_shape` and `decode_answer` are synchronous; the engine runs them in a worker thread. Every refusal is
 `EngineBadOutput`. This module knows JSON, HTTP content codings and the shape of a completions answer; it
 knows nothing about tokenizers or retries.
 """
@@ -56,6 +57,7 @@ MAX_ENCODINGS: Final = 2
 """The most content codings an answer may stack (``gzip, gzip``); each one is inflated under the cap."""
 
 _PIECE: Final = 64 * 1024  # the most bytes one inflate call may produce
+_FIRST_MAP: Final = 1024 * 1024  # an answer's first map, doubled as it fills (most answers fit)
 _BASE_TOKENS: Final = 4096  # JSON tokens of an answer's envelope (id, usage, model, ...), generously
 _TOKENS_PER_NEW_TOKEN: Final = 48  # token_ids, logprobs, tokens, top_logprobs, content[i]{token,bytes,...}
 _TOKENS_PER_PROMPT_TOKEN: Final = 2  # `prompt_token_ids`, which vLLM sends back
@@ -90,12 +92,14 @@ class AnswerLimits:
 
 
 class AnswerBody:
-    """A decoded body, in anonymous memory of which only the bytes written become resident. A `bytearray` grown
-    piece by piece is copied at each step, and in a heap whose large blocks are no longer mapped apart those
-    copies stay resident: 8 MiB read that way cost 45 MiB. Close it (or use it as a context manager)."""
+    """A decoded body, in a private anonymous memory map that doubles as it fills (`mremap`: the pages move,
+    nothing is copied; a shared one would fault past its first size) up to `limit`. A `bytearray` grown piece by
+    piece is copied at each step, and in a heap whose large blocks are no longer mapped apart those copies stay
+    resident: 8 MiB read that way cost 45 MiB. Close it (or use it as a context manager)."""
 
-    def __init__(self, capacity: int) -> None:
-        self._map = mmap.mmap(-1, max(capacity, 1))
+    def __init__(self, limit: int, expected: int = 0) -> None:
+        self.limit = limit
+        self._map = mmap.mmap(-1, max(1, min(limit, max(expected, _FIRST_MAP))), flags=mmap.MAP_PRIVATE)
         self.size = 0
 
     def __enter__(self) -> AnswerBody:
@@ -108,8 +112,11 @@ class AnswerBody:
         self._map.close()
 
     def write(self, piece: bytes) -> None:
+        needed = self.size + len(piece)
+        if needed > len(self._map):
+            self._map.resize(min(self.limit, max(needed, 2 * len(self._map))))
         self._map.write(piece)
-        self.size += len(piece)
+        self.size = needed
 
     def __getitem__(self, index: int) -> int:
         return self._map[index]
@@ -205,7 +212,7 @@ async def read_body(response: httpx.Response, url: str, *, limit: int, truncate:
             f"openai: {url} announced a {int(declared):,}-byte answer, over max_response_bytes ({limit:,})"
         )
     inflaters = _inflaters(response, limit, url)
-    body = AnswerBody(limit)
+    body = AnswerBody(limit, int(declared) if declared is not None and declared.isdigit() and not inflaters else 0)
     try:
         async for raw in response.aiter_raw():
             for piece in _through(inflaters, raw):
