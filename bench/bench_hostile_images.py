@@ -4,8 +4,10 @@ for each case of `tests.support.hostile_images`, and a seeded fuzz's outcomes.
 The server (the qwen3-vl vision recipe of tests/serve, a scripted engine or `HFEngine` on the tiny Qwen2.5-VL)
 runs in this process on a real socket and is sent one request per image by httpx; the growth is the kernel's
 resident high-water mark (``VmHWM``, reset through ``/proc/self/clear_refs`` before each request) minus the
-resident size before it, so a peak inside Pillow or torch counts. The budget is the server's `max_image_pixels` at
-4 bytes a pixel (what Pillow stores per pixel); the figure to watch is each row's ratio to it.
+resident size before it, so a peak inside Pillow or torch counts. malloc's mmap threshold is fixed at 128 KiB,
+so a freed large block goes back to the kernel and each image's growth is its own, not hidden in reused pages.
+The budget is the server's `max_image_pixels` at 4 bytes a pixel (what Pillow stores per pixel); the figure to
+watch is each row's ratio to it.
 
     uv run python bench/bench_hostile_images.py [--engine scripted|hf] [--budget 8000000] [--mode agent|tools]
 
@@ -51,7 +53,9 @@ def _peak_rss() -> int:
 def growth_of(send: Any) -> tuple[httpx.Response, int]:
     gc.collect()
     with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD fixed: large blocks are mapped and unmapped, never kept
+        libc.malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")
     base = _rss()

@@ -50,8 +50,8 @@ def test_a_hostile_image_is_refused_for_its_frames_or_read_at_pillows_size(
             read_header(data)
         assert REFUSED_BY_STRUCTURE[name] in str(refused.value), str(refused.value)
         return
-    kind, width, height = read_header(data)  # the pixels may still be broken: the decoder's to find
-    assert pillow_size(data, kind) == (width, height), name
+    header = read_header(data)  # the pixels may still be broken: the decoder's to find
+    assert pillow_size(data, header.format) == (header.width, header.height), name
 
 
 def test_the_issues_gif_is_refused_though_its_header_says_1x1() -> None:
@@ -66,15 +66,15 @@ def test_fuzzed_images_get_a_value_error_or_pillows_size() -> None:
     agreed = refused = 0
     for data in fuzzed_images(300, seed=1):
         try:
-            kind, width, height = read_header(data)
+            header = read_header(data)
         except ValueError:
             refused += 1
             continue
         try:
-            size = pillow_size(data, kind)
+            size = pillow_size(data, header.format)
         except Exception:  # Pillow cannot even open it: the decoder refuses it later
             continue
-        assert size == (width, height), (kind, size, (width, height))
+        assert size == (header.width, header.height), (header, size)
         agreed += 1
     print(f"\n300 fuzzed images: {refused} refused by their structure, {agreed} read at Pillow's size")
     assert refused and agreed
@@ -84,10 +84,27 @@ def test_an_os2_bitmap_core_header_reads_16_bit_sizes() -> None:
     pixels = b"\x00" * (((3 * 5 + 3) // 4) * 4 * 7)
     header = struct.pack("<IHHHH", 12, 5, 7, 1, 24)
     data = b"BM" + struct.pack("<IHHI", 14 + len(header) + len(pixels), 0, 0, 14 + len(header)) + header + pixels
-    assert read_header(data) == ("bmp", 5, 7) and pillow_size(data, "bmp") == (5, 7)
+    header = read_header(data)
+    assert (header.format, header.width, header.height) == ("bmp", 5, 7) and pillow_size(data, "bmp") == (5, 7)
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG", "GIF", "WEBP", "BMP"])
 def test_every_format_reads_its_kind(fmt: str) -> None:
-    kind, width, height = read_header(pillow_bytes(noise(30, 20), fmt))
-    assert (PIL_FORMAT[kind], width, height) == (fmt, 30, 20)
+    header = read_header(pillow_bytes(noise(30, 20), fmt))
+    assert (PIL_FORMAT[header.format], header.width, header.height) == (fmt, 30, 20)
+    assert header.decode_bytes == (16 if fmt == "WEBP" else 4) * 30 * 20
+
+
+@pytest.mark.parametrize(
+    ("options", "per_pixel"),
+    [
+        ({}, 4.0),  # baseline: the output only
+        ({"progressive": True, "subsampling": 2}, 4 + 2 * 1.5),  # 4:2:0: Y whole, Cb and Cr a quarter each
+        ({"progressive": True, "subsampling": 0}, 4 + 2 * 3),
+    ],
+)
+def test_a_progressive_jpeg_counts_its_coefficient_buffer(options: dict[str, object], per_pixel: float) -> None:
+    header = read_header(pillow_bytes(Image.new("RGB", (64, 48)), "JPEG", **options))
+    assert header.decode_bytes == per_pixel * 64 * 48
+    grey = read_header(pillow_bytes(Image.new("L", (64, 48)), "JPEG", progressive=True))
+    assert grey.decode_bytes == (1 + 2) * 64 * 48

@@ -4,9 +4,11 @@ bodies, animated GIF/APNG/WebP, palette tricks, TIFF) and a seeded fuzz, in agen
 the scripted vision engine and on `HFEngine` over the tiny Qwen2.5-VL (the real decoder and image processor).
 Each is taken (200) or refused with a 400 naming ``messages[i].content[k]`` and saying why; none is a 500.
 
-The server runs in this process, so its resident memory is this process's: `rss_growth` samples
-``/proc/self/statm`` while one request is served. Run with ``-s`` to see the figure per image; the limit is 1.5x
-the image budget in bytes (`max_image_pixels` at 4 bytes a pixel, the most Pillow stores per pixel)."""
+The server runs in this process, so its resident memory is this process's: `rss_growth` reads the kernel's
+high-water mark (VmHWM, reset before each request) while one request is served, malloc's mmap threshold fixed so
+that a freed large block goes back to the kernel and each image's growth is its own. Run with ``-s`` to see the
+figure per image; the limit is 1.5x the image budget in bytes (`max_image_pixels` at 4 bytes a pixel, the most
+Pillow stores per pixel)."""
 
 from __future__ import annotations
 
@@ -116,7 +118,9 @@ def rss_growth(action: Callable[[], Any]) -> tuple[Any, int]:
     peak inside a C call that holds the GIL counts too."""
     gc.collect()
     with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD fixed: large blocks are mapped and unmapped, never kept
+        libc.malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")  # VmHWM := the current resident size
     base = _rss()

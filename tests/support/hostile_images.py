@@ -166,6 +166,7 @@ def _cut(data: bytes, numerator: int, denominator: int) -> bytes:
 def hostile_images(budget: int) -> dict[str, tuple[bytes, str]]:
     """Each hostile case by name: (bytes, expected outcome) against a per-image limit of `budget` pixels."""
     side = math.isqrt(budget)  # a square at the budget
+    half = math.isqrt(budget // 2)
     valid_png = pillow_bytes(noise(64, 48), "PNG")
     cases: dict[str, Callable[[], tuple[bytes, str]]] = {
         "gif: 1x1 screen holding a 7000x7000 frame": lambda: (
@@ -196,6 +197,22 @@ def hostile_images(budget: int) -> dict[str, tuple[bytes, str]]:
         "apng: a frame control of 6000x6000": lambda: (apng_frame_outside(), "invalid_image"),
         "webp: animated": lambda: (webp_animated(), "ok"),
         "webp: animated, canvas patched to 1x1": lambda: (webp_animated((1, 1)), "invalid_image"),
+        "webp: lossless, flat, at the pixel budget (libwebp: 16 bytes a pixel)": lambda: (
+            pillow_bytes(Image.new("RGB", (side, side), (9, 99, 199)), "WEBP", lossless=True),
+            "image_too_large",
+        ),
+        "webp: lossless, flat, at a quarter of the budget": lambda: (
+            pillow_bytes(Image.new("RGB", (side // 2, side // 2), (9, 99, 199)), "WEBP", lossless=True),
+            "ok",
+        ),
+        "jpeg: progressive 4:4:4 at the budget (coefficients held whole)": lambda: (
+            pillow_bytes(Image.new("RGB", (side, side), (9, 99, 199)), "JPEG", progressive=True, subsampling=0),
+            "image_too_large",
+        ),
+        "jpeg: progressive 4:2:0 at half the budget": lambda: (
+            pillow_bytes(Image.new("RGB", (half, half), (9, 99, 199)), "JPEG", progressive=True),
+            "ok",
+        ),
         "bmp: header claims the budget, 100 bytes of pixels": lambda: (bmp_claiming(side, side), "invalid_image"),
         "bmp: negative width": lambda: (bmp_claiming(-64, 48), "invalid_image"),
         "tiff (Pillow opens it; not taken)": lambda: (pillow_bytes(noise(64, 48), "TIFF"), "invalid_image"),

@@ -7,9 +7,11 @@ size before anything is allocated. Then Pillow opens the image as the one format
 of another format for the same bytes) and must agree: the size it reports and every tile it would decode must
 be the header's, or the image is refused before Pillow allocates a pixel. Only then is the first frame decoded
 (the one frame OpenRLHF's loader and the engines use), so a truncated body, a corrupt bitstream or a palette
-Pillow cannot convert is a `ValueError` here, and no decode ever holds more than ``max_pixels`` pixels (at most
-4 bytes each in any mode these formats decode to). The limit is passed on each call; Pillow's process-wide
-``Image.MAX_IMAGE_PIXELS`` is left as it is.
+Pillow cannot convert is a `ValueError` here. The budget is in bytes as well as pixels: ``max_pixels`` at 4
+bytes each (`BYTES_PER_PIXEL`, the most Pillow stores per pixel), against what decoding the file takes
+(`ImageHeader.decode_bytes`): a WebP (libwebp's canvas besides Pillow's copy) or a progressive JPEG (its whole
+coefficient buffer) is refused at fewer pixels than a PNG, so no decode holds more than the budget's bytes. The
+limit is passed on each call; Pillow's process-wide ``Image.MAX_IMAGE_PIXELS`` is left as it is.
 
 `ImageTooLarge` (a ValueError) says an image is over the budget, as opposed to broken. Pillow is imported on the
 first decode, never at import time (it is the ``vision`` extra); without it `checked_size` checks the structure
@@ -23,7 +25,7 @@ import importlib.util
 import io
 from typing import TYPE_CHECKING, Final
 
-from agent_protocol.image_format import read_header
+from agent_protocol.image_format import ImageHeader, read_header
 
 if TYPE_CHECKING:
     from PIL.Image import Image
@@ -51,9 +53,9 @@ def checked_size(data: bytes, *, max_pixels: int | None) -> tuple[int, int]:
     pixels; `ImageTooLarge` over the budget, ValueError saying what is wrong otherwise. The decoded pixels are
     dropped at once: this only proves that the image can be decoded, at the size its header says."""
     if not has_decoder():
-        _, width, height = read_header(data)
-        _check_budget(width, height, max_pixels)
-        return width, height
+        header = read_header(data)
+        _check_budget(header, max_pixels)
+        return header.width, header.height
     picture = decode_image(data, max_pixels=max_pixels)
     size: tuple[int, int] = picture.size
     picture.close()
@@ -64,14 +66,15 @@ def decode_image(data: bytes, *, max_pixels: int | None = None) -> Image:
     """The first frame of the image in `data`, decoded by Pillow (in the mode it decodes to), if its size is the
     one its frame headers say and within `max_pixels` (None: no budget of the caller's, only Pillow's own). Raises
     `ImageTooLarge` or ValueError, before any pixel is allocated where the sizes alone refuse it."""
-    kind, width, height = read_header(data)
-    _check_budget(width, height, max_pixels)
+    header = read_header(data)
+    _check_budget(header, max_pixels)
+    width, height = header.width, header.height
     try:
         from PIL import Image as pil
     except ImportError as e:
         raise ValueError("decoding images needs Pillow: install agent-env[vision]") from e
     try:
-        picture = pil.open(io.BytesIO(data), formats=[_PIL_FORMAT[kind]])
+        picture = pil.open(io.BytesIO(data), formats=[_PIL_FORMAT[header.format]])
     except Exception as e:  # Pillow raises its own errors (SyntaxError, OSError, DecompressionBombError, ...)
         raise ValueError(f"the image cannot be decoded: {type(e).__name__}: {e}") from e
     try:
@@ -94,6 +97,15 @@ def decode_image(data: bytes, *, max_pixels: int | None = None) -> Image:
     return picture
 
 
-def _check_budget(width: int, height: int, max_pixels: int | None) -> None:
-    if max_pixels is not None and width * height > max_pixels:
+def _check_budget(header: ImageHeader, max_pixels: int | None) -> None:
+    if max_pixels is None:
+        return
+    width, height = header.width, header.height
+    if width * height > max_pixels:
         raise ImageTooLarge(f"the image is {width}x{height} = {width * height} pixels; the limit is {max_pixels}")
+    if header.decode_bytes > BYTES_PER_PIXEL * max_pixels:
+        raise ImageTooLarge(
+            f"decoding this {width}x{height} {header.format.upper()} takes about {header.decode_bytes >> 20} MiB "
+            f"({header.decode_bytes / (width * height):.1f} bytes a pixel); the limit is {max_pixels} pixels at "
+            f"{BYTES_PER_PIXEL} bytes, {BYTES_PER_PIXEL * max_pixels >> 20} MiB"
+        )

@@ -78,7 +78,7 @@ DEFAULT_IMAGE_LIMITS: Final = ImageLimits()
 def image_data_url(data: bytes) -> str:
     """`data` (a PNG, JPEG, GIF, WebP or BMP file) as a ``data:image/<type>;base64,`` URL, the type read from its
     header (`agent_protocol.image_format.read_header`). ValueError when it is none of these."""
-    kind, _, _ = read_header(data)
+    kind = read_header(data).format
     return f"data:image/{kind};base64,{base64.b64encode(data).decode('ascii')}"
 
 

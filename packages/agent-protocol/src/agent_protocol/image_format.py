@@ -1,5 +1,5 @@
 """`read_header`: the format and size of a PNG, JPEG, GIF, WebP or BMP image, read from its structure over every
-frame, in pure Python, as a decoder (Pillow, libjpeg, libwebp) will see it.
+frame, in pure Python, as a decoder (Pillow, libjpeg, libwebp) will see it, and the memory decoding it takes.
 
 A header alone is not enough: a decoder may produce more pixels than the first header says. A GIF's logical
 screen of 1x1 can hold a 7000x7000 frame (Pillow then grows the image to the frame), a JPEG can carry two frame
@@ -9,6 +9,12 @@ refused (`ValueError`, saying which frame and why), never resized: the size retu
 for the image, and the one every frame fits in. Pixels are not decoded here (a truncated body, a corrupt
 bitstream are the decoder's to find); the walk costs time linear in the file's bytes and no memory beyond it.
 
+Decoding costs more than the pixels for some files, and `ImageHeader.decode_bytes` says how much, so that a budget
+can be checked before a decoder runs: Pillow stores a pixel in at most 4 bytes (1 for a grey JPEG); libwebp holds
+its canvas and Pillow's copy of it, about 16 bytes a pixel in all (measured: a 380-byte lossless WebP of 8
+megapixels takes 122 MiB); a progressive or multi-scan JPEG keeps every DCT coefficient (2 bytes a sample) until
+its last scan, on top of the output.
+
 This module knows image file formats; nothing about URLs, limits or tokens.
 """
 
@@ -17,17 +23,36 @@ from __future__ import annotations
 import struct
 from typing import Final, Literal
 
-__all__ = ["ImageFormat", "read_header"]
+import msgspec
+
+__all__ = ["ImageFormat", "ImageHeader", "read_header"]
 
 ImageFormat = Literal["png", "jpeg", "gif", "webp", "bmp"]
+
+
+class ImageHeader(msgspec.Struct, frozen=True, kw_only=True):
+    """What an image file says of itself, every frame checked: its `format`, its size (`width` x `height`, as
+    Pillow reports it), and `decode_bytes`, about the most memory decoding its first frame takes (see the module
+    docstring)."""
+
+    format: ImageFormat
+    width: int
+    height: int
+    decode_bytes: int
+
+
+#: the bytes a decoder holds per pixel, beyond a JPEG's coefficients (Pillow's 4; libwebp's canvas besides)
+_BYTES_PER_PIXEL: Final = {"png": 4, "gif": 4, "bmp": 4, "webp": 16}
 
 _NOT_AN_IMAGE: Final = "the data is not a PNG, JPEG, GIF, WebP or BMP image (or its header is cut off)"
 
 
-def read_header(data: bytes) -> tuple[ImageFormat, int, int]:
-    """(format, width, height) of the image in `data`, every frame checked against that size. ValueError for
-    anything else, a cut header, an empty size, or frames that do not fit the image (see the module docstring)."""
+def read_header(data: bytes) -> ImageHeader:
+    """The format, size and decoding cost of the image in `data`, every frame checked against that size.
+    ValueError for anything else, a cut header, an empty size, or frames that do not fit the image (see the
+    module docstring)."""
     kind: ImageFormat
+    cost = 0
     if data[:8] == b"\x89PNG\r\n\x1a\n":
         kind, (width, height) = "png", _png(data)
     elif data[:6] in (b"GIF87a", b"GIF89a"):
@@ -37,12 +62,13 @@ def read_header(data: bytes) -> tuple[ImageFormat, int, int]:
     elif data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         kind, (width, height) = "webp", _webp(data)
     elif data[:2] == b"\xff\xd8":
-        kind, (width, height) = "jpeg", _jpeg(data)
+        kind, (width, height, cost) = "jpeg", _jpeg(data)
     else:
         raise ValueError(_NOT_AN_IMAGE)
     if width <= 0 or height <= 0:
         raise ValueError(f"the image header gives an empty size {width}x{height}")
-    return kind, width, height
+    cost = cost or _BYTES_PER_PIXEL[kind] * width * height
+    return ImageHeader(format=kind, width=width, height=height, decode_bytes=cost)
 
 
 def _fits(kind: str, k: int, frame: tuple[int, int, int, int], canvas: tuple[int, int]) -> None:
@@ -184,11 +210,14 @@ def _bitstream_size(kind: bytes, body: bytes) -> tuple[int, int] | None:
 _SOF: Final = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 
 
-def _jpeg(data: bytes) -> tuple[int, int]:
-    """The size of the one frame header (SOF). Every marker segment is walked, the entropy-coded data after each
-    scan (SOS) skipped to the next marker: a second SOF anywhere is refused (Pillow would take the last one
-    before the first scan, libjpeg refuses one after it)."""
+def _jpeg(data: bytes) -> tuple[int, int, int]:
+    """The size of the one frame header (SOF) and the bytes decoding it takes. Every marker segment is walked,
+    the entropy-coded data after each scan (SOS) skipped to the next marker: a second SOF anywhere is refused
+    (Pillow would take the last one before the first scan, libjpeg refuses one after it)."""
     sizes: list[tuple[int, int]] = []
+    frame = b""
+    progressive = False
+    scans = 0
     at = 2
     while at + 4 <= len(data):
         if data[at] != 0xFF:
@@ -208,15 +237,36 @@ def _jpeg(data: bytes) -> tuple[int, int]:
                 break
             h, w = struct.unpack(">HH", data[at + 5 : at + 9])
             sizes.append((int(w), int(h)))
+            frame = data[at + 4 : at + 2 + int(length)]
+            progressive = marker in (0xC2, 0xC6, 0xCA, 0xCE)
         at += 2 + int(length)
         if marker == 0xDA:  # a scan: its entropy-coded data runs to the next marker
+            scans += 1
             at = _after_entropy_data(data, at)
     if not sizes:
         raise ValueError(_NOT_AN_IMAGE)
     if len(sizes) > 1:
         described = ", ".join(f"{w}x{h}" for w, h in sizes[:4])
         raise ValueError(f"the JPEG holds {len(sizes)} frame headers (SOF markers: {described}); an image has one")
-    return sizes[0]
+    width, height = sizes[0]
+    return width, height, _jpeg_cost(frame, width, height, buffered=progressive or scans > 1)
+
+
+def _jpeg_cost(frame: bytes, width: int, height: int, *, buffered: bool) -> int:
+    """The bytes decoding a JPEG takes: Pillow's output (1 byte a pixel for one component, else 4) and, for a
+    progressive or multi-scan file, libjpeg's whole-image coefficient buffer (2 bytes a sample, each component
+    at its sampling factors, padded to 8x8 blocks). `frame`: the SOF segment after its length."""
+    components = frame[5] if len(frame) > 5 else 3
+    cost = width * height * (1 if components == 1 else 4)
+    factors = [(frame[7 + 3 * c] >> 4, frame[7 + 3 * c] & 15) for c in range(components) if 8 + 3 * c <= len(frame)]
+    if not buffered or not factors:
+        return cost
+    h_max, v_max = max(max(h for h, _ in factors), 1), max(max(v for _, v in factors), 1)
+    for h, v in factors:
+        columns = -(-width * max(h, 1) // h_max)
+        rows = -(-height * max(v, 1) // v_max)
+        cost += 2 * (-(-columns // 8) * 8) * (-(-rows // 8) * 8)
+    return cost
 
 
 def _after_entropy_data(data: bytes, at: int) -> int:

@@ -126,8 +126,8 @@ def image_size(data: bytes) -> tuple[int, int]:
     """(width, height) of a PNG, JPEG, GIF, WebP or BMP image, as PIL reports `Image.size` (no EXIF rotation:
     OpenRLHF's loader applies none), read from its structure over every frame (`image_format.read_header`).
     ValueError for anything else, a truncated header, or frames that do not fit that size."""
-    _, width, height = read_header(data)
-    return width, height
+    header = read_header(data)
+    return header.width, header.height
 
 
 class VisionGrid(msgspec.Struct, frozen=True, kw_only=True):

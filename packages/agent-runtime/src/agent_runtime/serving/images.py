@@ -13,8 +13,10 @@ before they are converted or tokenized, and refuses with a 400 naming ``messages
   header, frames that do not fit the image's size, two JPEG frame headers), an image the model's image grid cannot
   take (an aspect ratio over 200), an image over `ServeConfig.max_image_bytes` decoded or over `max_image_pixels`;
 - an image that passes all that and still does not decode: each is decoded (`agent_env.image_decoder`, when
-  Pillow is installed), one at a time and within `max_image_pixels`, after every size is checked, so a truncated
-  body, a corrupt bitstream or a size the decoder reads otherwise is a 400 here, not an engine's 500 later;
+  Pillow is installed), one at a time and within `max_image_pixels` at 4 bytes a pixel, after every size is
+  checked, so a truncated body, a corrupt bitstream or a size the decoder reads otherwise is a 400 here
+  (`invalid_image`), not an engine's 500 later, and a file whose decoding takes more memory than its pixels (a
+  WebP, a progressive JPEG) is refused at fewer pixels (`image_too_large`);
 
 and with a 400 naming ``messages``: more images in the request than `image_count_limit` allows (the recipe's
 `max_images`, at most the server's; counted before any is decoded), more pixels in all than
@@ -33,7 +35,7 @@ from typing import Any
 
 import structlog
 
-from agent_env.image_decoder import checked_size
+from agent_env.image_decoder import ImageTooLarge, checked_size
 from agent_env.tool_output import image_data_url
 from agent_protocol import ChatProtocol, Tokenizer
 from agent_protocol.images import VisionGrid, data_url_payload, decode_base64, image_size, read_image
@@ -131,6 +133,8 @@ def check_request_images(
     for where, data in read:  # then each image decoded, one at a time, within the per-image budget
         try:
             checked_size(data, max_pixels=max_image_pixels)
+        except ImageTooLarge as e:  # a file that takes more memory to decode than its pixels (WebP, progressive JPEG)
+            raise _refuse(where, f"{e} (ServeConfig.max_image_pixels)", "image_too_large") from e
         except ValueError as e:
             raise _refuse(where, f"the image cannot be read: {e}", "invalid_image") from e
     return len(images)
