@@ -97,6 +97,7 @@ class _Turn:
             tools=self.tools,
             errors=self.errors,  # this request's record holds this request's errors
             max_images=backend.recipe.max_images,
+            special_tokens_in_text=backend.recipe.special_tokens_in_text,
         )
         self.conversation = conversation
         if stored is not None and last is not None:
