@@ -41,7 +41,7 @@ from agent_runtime.outcomes import StopReason
 from agent_runtime.proxy.endpoint import EpisodeEndpoint
 from agent_runtime.proxy.episode_engine import EpisodeEngine
 from agent_runtime.proxy.prefix_break import PrefixBreak
-from agent_runtime.proxy.program_thread import run_program_thread
+from agent_runtime.proxy.program_thread import describe, run_program_thread
 from agent_runtime.proxy.request_log import Segment, generated
 from agent_runtime.recipe import Recipe, RecipeError
 from agent_runtime.session import CONTAINED
@@ -102,8 +102,10 @@ async def run_program(
         answer, code, message = await run_program_thread(program, endpoint, task)
     finally:
         await endpoint.close()
-    if code is None and answer is not None and not isinstance(answer, str):
+    if code is None and answer is not None and not issubclass(type(answer), str):  # type(): __class__ can lie
         answer, code, message = None, "program_error", f"the program returned a {type(answer).__name__}, not a str"
+    if answer is not None and type(answer) is not str:
+        answer = str.__str__(answer)  # a str subclass's own methods are the program's code: keep the text only
     if code is None and endpoint.requests == 0:
         code, message = "no_model_calls", "the program never called the model; the episode gets reward 0"
     if code == "program_error" and episode_engine.exhausted:
@@ -194,7 +196,7 @@ async def _score(recipe: Recipe, record: EpisodeRecord) -> RewardBreakdown | Non
     except BaseException as e:  # the pipeline contains its strategies' errors; this is the last boundary
         if isinstance(e, asyncio.CancelledError) and _cancelling():
             raise  # the episode itself is cancelled
-        logger.error("agent_program_reward_failed", error_type=type(e).__name__, error=str(e)[:_PREVIEW])
+        logger.error("agent_program_reward_failed", error_type=type(e).__name__, error=describe(e))
         return None
 
 

@@ -118,12 +118,20 @@ async def _main(program: AgentProgram, endpoint: EpisodeEndpoint, task: ProgramT
             await client.close()
 
 
-def describe(error: BaseException) -> str:
+def describe(error: BaseException, *, depth: int = 0) -> str:
     """``Type: message`` of what the program raised (a contained `BaseException` by its own type; a group with the
-    types and messages of what it holds)."""
+    types and messages of the first few it holds, two levels deep). Never raises: a message whose ``__str__``
+    raises is named as such."""
     if isinstance(error, ContainedBaseException):
         error = error.original
-    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    if isinstance(error, BaseExceptionGroup):
-        text += " [" + "; ".join(describe(inner) for inner in error.exceptions[:4]) + "]"
+    name = type(error).__name__
+    try:
+        message = str(error)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # foreign code's __str__
+        message = f"<its message could not be read: {type(e).__name__}>"
+    text = f"{name}: {message[:_PREVIEW]}" if message else name
+    if isinstance(error, BaseExceptionGroup) and depth < 2:
+        text += " [" + "; ".join(describe(inner, depth=depth + 1) for inner in error.exceptions[:4]) + "]"
     return text[:_PREVIEW]
