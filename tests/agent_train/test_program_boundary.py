@@ -353,3 +353,16 @@ def test_at_most_max_concurrent_programs_run_at_once_and_the_rest_wait(tokenizer
 
     outs = asyncio.run(six())
     assert most[0] == 2 and [o.sample.reward for o in outs] == [pytest.approx(1.1)] * 6
+
+
+def test_an_agent_that_is_an_unhashable_callable_runs(tokenizer: HFTokenizer) -> None:
+    @dataclasses.dataclass
+    class Agent:  # eq=True makes it unhashable, as dataclass instances are
+        turns: int = 3
+
+        async def __call__(self, client: Any, task: ProgramTask) -> str | None:
+            return await calculator_agent(client, task)
+
+    engine = ScriptedEngine(tokenizer, policy=calculator_policy(tokenizer))
+    out = asyncio.run(AgentExecutor(recipe_of(Agent())).rollout(TASK, "391", engine))
+    assert out.trajectory.final_answer == "The answer is 391." and out.sample.reward == pytest.approx(1.1)

@@ -27,7 +27,7 @@ What the caller gets (answer, code, message):
 Only the cancellation of the caller's own task propagates (the program is then cancelled too).
 
 At most `AgentProgram.max_concurrent` episodes of one program run at once on one rollout loop: the others wait
-for a place (an `asyncio.Semaphore` per loop and program) before their clock starts. This module knows the
+for a place (an `asyncio.Semaphore` per loop and `AgentProgram` object) before their clock starts. This module knows the
 endpoint and agent-env's threads; it knows nothing about records or rewards.
 """
 
@@ -49,17 +49,18 @@ _PREVIEW: Final = 500
 
 Outcome = tuple[Any, ProgramCode | None, str]
 
-_gates: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[AgentProgram, asyncio.Semaphore]]] = (
-    weakref.WeakKeyDictionary()
-)
+_gates: Final[
+    weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, tuple[AgentProgram, asyncio.Semaphore]]]
+] = weakref.WeakKeyDictionary()
 
 
 def _gate(program: AgentProgram) -> asyncio.Semaphore:
+    """The loop's gate for `program`, by identity: an agent may be an unhashable callable (a dataclass instance)."""
     per_loop = _gates.setdefault(asyncio.get_running_loop(), {})
-    gate = per_loop.get(program)
-    if gate is None:
-        gate = per_loop[program] = asyncio.Semaphore(program.max_concurrent)
-    return gate
+    found = per_loop.get(id(program))
+    if found is None or found[0] is not program:
+        found = per_loop[id(program)] = (program, asyncio.Semaphore(program.max_concurrent))
+    return found[1]
 
 
 async def run_program_thread(program: AgentProgram, endpoint: EpisodeEndpoint, task: ProgramTask) -> Outcome:
