@@ -366,3 +366,17 @@ def test_an_agent_that_is_an_unhashable_callable_runs(tokenizer: HFTokenizer) ->
     engine = ScriptedEngine(tokenizer, policy=calculator_policy(tokenizer))
     out = asyncio.run(AgentExecutor(recipe_of(Agent())).rollout(TASK, "391", engine))
     assert out.trajectory.final_answer == "The answer is 391." and out.sample.reward == pytest.approx(1.1)
+
+
+def test_a_program_writes_only_its_own_copy_of_the_task(tokenizer: HFTokenizer) -> None:
+    """A program cut off at its timeout may still run on its thread while its episode is recorded: what it does to
+    the task must not reach the record (a dict changing size while the trajectory reads it would raise there)."""
+
+    async def scribbles(client: Any, task: ProgramTask) -> str | None:
+        task.row["scribbled"] = True
+        assert isinstance(task.prompt, str)
+        return await calculator_agent(client, task)
+
+    engine = ScriptedEngine(tokenizer, policy=calculator_policy(tokenizer))
+    out = asyncio.run(AgentExecutor(recipe_of(scribbles)).rollout(TASK, "391", engine))
+    assert "scribbled" not in out.trajectory.task and out.sample.reward == pytest.approx(1.1)

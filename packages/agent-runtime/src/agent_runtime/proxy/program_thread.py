@@ -24,7 +24,8 @@ What the caller gets (answer, code, message):
 - ``program_unavailable``: no thread could be started (agent-env's `ThreadLimitError`: the process already holds
   too many threads, or too many programs that never stopped after their timeout).
 
-Only the cancellation of the caller's own task propagates (the program is then cancelled too).
+Only the cancellation of the caller's own task propagates (the program is then cancelled too). The program gets
+its own copy of the task: a thread cut off at its timeout may still be running while the episode is recorded.
 
 At most `AgentProgram.max_concurrent` episodes of one program run at once on one rollout loop: the others wait
 for a place (an `asyncio.Semaphore` per loop and `AgentProgram` object) before their clock starts. This module knows the
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import inspect
 import weakref
 from typing import Any, Final
@@ -77,9 +79,8 @@ async def run_program_thread(program: AgentProgram, endpoint: EpisodeEndpoint, t
 
 async def _race(program: AgentProgram, endpoint: EpisodeEndpoint, task: ProgramTask) -> Outcome:
     """The program's thread against the endpoint's end of the episode; the first one decides."""
-    runner = asyncio.ensure_future(
-        run_coroutine_in_thread(lambda: _main(program, endpoint, task), name="agent-program")
-    )
+    own = ProgramTask(prompt=copy.deepcopy(task.prompt), row=copy.deepcopy(task.row), model=task.model)
+    runner = asyncio.ensure_future(run_coroutine_in_thread(lambda: _main(program, endpoint, own), name="agent-program"))
     try:
         await asyncio.wait((runner, endpoint.ended), return_when=asyncio.FIRST_COMPLETED)
     finally:
