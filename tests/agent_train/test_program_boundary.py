@@ -143,9 +143,10 @@ def gather(recipe: Recipe, tokenizer: HFTokenizer, hf_tokenizer: Any) -> tuple[l
     under ``"_duration_s"``), the longest stall of the actor's event loop (beyond the heartbeat's own period) once
     the episodes run, and the gather's wall time, in seconds.
 
-    The stall counts the gaps that end after the batch's first generation: before it, the executor's synchronous
-    set-up of the 8 episodes holds the loop for about a second on a loaded two-core machine, whatever the program
-    does (`HFTokenizer.vocab_size`, about 0.1 s a call, twice an episode)."""
+    The stall counts the gaps that end after the batch's first generation: the executor's synchronous set-up of
+    the 8 episodes (OpenRLHF's tokenizer adapted, the engine made) is not the program's doing. It held the loop for
+    about a second on a loaded two-core machine until `HFTokenizer.vocab_size` was kept (it counted the whole
+    vocabulary, about 40 ms, twice an episode)."""
     from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 
     generate_responses = RolloutRayActor.__ray_metadata__.modified_class.generate_responses  # OpenRLHF's code

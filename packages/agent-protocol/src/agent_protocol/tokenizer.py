@@ -20,6 +20,7 @@ when it is new.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -110,8 +111,10 @@ class HFTokenizer:
     def __repr__(self) -> str:
         return f"HFTokenizer({self.source!r})"
 
-    @property
+    @functools.cached_property
     def vocab_size(self) -> int:
+        """Ids in the vocabulary, added tokens included. Kept: `tokenizers` builds the whole vocabulary to count it
+        (about 40 ms for Qwen3's 151,669 entries), and the rollout asks once per episode."""
         return int(self.backend.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str) -> list[int]:

@@ -200,14 +200,16 @@ class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is unt
 
 def _tokenizer_key(source: Any) -> tuple[Any, ...] | None:
     """What identifies OpenRLHF's `hf_tokenizer` across calls (Ray hands each call its own unpickled copy): a text
-    tokenizer's class, name and vocabulary size. None for a processor (its image grid too) or an unknown object:
-    those are adapted per episode."""
+    tokenizer's class, name, model vocabulary size and number of added tokens (`get_vocab_size(True)` would build
+    the whole vocabulary: about 40 ms a call, on the rollout's event loop). None for a processor (its image grid
+    too) or an unknown object: those are adapted per episode."""
     if hasattr(source, "image_processor") or isinstance(source, Tokenizer):
         return None
     backend = getattr(source, "backend_tokenizer", None)
     if backend is None or not hasattr(backend, "get_vocab_size"):
         return None
-    return type(source).__name__, str(getattr(source, "name_or_path", "")), backend.get_vocab_size(True)
+    added = len(backend.get_added_tokens_decoder())
+    return type(source).__name__, str(getattr(source, "name_or_path", "")), backend.get_vocab_size(False), added
 
 
 def as_tokenizer(source: Any) -> Tokenizer:
