@@ -35,6 +35,7 @@ import structlog
 
 from agent_env import EpisodeRecord, RewardBreakdown
 from agent_protocol import Message, TokenTranscript, TranscriptRecord, coerce_messages
+from agent_protocol.control_tokens import ControlTokens
 from agent_runtime.agent_program import ProgramCode, ProgramTask
 from agent_runtime.engines.base import LLMEngine, SamplingParams
 from agent_runtime.outcomes import StopReason
@@ -210,8 +211,12 @@ def _prompt_only(recipe: Recipe, engine: LLMEngine, prompt: list[Message]) -> Tr
     """The task's prompt alone, rendered without tools: the record of an episode the model never took part in
     (no action, so nothing is trained; the record keeps the rollout's shape)."""
     transcript = TokenTranscript()
+    control = ControlTokens.for_tokenizer(engine.tokenizer)  # as the served requests encode it
     try:
-        transcript.append_prompt(engine.tokenizer.encode(recipe.chat_protocol().render_prompt(prompt)))
+        text = recipe.chat_protocol().render_prompt(prompt if recipe.special_tokens_in_text else control.mark(prompt))
+        transcript.append_prompt(
+            control.encode(text) if not recipe.special_tokens_in_text else engine.tokenizer.encode(text)
+        )
     except CONTAINED as e:
         logger.warning("agent_program_prompt_unrendered", error_type=type(e).__name__, error=str(e)[:_PREVIEW])
     return transcript.record()
