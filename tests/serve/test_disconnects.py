@@ -134,6 +134,7 @@ def test_scripted_engine_calls_are_cancelled(start_server: ServerFactory, tokeni
     assert freed_s < FREED_WITHIN_S
     assert engine.cancelled == SLOTS
     assert statuses == [200] * SLOTS
+    assert server.metrics()["client_disconnects"] == SLOTS
 
 
 @pytest.fixture

@@ -47,6 +47,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from agent_env import describe_error, propagates
 from agent_protocol import Message, MessageError, ToolSpec, coerce_messages, coerce_tools
 from agent_runtime.engines.base import LLMEngine
 from agent_runtime.recipe import Recipe
@@ -168,6 +169,7 @@ async def chat_completions(request: Request) -> Response:
             else:
                 chat, messages, tools = _parse(body, backend)
     except ClientDisconnect:  # gone before its request was read: nobody to answer
+        metrics.client_disconnects += 1
         logger.info("client_disconnected", path=request.url.path)
         return Response(status_code=499)
     except ApiError as e:
@@ -208,6 +210,7 @@ async def chat_completions(request: Request) -> Response:
         try:  # a client that hangs up meanwhile has its completion cancelled, and its slot freed, at once
             result = await unless_disconnected(request.receive, work)
         except ClientGone:
+            metrics.client_disconnects += 1
             log.info("client_disconnected", duration_ms=round((time.perf_counter() - started) * 1000, 1))
             return Response(status_code=499)
         metrics.completed += 1
@@ -217,11 +220,12 @@ async def chat_completions(request: Request) -> Response:
         raise from_message_error(e) from e
     except (ApiError, HTTPException):
         raise
-    except (Exception, SystemExit) as e:  # a bug (even a sys.exit in a plug-in) fails this request only
-        logger.error("request_failed", error_type=type(e).__name__, error=str(e), exc_info=True)
-        raise ApiError(
-            500, f"internal error: {type(e).__name__}: {e}", type="server_error", code="internal_error"
-        ) from e
+    except BaseException as e:  # a bug (even a sys.exit in a plug-in) fails this request only
+        if propagates(e):  # KeyboardInterrupt, the request's own cancellation (agent_env.containment)
+            raise
+        why = describe_error(e, limit=None)
+        logger.error("request_failed", error_type=type(e).__name__, error=why, exc_info=True)
+        raise ApiError(500, f"internal error: {why}", type="server_error", code="internal_error") from e
     finally:
         if not streaming:
             backend.leave()

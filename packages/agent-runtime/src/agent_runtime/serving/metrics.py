@@ -25,6 +25,7 @@ class ServerMetrics(msgspec.Struct, kw_only=True):
     server_errors: int = 0  # the engine, a tool environment or the server failed mid-request
     rejected_overloaded: int = 0  # 429: max_concurrency requests were in flight
     rejected_body_budget: int = 0  # 429: the bodies being read held max_buffered_request_bytes
+    client_disconnects: int = 0  # 499: the client hung up (its completion cancelled, its engine call aborted)
     in_flight: int = 0
     peak_in_flight: int = 0
     episodes: int = 0
