@@ -14,9 +14,11 @@ before they are converted or tokenized, and refuses with a 400 naming ``messages
   take (an aspect ratio over 200), an image over `ServeConfig.max_image_bytes` decoded or over `max_image_pixels`;
 - an image that passes all that and still does not decode: each is decoded (`agent_env.image_decoder`, when
   Pillow is installed), one at a time and within `max_image_pixels` at 4 bytes a pixel, after every size is
-  checked, so a truncated body, a corrupt bitstream or a size the decoder reads otherwise is a 400 here
-  (`invalid_image`), not an engine's 500 later, and a file whose decoding takes more memory than its pixels (a
-  WebP, a progressive JPEG) is refused at fewer pixels (`image_too_large`);
+  checked, and at most `CONCURRENT_DECODES` in the whole process at once (requests are checked on worker threads
+  before they take a slot: without the gate, every worker could hold an image at the budget). So a truncated
+  body, a corrupt bitstream or a size the decoder reads otherwise is a 400 here (`invalid_image`), not an
+  engine's 500 later, and a file whose decoding takes more memory than its pixels (a WebP, a progressive JPEG) is
+  refused at fewer pixels (`image_too_large`);
 
 and with a 400 naming ``messages``: more images in the request than `image_count_limit` allows (the recipe's
 `max_images`, at most the server's; counted before any is decoded), more pixels in all than
@@ -30,8 +32,9 @@ This module knows image references, the serving limits and the error wire format
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 import structlog
 
@@ -43,6 +46,7 @@ from agent_runtime.engines.base import LLMEngine
 from agent_runtime.serving.api_error import ApiError
 
 __all__ = [
+    "CONCURRENT_DECODES",
     "check_request_images",
     "client_image_parts",
     "image_count_limit",
@@ -51,6 +55,9 @@ __all__ = [
 ]
 
 logger = structlog.get_logger(__name__)
+
+CONCURRENT_DECODES: Final = 2  # images the server decodes at once, all requests together
+_DECODING: Final = threading.BoundedSemaphore(CONCURRENT_DECODES)
 
 
 def text_only_reason(protocol: ChatProtocol, tokenizer: Tokenizer, engine: LLMEngine) -> str | None:
@@ -132,7 +139,8 @@ def check_request_images(
             )
     for where, data in read:  # then each image decoded, one at a time, within the per-image budget
         try:
-            checked_size(data, max_pixels=max_image_pixels)
+            with _DECODING:  # at most CONCURRENT_DECODES images in the process are decoded at once
+                checked_size(data, max_pixels=max_image_pixels)
         except ImageTooLarge as e:  # a file that takes more memory to decode than its pixels (WebP, progressive JPEG)
             raise _refuse(where, f"{e} (ServeConfig.max_image_pixels)", "image_too_large") from e
         except ValueError as e:
