@@ -22,6 +22,7 @@ from importlib.metadata import version as _version
 from typing import TYPE_CHECKING, Any
 
 from agent_env._threads import run_coroutine_in_thread
+from agent_env.containment import describe_error, propagates
 from agent_env.environment import Environment, StepResult, StopReason
 from agent_env.environments import FunctionCallEnvironment, SingleTurnEnvironment
 from agent_env.errors import (
@@ -114,8 +115,10 @@ __all__ = [
     "__version__",
     "calculator",
     "crop",
+    "describe_error",
     "error_content",
     "plot_chart",
+    "propagates",
     "run_coroutine_in_thread",
     "think",
     "tool",

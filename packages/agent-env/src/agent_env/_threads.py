@@ -16,7 +16,8 @@ the call raises `ThreadLimitError` at once and starts nothing. A thread frees it
 `run_coroutine_in_thread` runs a coroutine on a fresh event loop in such a thread: if the coroutine blocks
 (``time.sleep``, a CPU loop) it blocks only that thread, and the caller's loop, and its timeouts, go on.
 Cancelling the caller cancels the coroutine on its loop; a loop that does not take the cancellation within
-`STALL_GRACE_S` is logged (``tool_blocked_its_event_loop``) and left to finish on its own.
+`STALL_GRACE_S` is logged (``tool_blocked_its_event_loop``, or ``agent_program_...``: named for the caller's
+`what`) and left to finish on its own.
 
 Time spent waiting is not the work's own time. A caller can put a `WorkClock` in scope (`timed(clock)`): the
 thread records when the work itself started and that it finished, before its outcome is handed back. A caller
@@ -25,7 +26,8 @@ threads starting at once) or whose result is already on its way to a loop that w
 thread records; helpers the work starts itself do not move the clock.
 
 A `BaseException` raised on a worker thread (SystemExit, KeyboardInterrupt, GeneratorExit...) reaches the
-caller as `ContainedBaseException`, an ordinary exception.
+caller as `ContainedBaseException`, an ordinary exception. The outcome is always delivered: one whose
+``__str__`` raises is named as unreadable, never left to kill the thread while its caller waits.
 
 This module knows nothing about tools; it runs callables and coroutines.
 """
@@ -184,9 +186,13 @@ class _Slot:
 
 
 def _contain(error: BaseException) -> BaseException:
+    """What the caller gets for `error`; never raises, so the worker thread always delivers an outcome."""
     if isinstance(error, Exception):
         return error
-    return ContainedBaseException(error)
+    try:
+        return ContainedBaseException(error)  # reads its message defensively (describe_error)
+    except BaseException:  # a KeyboardInterrupt out of its __str__: nobody on this thread can take it
+        return RuntimeError(f"{type(error).__name__} raised on a worker thread; its message could not be read")
 
 
 class _Delivery[T]:
@@ -257,18 +263,19 @@ async def _run_on_thread[T](call: Callable[[], T], delivery: _Delivery[T], name:
 
 
 async def run_coroutine_in_thread[T](
-    factory: Callable[[], Coroutine[Any, Any, T]], *, name: str = "agent-env-loop"
+    factory: Callable[[], Coroutine[Any, Any, T]], *, name: str = "agent-env-loop", what: str = "tool"
 ) -> T:
     """Run `factory()`'s coroutine on a fresh event loop in a new daemon thread; return its result.
 
     The coroutine runs with the caller's contextvars. Cancelling the caller cancels the coroutine on its own
     loop and returns at once; if that loop is blocked, the thread is left to finish (counted as hung) and the
-    block is logged. Raises `ThreadLimitError` without starting anything when a budget in scope is full.
+    block is logged, as ``{what}_blocked_its_event_loop`` (`what`: the kind of code it runs, ``tool`` or
+    ``agent_program``). Raises `ThreadLimitError` without starting anything when a budget in scope is full.
     """
     caller_loop = asyncio.get_running_loop()
     delivery: _Delivery[T] = _Delivery(caller_loop)
     context = _thread_context()
-    worker = _WorkerLoop(name)
+    worker = _WorkerLoop(name, what)
     try:
         return await _run_on_thread(lambda: worker.run(factory, context), delivery, name)
     except asyncio.CancelledError:
@@ -280,8 +287,9 @@ async def run_coroutine_in_thread[T](
 class _WorkerLoop:
     """The event loop of one `run_coroutine_in_thread` call, and the cancellation sent to it."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, what: str) -> None:
         self.name = name
+        self.what = what  # what runs on it ("tool", "agent_program"): the stall events are named for it
         self.loop: asyncio.AbstractEventLoop | None = None
         self.task: asyncio.Task[Any] | None = None
         self.lock = threading.Lock()
@@ -318,7 +326,9 @@ class _WorkerLoop:
         if self.cancel_requested is not None:
             late = time.monotonic() - self.cancel_requested
             if late > STALL_GRACE_S:
-                logger.warning("tool_event_loop_unblocked", thread=self.name, blocked_s=round(late, 3))
+                logger.warning(
+                    f"{self.what}_event_loop_unblocked", thread=self.name, what=self.what, blocked_s=round(late, 3)
+                )
         task.cancel()
 
     def check_stalled(self) -> None:
@@ -326,11 +336,13 @@ class _WorkerLoop:
         with self.lock:
             if self.done or self.cancel_taken:
                 return
+        kind = self.what.replace("_", " ")
         logger.warning(
-            "tool_blocked_its_event_loop",
+            f"{self.what}_blocked_its_event_loop",
             thread=self.name,
+            what=self.what,
             grace_s=STALL_GRACE_S,
-            advice="an async tool must await, never block; its thread is left to finish on its own",
+            advice=f"an async {kind} must await, never block; its thread is left to finish on its own",
         )
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from agent_env.containment import describe_error
+
 __all__ = [
     "AgentEnvError",
     "ArgumentError",
@@ -82,12 +84,12 @@ class MCPBridgeError(AgentEnvError):
 class ContainedBaseException(AgentEnvError):
     """Tool code raised a `BaseException` that is not an `Exception` (SystemExit, KeyboardInterrupt,
     GeneratorExit, a custom one) where it would end the process or the episode; it was caught and is carried
-    by this ordinary exception instead. `original` is what was raised."""
+    by this ordinary exception instead. `original` is what was raised. Building it never raises: an original
+    whose ``__str__`` raises is named as such (see `describe_error`)."""
 
     def __init__(self, original: BaseException) -> None:
         self.original = original
-        text = str(original)
-        super().__init__(f"{type(original).__name__}: {text}" if text else type(original).__name__)
+        super().__init__(describe_error(original, limit=None))
 
 
 class ThreadLimitError(AgentEnvError, RuntimeError):

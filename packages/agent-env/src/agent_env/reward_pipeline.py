@@ -31,6 +31,7 @@ from typing import Final
 import msgspec
 import structlog
 
+from agent_env.containment import describe_error, propagates
 from agent_env.deadlines import deadline
 from agent_env.reward import (
     EpisodeRecord,
@@ -169,9 +170,12 @@ class RewardPipeline:
         except TimeoutError:
             logger.warning("reward_timed_out", strategy=name, **context, timeout_s=self.timeout_s)
             return RewardScore(value=fallback, code="reward_timeout")
-        except (Exception, SystemExit) as e:  # SystemExit too: raised in a task, asyncio would end the loop
-            logger.warning("reward_failed", strategy=name, **context, error_type=type(e).__name__, error=str(e)[:500])
-            return RewardScore(value=fallback, code="reward_error", detail=f"{type(e).__name__}: {e}"[:500])
+        except BaseException as e:  # any BaseException (see `containment`): in a task, SystemExit would end the loop
+            if propagates(e):
+                raise
+            detail = describe_error(e)
+            logger.warning("reward_failed", strategy=name, **context, error_type=type(e).__name__, error=detail)
+            return RewardScore(value=fallback, code="reward_error", detail=detail)
         if not math.isfinite(score.value):
             logger.warning("reward_invalid", strategy=name, **context, value=score.value)
             return RewardScore(value=fallback, code="reward_invalid", detail=f"returned {score.value}")

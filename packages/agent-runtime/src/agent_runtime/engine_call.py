@@ -9,10 +9,12 @@ tools-mode serving alike.
 
 Whatever the engine does, the caller gets a `Generation` or an `EngineFailure`: past `timeout_s` (measured by
 `agent_env.deadlines.deadline`: up to 1 % late, with no timer per call) it is ``engine_timeout``; an `EngineError`
-says its own code (``engine_error``, ``engine_bad_output``, ``engine_timeout``); any other exception, `SystemExit`
-included, is ``engine_error``. Cancellation of the caller propagates. Retries belong to the engines that can retry
-(the HTTP engine retries what is worth retrying, within its own deadline). A context with images goes to an engine
-that takes them (`LLMEngine.accepts_images`), with them; a text-only engine gets no call, and the failure says why.
+says its own code (``engine_error``, ``engine_bad_output``, ``engine_timeout``); anything else it raises, any
+`BaseException` (`SystemExit`, `GeneratorExit`, its own `CancelledError`...), is ``engine_error``. The caller's
+own cancellation and `KeyboardInterrupt` propagate (`agent_env.containment`). Retries belong to the engines that
+can retry (the HTTP engine retries what is worth retrying, within its own deadline). A context with images goes to
+an engine that takes them (`LLMEngine.accepts_images`), with them; a text-only engine gets no call, and the failure
+says why.
 This module knows engines and codes, not sessions or HTTP.
 """
 
@@ -23,6 +25,7 @@ from collections.abc import Sequence
 import msgspec
 import structlog
 
+from agent_env import describe_error, propagates
 from agent_env.deadlines import deadline
 from agent_runtime.engines.base import Generation, LLMEngine, SamplingParams
 from agent_runtime.errors import EngineError, EngineErrorCode
@@ -61,7 +64,10 @@ async def call_engine(
     except TimeoutError:
         logger.warning("engine_timed_out", engine=engine.name, timeout_s=timeout_s)
         return EngineFailure(code="engine_timeout", message=f"{engine.name} did not answer within {timeout_s} s")
-    except (Exception, SystemExit) as e:  # any engine failure fails this episode or request only
+    except BaseException as e:  # any engine failure fails this episode or request only (agent_env.containment)
+        if propagates(e):
+            raise
         code: EngineErrorCode = e.code if isinstance(e, EngineError) else "engine_error"
-        logger.warning("engine_failed", engine=engine.name, code=code, error_type=type(e).__name__, error=str(e)[:500])
-        return EngineFailure(code=code, message=f"{engine.name} failed: {type(e).__name__}: {e}")
+        why = describe_error(e, limit=None)
+        logger.warning("engine_failed", engine=engine.name, code=code, error_type=type(e).__name__, error=why[:500])
+        return EngineFailure(code=code, message=f"{engine.name} failed: {why}")

@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from agent_env import describe_error, propagates
 from agent_protocol import MessageLike
 from agent_runtime.engine_call import EngineFailure, call_engine
 from agent_runtime.engines.base import Generation, LLMEngine, SamplingParams
@@ -36,7 +37,7 @@ from agent_runtime.events import (
     ToolCallEvent,
     ToolResultEvent,
 )
-from agent_runtime.session import CONTAINED, AgentSession, StepOutcome
+from agent_runtime.session import AgentSession, StepOutcome
 from agent_runtime.trajectory import Trajectory, Usage
 
 __all__ = ["AgentRuntime", "RunResult"]
@@ -157,7 +158,9 @@ class AgentRuntime:
                         yield event
                 elif outcome.error is not None:
                     yield ErrorEvent(code=outcome.error.code, message=outcome.error.message)
-        except CONTAINED as e:  # the last boundary: whatever escaped the session ends this episode only
+        except BaseException as e:  # the last boundary: whatever escaped the session ends this episode only
+            if propagates(e):  # KeyboardInterrupt, the episode's own cancellation (agent_env.containment)
+                raise
             error = await session.contain(e)
             yield ErrorEvent(code=error.code, message=error.message)
         session.timings["generate_s"] = generate_s
@@ -207,11 +210,14 @@ class AgentRuntime:
         """`run`, with the one error `run` lets through (a prompt the session cannot start) recorded too."""
         try:
             return await self.run(prompt, task=task)
-        except CONTAINED as e:
+        except BaseException as e:
+            if propagates(e):
+                raise
+            why = describe_error(e)
             session = self.new_session()
             session.task = dict(task or {})
-            await session.fail("invalid_prompt", f"{type(e).__name__}: {e}")
-            logger.warning("episode_not_started", error_type=type(e).__name__, error=str(e)[:500])
+            await session.fail("invalid_prompt", why)
+            logger.warning("episode_not_started", error_type=type(e).__name__, error=why)
             return RunResult.of(session)
 
 

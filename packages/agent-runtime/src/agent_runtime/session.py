@@ -41,6 +41,8 @@ from agent_env import (
     RewardPipeline,
     StepRecord,
     StepReward,
+    describe_error,
+    propagates,
 )
 from agent_protocol import (
     Action,
@@ -60,20 +62,12 @@ from agent_runtime.errors import SessionStateError
 from agent_runtime.outcomes import ErrorCode, StopReason
 from agent_runtime.trajectory import EpisodeError, Trajectory, Usage
 
-__all__ = ["CONTAINED", "AgentSession", "EnvironmentFactory", "Stage", "StepOutcome", "TurnRequest"]
+__all__ = ["AgentSession", "EnvironmentFactory", "Stage", "StepOutcome", "TurnRequest"]
 
 logger = structlog.get_logger(__name__)
 
 EnvironmentFactory = Callable[[], Environment]
 _ERROR_PREVIEW: Final = 500
-
-CONTAINED: Final = (Exception, SystemExit)
-"""What an episode boundary catches: every error, and `SystemExit` (a tool, environment or reward plug-in calling
-`sys.exit` must not end a server or a training step). Never `KeyboardInterrupt` or cancellation."""
-
-
-def _short(text: str) -> str:
-    return text if len(text) <= _ERROR_PREVIEW else text[:_ERROR_PREVIEW] + "..."
 
 
 class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -272,7 +266,9 @@ class AgentSession:
         reset_error: BaseException | None = None
         try:
             await self.environment.reset(self.task)
-        except CONTAINED as e:  # ends this episode (below), once its prompt is recorded
+        except BaseException as e:  # ends this episode (below), once its prompt is recorded
+            if propagates(e):  # KeyboardInterrupt, the episode's own cancellation (agent_env.containment)
+                raise
             reset_error = e
         conversation.tools = list(self.environment.tools)
         ids = await conversation.open_segment(messages)  # raises for a prompt that cannot be rendered: caller input
@@ -307,9 +303,10 @@ class AgentSession:
 
     async def step(self, generation: Generation) -> StepOutcome:
         """Apply one generated turn. Never raises for what the model, a tool, the environment or a reward
-        did: an exception from any of them ends this episode only, recorded with the code of the stage it came
-        from (``decode_error``, ``parse_error``, ``environment_error``, ``reward_error``, ``render_error``), and
-        everything recorded before it (the generated ids included) is kept."""
+        did: anything any of them raises (any `BaseException` but `KeyboardInterrupt` and the cancellation of
+        the episode's task from outside, see `agent_env.containment`) ends this episode only, recorded with the
+        code of the stage it came from (``decode_error``, ``parse_error``, ``environment_error``, ``reward_error``,
+        ``render_error``), and everything recorded before it (the generated ids included) is kept."""
         if not self.started:
             raise SessionStateError("call reset() before step()")
         if self.done:
@@ -318,7 +315,9 @@ class AgentSession:
             if self.summarizing:
                 return await self._resume_from_summary(generation)
             return await self._apply(generation)
-        except CONTAINED as e:
+        except BaseException as e:  # any BaseException but the two that must propagate (agent_env.containment)
+            if propagates(e):
+                raise
             return StepOutcome(turn=self.turns, action=Action(), done=True, error=await self.contain(e))
 
     async def _apply(self, generation: Generation) -> StepOutcome:
@@ -417,7 +416,7 @@ class AgentSession:
         lost. The one place a foreign exception becomes episode data; the runtime calls it too."""
         stage = self.stage
         code = stage_code(stage)
-        message = f"{type(error).__name__}: {_short(str(error))}"
+        message = describe_error(error, limit=_ERROR_PREVIEW)  # never raises, whatever its __str__ does
         logger.bind(episode_id=self.episode_id, turn=self.turns).warning(
             "episode_contained_error", code=code, stage=stage, error_type=type(error).__name__, error=message
         )
@@ -448,7 +447,9 @@ class AgentSession:
         self.stop_reason = reason
         try:
             await self.score()
-        except CONTAINED as e:  # a reward that raised: the episode keeps its stop reason and gets no reward
+        except BaseException as e:  # a reward that raised: the episode keeps its stop reason and gets no reward
+            if propagates(e):
+                raise
             self.breakdown = None
             self.stage = "reward"
             await self.contain(e)

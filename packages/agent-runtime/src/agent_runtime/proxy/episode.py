@@ -25,7 +25,6 @@ This module knows the endpoint, the request log and the reward pipeline; it know
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from typing import Any
@@ -33,7 +32,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from agent_env import EpisodeRecord, RewardBreakdown
+from agent_env import EpisodeRecord, RewardBreakdown, describe_error, propagates
 from agent_protocol import Message, TokenTranscript, TranscriptRecord, coerce_messages
 from agent_protocol.control_tokens import ControlTokens
 from agent_runtime.agent_program import ProgramCode, ProgramTask
@@ -45,7 +44,6 @@ from agent_runtime.proxy.prefix_break import PrefixBreak
 from agent_runtime.proxy.program_thread import describe, run_program_thread
 from agent_runtime.proxy.request_log import Segment, generated
 from agent_runtime.recipe import Recipe, RecipeError
-from agent_runtime.session import CONTAINED
 from agent_runtime.trajectory import EpisodeError, Trajectory, Usage
 
 __all__ = ["ProgramEpisode", "ProgramOutcome", "run_program"]
@@ -192,19 +190,11 @@ async def _score(recipe: Recipe, record: EpisodeRecord) -> RewardBreakdown | Non
         return None
     try:
         return await recipe.rewards.score(record)
-    except KeyboardInterrupt:
-        raise
     except BaseException as e:  # the pipeline contains its strategies' errors; this is the last boundary
-        if isinstance(e, asyncio.CancelledError) and _cancelling():
-            raise  # the episode itself is cancelled
+        if propagates(e):  # KeyboardInterrupt, the episode's own cancellation (agent_env.containment)
+            raise
         logger.error("agent_program_reward_failed", error_type=type(e).__name__, error=describe(e))
         return None
-
-
-def _cancelling() -> bool:
-    """Whether the current task is being cancelled (a `CancelledError` then is its own, not foreign code's)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 def _prompt_only(recipe: Recipe, engine: LLMEngine, prompt: list[Message]) -> TranscriptRecord:
@@ -217,6 +207,9 @@ def _prompt_only(recipe: Recipe, engine: LLMEngine, prompt: list[Message]) -> Tr
         transcript.append_prompt(
             control.encode(text) if not recipe.special_tokens_in_text else engine.tokenizer.encode(text)
         )
-    except CONTAINED as e:
-        logger.warning("agent_program_prompt_unrendered", error_type=type(e).__name__, error=str(e)[:_PREVIEW])
+    except BaseException as e:
+        if propagates(e):
+            raise
+        why = describe_error(e, limit=_PREVIEW)
+        logger.warning("agent_program_prompt_unrendered", error_type=type(e).__name__, error=why)
     return transcript.record()

@@ -80,7 +80,8 @@ async def run_program_thread(program: AgentProgram, endpoint: EpisodeEndpoint, t
 async def _race(program: AgentProgram, endpoint: EpisodeEndpoint, task: ProgramTask) -> Outcome:
     """The program's thread against the endpoint's end of the episode; the first one decides."""
     own = ProgramTask(prompt=copy.deepcopy(task.prompt), row=copy.deepcopy(task.row), model=task.model)
-    runner = asyncio.ensure_future(run_coroutine_in_thread(lambda: _main(program, endpoint, own), name="agent-program"))
+    running = run_coroutine_in_thread(lambda: _main(program, endpoint, own), name="agent-program", what="agent_program")
+    runner = asyncio.ensure_future(running)
     try:
         await asyncio.wait((runner, endpoint.ended), return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -29,6 +29,7 @@ from typing import Any
 
 import structlog
 
+from agent_env import describe_error, propagates
 from agent_protocol import Message, MessageError
 from agent_runtime.events import (
     AssistantEvent,
@@ -114,8 +115,10 @@ class _Episode:
                 yield event
         except MessageError as e:  # a conversation the chat format cannot render: the caller's to fix
             self.raised = from_message_error(e)
-        except (Exception, SystemExit) as e:  # whatever escaped the runtime's own boundary ends this request only
-            why = f"internal error: {type(e).__name__}: {str(e)[:500]}"
+        except BaseException as e:  # whatever escaped the runtime's own boundary ends this request only
+            if propagates(e):  # KeyboardInterrupt, a cancellation, this stream's own close (agent_env.containment)
+                raise
+            why = f"internal error: {describe_error(e)}"
             logger.error("request_failed", mode="agent", error_type=type(e).__name__, error=why, exc_info=True)
             self.session.errors.append(EpisodeError(code="internal_error", message=why, turn=self.session.turns))
             self.raised = ApiError(500, why, type="server_error", code="internal_error")

@@ -28,6 +28,7 @@ from typing import Literal
 
 import structlog
 
+from agent_env import describe_error, propagates
 from agent_protocol import Action, Message, MessageError, ToolCall, ToolSpec
 from agent_runtime.conversation import Conversation, stage_code
 from agent_runtime.engine_call import EngineFailure, call_engine
@@ -167,17 +168,20 @@ class _Turn:
 
     @contextlib.contextmanager
     def _contained(self, what: str) -> Iterator[None]:
-        """The boundary around foreign code (a tokenizer, a protocol plug-in): whatever it raises, `SystemExit`
-        included, fails this request only, as a 500 whose code names the stage that raised (``render_error``,
-        ``decode_error``, ``parse_error``), recorded on its trajectory."""
+        """The boundary around foreign code (a tokenizer, a protocol plug-in): whatever it raises, any
+        `BaseException` but the two that propagate (`agent_env.containment`), fails this request only, as a 500
+        whose code names the stage that raised (``render_error``, ``decode_error``, ``parse_error``), recorded on
+        its trajectory."""
         try:
             yield
         except (ApiError, MessageError):
             raise
-        except (Exception, SystemExit) as e:
+        except BaseException as e:
+            if propagates(e):
+                raise
             conversation = self.conversation
             code = stage_code(conversation.stage) if conversation is not None else "internal_error"
-            message = f"{self._what_failed(code, what)}: {type(e).__name__}: {str(e)[:500]}"
+            message = f"{self._what_failed(code, what)}: {describe_error(e)}"
             logger.error("component_failed", mode="tools", code=code, error_type=type(e).__name__, error=message,
                          exc_info=True)  # fmt: skip
             self.errors.append(EpisodeError(code=code, message=message, turn=self._turns()))

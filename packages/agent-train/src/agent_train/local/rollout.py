@@ -31,6 +31,7 @@ from typing import Any, Final
 import msgspec
 import structlog
 
+from agent_env import describe_error, propagates
 from agent_runtime import AgentRuntime, AssistantEvent, LLMEngine, Recipe, Trajectory
 from agent_train.sample import RolloutSample, segment_samples
 
@@ -183,8 +184,10 @@ class Rollouts:
         one episode, logged, and never the batch. Group baselines take groups of any size."""
         try:
             return await self._one(group, episode, row, temperature=temperature, seed=seed)
-        except Exception as e:
-            logger.warning("rollout_lost", group=group, error_type=type(e).__name__, error=str(e)[:500])
+        except BaseException as e:  # any BaseException but the two that propagate (agent_env.containment)
+            if propagates(e):
+                raise
+            logger.warning("rollout_lost", group=group, error_type=type(e).__name__, error=describe_error(e))
             return []
 
     async def _one(
