@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 import msgspec
 
@@ -62,15 +62,7 @@ is not a string), it ran past `timeout_s`, the model's requests spent `max_episo
 model at all, it asked for a model call past `max_requests` or opened a conversation past `max_conversations`, or
 it could not be started (the process already holds too many programs that never stopped after their timeout)."""
 
-PROGRAM_CODES: Final[tuple[ProgramCode, ...]] = (
-    "program_error",
-    "program_timeout",
-    "token_budget_exhausted",
-    "no_model_calls",
-    "too_many_requests",
-    "too_many_conversations",
-    "program_unavailable",
-)
+PROGRAM_CODES: Final[tuple[ProgramCode, ...]] = get_args(ProgramCode)  # the codes, in order: one list to extend
 
 DEFAULT_MAX_REQUESTS: Final = 256
 """Model calls one episode may make: far more than an agent's turns, few enough that a retry loop is cut short."""
