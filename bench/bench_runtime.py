@@ -169,7 +169,7 @@ def build(calls: int, new_results: int = 0) -> tuple[Any, Any, list[str]]:
             self.context_length = 32768
             self.stop_token_ids = (151645,)  # <|im_end|>
 
-        async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Any:
+        async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams, *, images: Any = ()) -> Any:
             size = len(prompt_ids)
             if by_tail:
                 return by_tail[tuple(prompt_ids[size - TAIL :])]

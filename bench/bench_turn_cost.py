@@ -123,7 +123,9 @@ async def tools_mode(size: int, steps: int) -> float:
             self.context_length = 1_000_000
             self.stop_token_ids = ()
 
-        async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        async def generate(
+            self, prompt_ids: Sequence[int], sampling: SamplingParams, *, images: Sequence[str] = ()
+        ) -> Generation:
             return Generation(ids=list(call), text=CALL_TEXT, logprobs=None, finish_reason="stop")
 
     tool = CalculatorTool()

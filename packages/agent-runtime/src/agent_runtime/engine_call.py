@@ -58,8 +58,7 @@ async def call_engine(
     try:
         async with deadline(timeout_s):  # asyncio.timeout's behaviour, without a timer per call
             if images:
-                # `images=` is part of the contract of an engine that `accepts_images` (see LLMEngine.generate)
-                return await engine.generate(prompt_ids, sampling, images=images)  # type: ignore[call-arg]
+                return await engine.generate(prompt_ids, sampling, images=images)
             return await engine.generate(prompt_ids, sampling)
     except TimeoutError:
         logger.warning("engine_timed_out", engine=engine.name, timeout_s=timeout_s)

@@ -149,16 +149,18 @@ class LLMEngine(ABC):
     accepts_images: bool = False
 
     @abstractmethod
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, images: Sequence[str] = ()
+    ) -> Generation:
         """Generate a continuation of `prompt_ids`. Logprobs are raw: the model's log-softmax before temperature,
         top-k and top-p (vLLM's default), which is what training's importance ratios need. Raises `ValueError`
         for invalid input, `EngineError` on failure and `ContextBudgetExceeded` when the prompt leaves no room
         for a single token.
 
-        An engine with `accepts_images` also takes ``images=``: the references (`agent_protocol.images`) of the
-        prompt's images, in the order of their runs of pad tokens; `prompt_ids` holds each run expanded, as the
-        model's processor expands it (an engine that expands images itself collapses them, `collapse_image_pads`).
-        It is passed only when the prompt has images."""
+        `images`: the references (`agent_protocol.images`) of the prompt's images, in the order of their runs of
+        pad tokens; `prompt_ids` holds each run expanded, as the model's processor expands it (an engine that
+        expands images itself collapses them, `collapse_image_pads`). Callers pass them only when the prompt has
+        images and the engine `accepts_images`; an engine that does not raises `ValueError` when given any."""
 
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)

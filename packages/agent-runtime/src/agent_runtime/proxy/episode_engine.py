@@ -22,7 +22,8 @@ __all__ = ["EpisodeEngine"]
 
 
 class EpisodeEngine(LLMEngine):
-    """`engine` with the episode's `sampling` and token budget (`max_tokens`; None: unbounded)."""
+    """`engine` with the episode's `sampling` and token budget (`max_tokens`; None: unbounded). Images pass
+    through to `engine`, which takes them when it `accepts_images`."""
 
     def __init__(self, engine: LLMEngine, sampling: SamplingParams, *, max_tokens: int | None = None) -> None:
         self.engine = engine
@@ -30,13 +31,16 @@ class EpisodeEngine(LLMEngine):
         self.tokenizer = engine.tokenizer
         self.context_length = engine.context_length
         self.stop_token_ids = engine.stop_token_ids
+        self.accepts_images = engine.accepts_images
         self.sampling = sampling
         self.max_tokens = max_tokens
         self.generated = 0
         self.calls = 0
         self.exhausted = False
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, images: Sequence[str] = ()
+    ) -> Generation:
         self.calls += 1
         wanted = sampling.max_new_tokens
         if self.max_tokens is not None:
@@ -47,6 +51,9 @@ class EpisodeEngine(LLMEngine):
             wanted = min(wanted, left)
         stops = tuple(dict.fromkeys([*self.sampling.stop_token_ids, *sampling.stop_token_ids]))
         params = msgspec.structs.replace(self.sampling, max_new_tokens=wanted, stop_token_ids=stops)
-        generation = await self.engine.generate(prompt_ids, params)
+        if images:
+            generation = await self.engine.generate(prompt_ids, params, images=images)
+        else:
+            generation = await self.engine.generate(prompt_ids, params)
         self.generated += len(generation.ids)
         return generation
