@@ -28,7 +28,7 @@ from agent_runtime import LLMEngine, RuntimeAgentError
 from agent_runtime.engines import make_engine
 from agent_runtime.model_recipe import recipe_for_model
 from agent_runtime.recipe import Recipe, RecipeError, load_recipe
-from agent_runtime.serving import ServeConfig, create_app
+from agent_runtime.serving import ServeConfig, ServeConfigError, create_app
 from agent_runtime.torch_warnings import ignore_pynvml_deprecation
 
 # A model id (not a directory) without --recipe: the files its recipe is derived from, fetched from the Hub cache.
@@ -126,88 +126,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=os.environ.get(API_KEY_ENV),
         help=f"require `Authorization: Bearer KEY` on /v1/* and /metrics (default: ${API_KEY_ENV}; unset: no key)",
     )
-    parser.add_argument(
-        "--max-concurrency",
-        type=int,
-        default=64,
-        help="chat completions in flight at once; more are answered 429 at once, never queued (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--engine-timeout",
-        type=float,
-        default=600.0,
-        metavar="SECONDS",
-        help="the longest one engine call may take, in all (every retry and the whole answer included, not per "
-        "read); past it the request fails with a 500 `engine_timeout` and the episode is recorded "
-        "(default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-request-bytes",
-        type=int,
-        default=8 * 1024 * 1024,
-        metavar="BYTES",
-        help="the largest request body accepted; a larger one is answered 413 (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--request-read-timeout",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="the longest a request body may take to arrive, in all; a client that stalls or trickles is answered "
-        "408. Bodies are read before a request counts against --max-concurrency (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-buffered-request-bytes",
-        type=int,
-        default=256 * 1024 * 1024,
-        metavar="BYTES",
-        help="the bytes of request bodies held at once, across all requests being read; a body that would go past it "
-        "is answered 429 with Retry-After (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-chars-per-token",
-        type=float,
-        default=32.0,
-        help="a conversation longer than the context at this many characters per token is answered 400 before it "
-        "is tokenized; generous (text averages about 4), raise it only for text of long runs of spaces or rule "
-        "lines (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-image-bytes",
-        type=int,
-        default=8 * 1024 * 1024,
-        metavar="BYTES",
-        help="the largest image a message may carry, decoded, on a vision-language model (400 beyond). Images "
-        "arrive only as data:image/...;base64 URLs (remote URLs and server paths are refused); the body holding "
-        "them must also fit --max-request-bytes (base64 is 4/3 of the bytes) (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-image-pixels",
-        type=int,
-        default=40_000_000,
-        metavar="PIXELS",
-        help="the most pixels (width x height, read from every frame header and confirmed by decoding the image) "
-        "one image may have; the server decodes each image it takes, one at a time, at most 4 bytes a pixel "
-        "(default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-request-pixels",
-        type=int,
-        default=80_000_000,
-        metavar="PIXELS",
-        help="the most pixels all the images of one request may have together (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--max-images",
-        type=int,
-        default=16,
-        metavar="N",
-        help="the most images one request may carry; a recipe's own max_images lowers it (default: %(default)s)",
-    )
+    ServeConfig.add_arguments(parser)  # every server limit: its flag, default, bounds and help live there
     parser.add_argument(
         "--served-model-name", help="the model id clients send (default: the model directory's name or the model id)"
     )
-    parser.add_argument("--trajectory-log", help="append one trajectory record (JSONL) per request to this file")
     parser.add_argument(
         "--log-format",
         choices=("auto", "console", "json"),
@@ -236,22 +158,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             )
         if given is not None and (given < 0 or given != given):  # NaN too
             parser.error(f"{flag} must be >= 0")
-    if args.max_concurrency < 1:
-        parser.error("--max-concurrency must be at least 1")
-    for flag, value in (
-        ("--engine-timeout", args.engine_timeout),
-        ("--request-read-timeout", args.request_read_timeout),
-    ):
-        if not value > 0:  # NaN included
-            parser.error(f"{flag} must be a positive number of seconds, got {value}")
-    if args.max_request_bytes < 1:
-        parser.error("--max-request-bytes must be at least 1")
-    if args.max_buffered_request_bytes < args.max_request_bytes:
-        parser.error("--max-buffered-request-bytes must be at least --max-request-bytes")
-    if not args.max_chars_per_token >= 1:
-        parser.error("--max-chars-per-token must be at least 1")
-    if min(args.max_image_bytes, args.max_image_pixels, args.max_request_pixels, args.max_images) < 1:
-        parser.error("--max-image-bytes, --max-image-pixels, --max-request-pixels and --max-images must be at least 1")
+    try:
+        ServeConfig.from_args(args, model_name="checked")
+    except ServeConfigError as e:
+        parser.error(str(e))
     return args
 
 
@@ -338,31 +248,25 @@ def context_length_of(model: str, given: int | None) -> int:
     return 32768
 
 
-def build_engine(args: argparse.Namespace, model: str) -> LLMEngine:
+def engine_options(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """`make_engine`'s options for `--engine`, from the command line (flags left unset keep the engine's defaults)."""
+    if args.engine == "openai":
+        return {
+            "base_url": args.engine_url,
+            "model": args.engine_model or model,
+            "tokenizer": model,
+            "context_length": context_length_of(model, args.context_length),
+            "api_key": os.environ.get("AGENT_ENGINE_API_KEY"),
+        }
+    options: dict[str, Any] = {"model": model, "context_length": args.context_length}
     if args.engine == "hf":
-        return make_engine(
-            "hf",
-            model=model,
-            device=args.device,
-            context_length=args.context_length,
-            max_batch_tokens=args.max_batch_tokens,
-            **{
-                name: value
-                for name, value in (("join_ratio", args.join_ratio), ("join_wait_steps", args.join_wait_steps))
-                if value is not None
-            },
-        )
-    if args.engine == "vllm":
-        options: dict[str, Any] = {"context_length": args.context_length} if args.context_length else {}
-        return make_engine("vllm", model=model, **options)
-    return make_engine(
-        "openai",
-        base_url=args.engine_url,
-        model=args.engine_model or model,
-        tokenizer=model,
-        context_length=context_length_of(model, args.context_length),
-        api_key=os.environ.get("AGENT_ENGINE_API_KEY"),
-    )
+        options |= {"device": args.device, "max_batch_tokens": args.max_batch_tokens}
+        options |= {"join_ratio": args.join_ratio, "join_wait_steps": args.join_wait_steps}
+    return {name: value for name, value in options.items() if value is not None}
+
+
+def build_engine(args: argparse.Namespace, model: str) -> LLMEngine:
+    return make_engine(args.engine, **engine_options(args, model))
 
 
 def serve_config(args: argparse.Namespace, recipe: Recipe, model: str) -> ServeConfig:
@@ -373,21 +277,8 @@ def serve_config(args: argparse.Namespace, recipe: Recipe, model: str) -> ServeC
         name = recipe.name
     else:
         name = Path(model).name if Path(model).exists() else model
-    return ServeConfig(
-        model_name=name,
-        aliases=(recipe.name,) if recipe.name != name else (),
-        api_key=args.api_key,
-        max_concurrency=args.max_concurrency,
-        trajectory_log=args.trajectory_log,
-        engine_timeout_s=args.engine_timeout,
-        max_request_bytes=args.max_request_bytes,
-        request_read_timeout_s=args.request_read_timeout,
-        max_buffered_request_bytes=args.max_buffered_request_bytes,
-        max_chars_per_token=args.max_chars_per_token,
-        max_image_bytes=args.max_image_bytes,
-        max_image_pixels=args.max_image_pixels,
-        max_request_pixels=args.max_request_pixels,
-        max_images=args.max_images,
+    return ServeConfig.from_args(
+        args, model_name=name, aliases=(recipe.name,) if recipe.name != name else (), api_key=args.api_key
     )
 
 

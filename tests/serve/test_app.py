@@ -14,7 +14,7 @@ import pytest
 from openai import OpenAI
 
 from agent_protocol import list_protocols
-from agent_runtime.serving import ServeConfig
+from agent_runtime.serving import ServeConfig, ServeConfigError
 from tests.support.calculator_recipe import CALCULATOR_RECIPE_FILE, calculator_recipe
 from tests.support.serve_process import APP, ServeProcess, free_port
 
@@ -128,6 +128,29 @@ def test_the_limits_given_on_the_command_line_reach_the_server() -> None:
         with pytest.raises(SystemExit) as caught:
             app["parse_args"](wrong)
         assert caught.value.code == 2
+
+
+def test_the_command_line_defaults_and_bounds_are_the_configs_own() -> None:
+    """One place for the settings: every flag's default is `ServeConfig`'s, and the struct refuses what the flags
+    refuse (NaN too), so a server built in code cannot take a limit the command line would not."""
+    import msgspec
+
+    app = runpy.run_path(str(APP / "__main__.py"), run_name="serve_app")
+    args = app["parse_args"]([])
+    given = ServeConfig.from_args(args, model_name="m")
+    assert given == ServeConfig(model_name="m"), "a flag's default differs from the struct's"
+    shown = {field.name for field in msgspec.structs.fields(ServeConfig)} - {"model_name", "aliases", "api_key"}
+    assert shown <= set(vars(args)), f"settings without a flag: {sorted(shown - set(vars(args)))}"
+    for wrong in ({"engine_timeout_s": float("nan")}, {"max_chars_per_token": float("nan")}, {"max_images": 0},
+                  {"transcript_store_tokens": -1}, {"max_buffered_request_bytes": 10}):  # fmt: skip
+        with pytest.raises(ServeConfigError):
+            ServeConfig(model_name="m", **wrong)
+    store = app["parse_args"](["--transcript-store-conversations", "0", "--transcript-store-bytes", "4096"])
+    config = app["serve_config"](store, calculator_recipe(), "unused")
+    assert (config.transcript_store_conversations, config.transcript_store_bytes) == (0, 4096)
+    with pytest.raises(SystemExit) as caught:
+        app["parse_args"](["--transcript-store-tokens", "-1"])
+    assert caught.value.code == 2
 
 
 def test_max_batch_tokens_reaches_the_hf_engine_and_is_refused_elsewhere(tiny_qwen3_dir: Path) -> None:

@@ -16,7 +16,7 @@ never imports a web framework.
 from agent_runtime.serving.api_error import ApiError
 from agent_runtime.serving.app import create_app
 from agent_runtime.serving.backend import ServingBackend
-from agent_runtime.serving.config import ServeConfig
+from agent_runtime.serving.config import ServeConfig, ServeConfigError
 from agent_runtime.serving.metrics import ServerMetrics
 from agent_runtime.serving.openai_wire import (
     AGENT_EVENT_FIELD,
@@ -33,6 +33,7 @@ __all__ = [
     "ChatCompletionChunk",
     "ChatCompletionRequest",
     "ServeConfig",
+    "ServeConfigError",
     "ServerMetrics",
     "ServingBackend",
     "StoredConversation",

@@ -1,13 +1,27 @@
 """`ServeConfig`: the settings of one server, everything `create_app` needs beside the engine and the recipe.
 
-This module holds settings only; `apps/serve` fills them from its command line.
+This module holds settings, their defaults and their bounds, in one place: `ServeConfig.add_arguments` gives a
+command line a flag for each limit (default and help from here), and `ServeConfig.from_args` builds the settings
+from what was parsed, checked once, by the struct itself.
 """
 
 from __future__ import annotations
 
+import argparse
+from dataclasses import dataclass
+from typing import Any, Final
+
 import msgspec
 
-__all__ = ["ServeConfig"]
+__all__ = ["ServeConfig", "ServeConfigError"]
+
+
+class ServeConfigError(ValueError):
+    """A setting out of its bounds; `fields` names the settings the message is about."""
+
+    def __init__(self, message: str, fields: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.fields = fields
 
 
 class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -65,29 +79,139 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         if not self.model_name:
-            raise ValueError("model_name must not be empty")
-        if self.max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be at least 1, got {self.max_concurrency}")
-        if self.engine_timeout_s <= 0:
-            raise ValueError(f"engine_timeout_s must be positive, got {self.engine_timeout_s}")
-        if self.max_request_bytes < 1:
-            raise ValueError(f"max_request_bytes must be at least 1, got {self.max_request_bytes}")
+            raise ServeConfigError("model_name must not be empty", ("model_name",))
+        for name, (low, exclusive) in _BOUNDS.items():
+            value = getattr(self, name)
+            if not (value > low if exclusive else value >= low):  # NaN fails both
+                rule = f"greater than {low:g}" if exclusive else f"at least {low:g}"
+                raise ServeConfigError(f"{name} must be {rule}, got {value}", (name,))
         if self.max_buffered_request_bytes < self.max_request_bytes:
-            raise ValueError(
+            raise ServeConfigError(
                 f"max_buffered_request_bytes ({self.max_buffered_request_bytes}) must be at least max_request_bytes "
-                f"({self.max_request_bytes})"
+                f"({self.max_request_bytes})",
+                ("max_buffered_request_bytes", "max_request_bytes"),
             )
-        if self.request_read_timeout_s <= 0:
-            raise ValueError(f"request_read_timeout_s must be positive, got {self.request_read_timeout_s}")
-        if self.max_chars_per_token < 1:
-            raise ValueError(f"max_chars_per_token must be at least 1, got {self.max_chars_per_token}")
-        if self.max_image_bytes < 1 or self.max_image_pixels < 1:
-            raise ValueError(
-                f"max_image_bytes and max_image_pixels must be at least 1, got {self.max_image_bytes} and "
-                f"{self.max_image_pixels}"
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Give `parser` a flag for every setting below the model's name and key, with this struct's defaults."""
+        default_of = {field.name: field.default for field in msgspec.structs.fields(cls)}
+        for name, flag in _FLAGS.items():
+            default = default_of[name]
+            kind = str if default is None else type(default)
+            shown = "" if default is None else " (default: %(default)s)"
+            parser.add_argument(
+                flag.flag, dest=name, type=kind, default=default, metavar=flag.metavar, help=flag.help + shown
             )
-        if self.max_request_pixels < 1 or self.max_images < 1:
-            raise ValueError(
-                f"max_request_pixels and max_images must be at least 1, got {self.max_request_pixels} and "
-                f"{self.max_images}"
-            )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **settings: Any) -> ServeConfig:
+        """The settings parsed by `add_arguments`' flags, plus `settings` (model_name, aliases, api_key).
+
+        Raises `ServeConfigError` naming the flags (``--max-images must be at least 1, got 0``), for
+        ``parser.error``.
+        """
+        values = {name: getattr(args, name) for name in _FLAGS if hasattr(args, name)}
+        try:
+            return cls(**values, **settings)
+        except ServeConfigError as e:
+            message = str(e)
+            for name in sorted(e.fields, key=len, reverse=True):
+                if name in _FLAGS:
+                    message = message.replace(name, _FLAGS[name].flag)
+            raise ServeConfigError(message, e.fields) from None
+
+
+@dataclass(frozen=True)
+class _Flag:
+    flag: str
+    metavar: str | None
+    help: str
+
+
+# The lower bound of each numeric setting: (bound, exclusive). Exclusive bounds are for seconds, which may be
+# fractions but never 0.
+_BOUNDS: Final[dict[str, tuple[float, bool]]] = {
+    "max_concurrency": (1, False),
+    "engine_timeout_s": (0, True),
+    "transcript_store_conversations": (0, False),
+    "transcript_store_tokens": (0, False),
+    "transcript_store_bytes": (0, False),
+    "max_request_bytes": (1, False),
+    "request_read_timeout_s": (0, True),
+    "max_buffered_request_bytes": (1, False),
+    "max_chars_per_token": (1, False),
+    "max_image_bytes": (1, False),
+    "max_image_pixels": (1, False),
+    "max_request_pixels": (1, False),
+    "max_images": (1, False),
+}
+
+_FLAGS: Final[dict[str, _Flag]] = {
+    "max_concurrency": _Flag(
+        "--max-concurrency", "N", "chat completions in flight at once; more are answered 429 at once, never queued"
+    ),
+    "engine_timeout_s": _Flag(
+        "--engine-timeout",
+        "SECONDS",
+        "the longest one engine call may take, in all (every retry and the whole answer included, not per read); "
+        "past it the request fails with a 500 `engine_timeout` and the episode is recorded",
+    ),
+    "max_request_bytes": _Flag(
+        "--max-request-bytes", "BYTES", "the largest request body accepted; a larger one is answered 413"
+    ),
+    "request_read_timeout_s": _Flag(
+        "--request-read-timeout",
+        "SECONDS",
+        "the longest a request body may take to arrive, in all; a client that stalls or trickles is answered 408. "
+        "Bodies are read before a request counts against --max-concurrency",
+    ),
+    "max_buffered_request_bytes": _Flag(
+        "--max-buffered-request-bytes",
+        "BYTES",
+        "the bytes of request bodies held at once, across all requests being read; a body that would go past it is "
+        "answered 429 with Retry-After; at least --max-request-bytes",
+    ),
+    "max_chars_per_token": _Flag(
+        "--max-chars-per-token",
+        "CHARS",
+        "a conversation longer than the context at this many characters per token is answered 400 before it is "
+        "tokenized; generous (text averages about 4), raise it only for text of long runs of spaces or rule lines",
+    ),
+    "max_image_bytes": _Flag(
+        "--max-image-bytes",
+        "BYTES",
+        "the largest image a message may carry, decoded, on a vision-language model (400 beyond). Images arrive "
+        "only as data:image/...;base64 URLs (remote URLs and server paths are refused); the body holding them must "
+        "also fit --max-request-bytes (base64 is 4/3 of the bytes)",
+    ),
+    "max_image_pixels": _Flag(
+        "--max-image-pixels",
+        "PIXELS",
+        "the most pixels (width x height, read from every frame header and confirmed by decoding the image) one "
+        "image may have; the server decodes each image it takes, one at a time, at most 4 bytes a pixel",
+    ),
+    "max_request_pixels": _Flag(
+        "--max-request-pixels", "PIXELS", "the most pixels all the images of one request may have together"
+    ),
+    "max_images": _Flag(
+        "--max-images", "N", "the most images one request may carry; a recipe's own max_images lowers it"
+    ),
+    "transcript_store_conversations": _Flag(
+        "--transcript-store-conversations",
+        "N",
+        "tools mode: the most conversations whose rendered tokens are kept, so a follow-up request renders only "
+        "its new messages; 0 renders every follow-up from scratch",
+    ),
+    "transcript_store_tokens": _Flag(
+        "--transcript-store-tokens", "TOKENS", "tools mode: the most tokens the transcript store holds, in all"
+    ),
+    "transcript_store_bytes": _Flag(
+        "--transcript-store-bytes",
+        "BYTES",
+        "tools mode: the most bytes the transcript store holds, in all (about 11 a token of text)",
+    ),
+    "trajectory_log": _Flag(
+        "--trajectory-log", "PATH", "append one trajectory record (JSONL) per chat completion to this file"
+    ),
+}
