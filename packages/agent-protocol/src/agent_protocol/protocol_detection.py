@@ -7,17 +7,17 @@
     protocol_for_template(template_text, "qwen3")        # the same from the texts; None when unknown
 
 The template decides, because the protocol is the template's format. Each family is told by the marks of its format
-(`_FAMILY_MARKS`: harmony's ``<|channel|>`` and ``<|call|>``, Llama's ``ipython`` role, DeepSeek's ``<｜tool▁sep｜>``,
-GLM's ``[gMASK]`` and ``<arg_key>``, Mistral's ``[AVAILABLE_TOOLS]``, Qwen3-Coder's ``<function=``, Qwen3-VL's image
-placeholder with Hermes calls and no reasoning, Qwen2.5-VL's with its default system prompt and no calls, Qwen2.5's
-default system prompt), and members of a family by what sets them apart (Llama 3.2 reads today's date, 3.1 prints
-a fixed one; Mistral-Small-3.2 writes ``[ARGS]``). The
-Qwen3 family is told by its marks (``<|im_start|>`` turns, ``<tool_call>`` calls, ``reasoning_content``) and its
-members by the generation header (one that opens ``<think>`` is a thinking-only model, one that reads
-``enable_thinking`` the hybrid Qwen3, in its current revision if it guards ``reasoning_content is string``, else the
-first 2504 one; else an instruct model). A directory without a template falls back on an unambiguous ``model_type``
-(Qwen3 -> the hybrid ``qwen3``, ``gpt_oss``, ``glm4_moe``). Anything else raises `ProtocolDetectionError` naming
-what was found and the registered protocols.
+(each member's `marks` and `absent` in the family table, `agent_protocol.families`, tried in table order: harmony's
+``<|channel|>`` and ``<|call|>``, Llama's ``ipython`` role, DeepSeek's ``<｜tool▁sep｜>``, GLM's ``[gMASK]`` and
+``<arg_key>``, Mistral's ``[AVAILABLE_TOOLS]``, Qwen3-Coder's ``<function=``, Qwen3-VL's image placeholder with Hermes
+calls and no reasoning, Qwen2.5-VL's with its default system prompt and no calls, Qwen2.5's default system prompt),
+and members of a family by what sets them apart (Llama 3.2 reads today's date, 3.1 prints a fixed one;
+Mistral-Small-3.2 writes ``[ARGS]``). The Qwen3 family is told by its marks (``<|im_start|>`` turns, ``<tool_call>``
+calls, ``reasoning_content``) and its members by the generation header (one that opens ``<think>`` is a thinking-only
+model, one that reads ``enable_thinking`` the hybrid Qwen3, in its current revision if it guards ``reasoning_content
+is string``, else the first 2504 one; else an instruct model). A directory without a template falls back on an
+unambiguous ``model_type`` (a member's `model_types`: Qwen3 -> the hybrid ``qwen3``, ``gpt_oss``, ``glm4_moe``).
+Anything else raises `ProtocolDetectionError` naming what was found and the registered protocols.
 This module reads JSON and text files; it renders nothing and knows no tokenizer.
 """
 
@@ -25,56 +25,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from agent_protocol.errors import ProtocolDetectionError
+from agent_protocol.families import family_table
 from agent_protocol.registry import list_protocols
 
 __all__ = ["detect_protocol", "protocol_for_template", "read_chat_template"]
-
-_QWEN3_MARKS: Final = ("<|im_start|>", "<tool_call>", "reasoning_content")
-_THINKING_HEADER: Final = "'<|im_start|>assistant\\n<think>\\n'"  # as the template writes the string literal
-_MODEL_TYPES: Final = {"qwen3": "qwen3", "qwen3_moe": "qwen3", "gpt_oss": "gpt-oss", "glm4_moe": "glm-4.5"}
-
-#: (protocol, marks that must all be in the template, marks that must not be), checked in order
-_FAMILY_MARKS: Final[tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]] = (
-    ("gpt-oss", ("<|channel|>", "<|call|>"), ()),
-    ("llama3.2", ("<|start_header_id|>", "ipython", "strftime_now"), ()),
-    ("llama3.1", ("<|start_header_id|>", "ipython"), ()),
-    ("deepseek-v3.1", ("<｜Assistant｜>", "<｜tool▁sep｜>", "</think>"), ()),
-    ("glm-4.5", ("[gMASK]<sop>", "<arg_key>"), ()),
-    ("mistral-small-3.2", ("[TOOL_CALLS]", "[ARGS]"), ()),
-    ("mistral-v0.3", ("[TOOL_CALLS]", "[AVAILABLE_TOOLS]"), ("[ARGS]",)),
-    ("qwen3-coder", ("<|im_start|>", "<function=", "<parameter="), ()),
-    (
-        "qwen3-vl",
-        ("<|im_start|>", "<|vision_start|><|image_pad|><|vision_end|>", "<tool_call>"),
-        ("reasoning_content",),
-    ),
-    (
-        "qwen2.5-vl",
-        ("<|im_start|>", "<|vision_start|><|image_pad|><|vision_end|>", "You are a helpful assistant."),
-        ("<tool_call>",),
-    ),
-    ("qwen2.5", ("<|im_start|>", "<tool_call>", "created by Alibaba Cloud"), ("reasoning_content",)),
-)
 
 
 def protocol_for_template(chat_template: str | None, model_type: str | None = None) -> str | None:
     """The registered protocol whose format `chat_template` is (`model_type` decides when there is no template),
     or None when neither is one this module knows."""
+    members = [member for family in family_table() for member in family.members]
     if not chat_template:
-        return _MODEL_TYPES.get(model_type or "")
-    for name, marks, absent in _FAMILY_MARKS:
-        if all(m in chat_template for m in marks) and not any(m in chat_template for m in absent):
-            return name
-    if not all(mark in chat_template for mark in _QWEN3_MARKS):
-        return None
-    if _THINKING_HEADER in chat_template:
-        return "qwen3-thinking-2507"
-    if "enable_thinking" in chat_template:
-        return "qwen3" if "reasoning_content is string" in chat_template else "qwen3-2504"
-    return "qwen3-instruct-2507"
+        return next((m.name for m in members if model_type and model_type in m.model_types), None)
+    return next((m.name for m in members if m.matches(chat_template)), None)
 
 
 def _json_object(path: Path) -> dict[str, Any]:

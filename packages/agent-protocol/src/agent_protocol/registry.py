@@ -1,10 +1,10 @@
 """Protocols by name: `get_protocol("qwen3", enable_thinking=False)`, `list_protocols()`, and
-`register_protocol` for a new model family. Knows names, the module each built-in family lives in, and the
-options each factory takes; not formats.
+`register_protocol` for a factory of one's own. Knows names and the options each factory takes; not formats. Which
+module a family lives in is the family table's (`agent_protocol.families`).
 
-A built-in family's module is imported the first time one of its names is asked for, so a user of one family
-never pays for the others. Each family module exposes `PROTOCOLS`, a mapping of registered name to factory; a
-factory takes its options as keyword arguments and returns a `ChatProtocol`.
+A family's module is imported the first time one of its names is asked for, so a user of one family never pays
+for the others. Each family module exposes `PROTOCOLS`, a mapping of registered name to factory; a factory takes
+its options as keyword arguments and returns a `ChatProtocol`.
 """
 
 from __future__ import annotations
@@ -16,35 +16,17 @@ from typing import Any
 
 from agent_protocol.chat_protocol import ChatProtocol
 from agent_protocol.errors import UnknownProtocolError
+from agent_protocol.families import family_of, family_table
 
 __all__ = ["get_protocol", "list_protocols", "protocol_options", "register_protocol"]
 
 ProtocolFactory = Callable[..., ChatProtocol]
 
-#: built-in name -> the module (under agent_protocol.protocols) whose `PROTOCOLS` holds its factory
-_BUILTIN: dict[str, str] = {
-    "qwen3": "qwen3",
-    "qwen3-instruct-2507": "qwen3",
-    "qwen3-thinking-2507": "qwen3",
-    "qwen3-2504": "qwen3",
-    "qwen2.5": "qwen2_5",
-    "qwen3-coder": "qwen3_coder",
-    "qwen3-vl": "qwen_vl",
-    "qwen2.5-vl": "qwen2_5_vl",
-    "llama3.1": "llama3",
-    "llama3.2": "llama3",
-    "deepseek-v3.1": "deepseek_v31",
-    "glm-4.5": "glm45",
-    "gpt-oss": "gpt_oss",
-    "mistral-v0.3": "mistral",
-    "mistral-small-3.2": "mistral",
-}
-
 _REGISTRY: dict[str, ProtocolFactory] = {}
 
 
 def list_protocols() -> list[str]:
-    return sorted({*_BUILTIN, *_REGISTRY})
+    return sorted({*(name for family in family_table() for name in family.names), *_REGISTRY})
 
 
 def register_protocol(name: str, factory: ProtocolFactory, *, replace: bool = False) -> None:
@@ -58,9 +40,10 @@ def register_protocol(name: str, factory: ProtocolFactory, *, replace: bool = Fa
 def _factory(name: str) -> ProtocolFactory:
     if name in _REGISTRY:
         return _REGISTRY[name]
-    if name not in _BUILTIN:
+    family = family_of(name)
+    if family is None:
         raise UnknownProtocolError(name, list_protocols())
-    module = importlib.import_module(f"agent_protocol.protocols.{_BUILTIN[name]}")
+    module = importlib.import_module(family.module_path)
     factory: ProtocolFactory = module.PROTOCOLS[name]
     return factory
 

@@ -1,0 +1,379 @@
+"""The model families, in one table: for each, the module that holds it, the names it registers, the marks of its
+chat template and its row in the package README. Everything that lists families reads this table: the registry
+(which module a name lives in), protocol detection (which template is which family), the README's family table
+(tests/agent_protocol/test_families.py checks it equals `readme_table()`), the golden tests and
+bench/bench_transcript.py. A new family is one module and one entry here (or `register_family` at run time).
+
+The table knows names, module paths, template marks and prose; it imports no family module (the registry does, on
+first use) and renders nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = [
+    "Family",
+    "Member",
+    "ReadmeRow",
+    "family_of",
+    "family_table",
+    "readme_table",
+    "register_family",
+    "unregister_family",
+]
+
+_PROTOCOLS_PACKAGE: Final = "agent_protocol.protocols"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Member:
+    """One registered name of a family, and how its official chat template is told from every other one."""
+
+    #: the registered name, a key of the module's `PROTOCOLS`
+    name: str
+    #: texts that must all be in the template for it to be this member's (empty: detection never names it)
+    marks: tuple[str, ...] = ()
+    #: texts that must not be in it
+    absent: tuple[str, ...] = ()
+    #: `config.json` `model_type`s that name this member when a directory has no chat template
+    model_types: tuple[str, ...] = ()
+    #: the official template's file stem under tests/data/golden/templates (None: none kept there)
+    template: str | None = None
+
+    def matches(self, chat_template: str) -> bool:
+        return (
+            bool(self.marks)
+            and all(m in chat_template for m in self.marks)
+            and not any(m in chat_template for m in self.absent)
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadmeRow:
+    """The family's row in the package README's table (the first cell, names and options, is derived)."""
+
+    golden: str
+    jinja: str
+    parser: str
+    tito: str
+    seams: str
+    #: said after the names in the first cell, in parentheses (e.g. the models the template serves)
+    note: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Family:
+    """One family module and the names it registers. `module` is a module under `agent_protocol.protocols` or a
+    full dotted path; it ends with `PROTOCOLS`, a mapping of each member's name to its factory."""
+
+    module: str
+    members: tuple[Member, ...]
+    readme: ReadmeRow | None = None
+
+    @property
+    def module_path(self) -> str:
+        return self.module if "." in self.module else f"{_PROTOCOLS_PACKAGE}.{self.module}"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(member.name for member in self.members)
+
+
+_IM: Final = "<|im_start|>"
+_QWEN3: Final = (_IM, "<tool_call>", "reasoning_content")
+_THINKING_HEADER: Final = "'<|im_start|>assistant\\n<think>\\n'"  # as the template writes the string literal
+_VISION: Final = "<|vision_start|><|image_pad|><|vision_end|>"
+
+#: every built-in family, in README order; detection checks the members in this order and the first match wins
+_TABLE: Final[list[Family]] = [
+    Family(
+        module="qwen3",
+        members=(
+            Member(
+                name="qwen3",
+                marks=(*_QWEN3, "enable_thinking", "reasoning_content is string"),
+                absent=(_THINKING_HEADER,),
+                model_types=("qwen3", "qwen3_moe"),
+                template="qwen3",
+            ),
+            Member(
+                name="qwen3-instruct-2507",
+                marks=_QWEN3,
+                absent=(_THINKING_HEADER, "enable_thinking"),
+                template="qwen3_4b_instruct_2507",
+            ),
+            Member(name="qwen3-thinking-2507", marks=(*_QWEN3, _THINKING_HEADER), template="qwen3_4b_thinking_2507"),
+        ),
+        readme=ReadmeRow(
+            golden="48 / 48",
+            jinja="2,400 (150 conversations x 4 variants x tools x gen prompt) + 156 per template and variant with "
+            "every tool shape",
+            parser="`hermes` + `qwen3` reasoning",
+            tito="token level, real Qwen3 tokenizer, every golden case and through `AgentSession`",
+            seams="reasoning dropped before the last user query; an empty `<think>` block re-rendered away; "
+            "Thinking-2507 `\\n`+`\\n` vs `\\n\\n`",
+        ),
+    ),
+    Family(
+        module="qwen3",
+        members=(
+            Member(
+                name="qwen3-2504",
+                marks=(*_QWEN3, "enable_thinking"),
+                absent=(_THINKING_HEADER, "reasoning_content is string"),
+                template="qwen3_initial_2504",
+            ),
+        ),
+        readme=ReadmeRow(
+            golden="24 / 24",
+            jinja="800 (400 per variant) + tool shapes",
+            parser="`hermes` + `qwen3` reasoning",
+            tito="token level, Qwen3 tokenizer, through `AgentSession`",
+            seams="as `qwen3`",
+        ),
+    ),
+    Family(
+        module="qwen2_5",
+        members=(
+            Member(
+                name="qwen2.5",
+                marks=(_IM, "<tool_call>", "created by Alibaba Cloud"),
+                absent=("reasoning_content",),
+                template="qwen2.5_instruct",
+            ),
+        ),
+        readme=ReadmeRow(
+            golden="12 / 12",
+            jinja="400 with every tool shape",
+            parser="`hermes`, no reasoning",
+            tito="token level, Qwen3 tokenizer (Qwen2.5's vocabulary plus think tokens), through `AgentSession`",
+            seams="none: append-only",
+        ),
+    ),
+    Family(
+        module="qwen3_coder",
+        members=(Member(name="qwen3-coder", marks=(_IM, "<function=", "<parameter="), template="qwen3_coder"),),
+        readme=ReadmeRow(
+            golden="12 / 12",
+            jinja="400 with every tool shape in its XML listing",
+            parser="`qwen3_coder`: `<function=...><parameter=...>`, values typed by the tools' JSON schemas "
+            "(`with_tools`)",
+            tito="token level, Qwen3 tokenizer, through `AgentSession`",
+            seams="a call not in the template's layout (`true`, `2.50`, one newline) re-renders to other bytes",
+        ),
+    ),
+    Family(
+        module="qwen_vl",
+        members=(
+            Member(
+                name="qwen3-vl",
+                marks=(_IM, _VISION, "<tool_call>"),
+                absent=("reasoning_content",),
+                template="qwen3_vl_instruct",
+            ),
+        ),
+        readme=ReadmeRow(
+            golden="every render in tests/data/golden/vision (images and tools, generated from the official template)",
+            jinja="generated conversations with images in user and tool messages and every tool shape, and "
+            "text-only ones; images where the template drops them (system, assistant) refused",
+            parser="`hermes`, no reasoning",
+            tito="token level, Qwen3 tokenizer, through `AgentSession`, images in tool results",
+            seams="none: append-only",
+        ),
+    ),
+    Family(
+        module="qwen2_5_vl",
+        members=(
+            Member(
+                name="qwen2.5-vl",
+                marks=(_IM, _VISION, "You are a helpful assistant."),
+                absent=("<tool_call>",),
+                template="qwen2_5_vl_instruct",
+            ),
+        ),
+        readme=ReadmeRow(
+            note="Qwen2-VL / Qwen2.5-VL-Instruct",
+            golden="no golden renders (generated only)",
+            jinja="800 (200 conversations with images in every role and system messages anywhere, 200 text-only, "
+            "x gen prompt); `tools=` and tool calls refused (the template renders none)",
+            parser="`hermes`, no reasoning (as `qwen3-vl`)",
+            tito="token level, Qwen3 tokenizer, through `AgentSession` (no tools)",
+            seams="none: append-only, system messages in feedback included; a `<tool_call>` the model writes is "
+            "parsed, but the history cannot render it",
+        ),
+    ),
+    Family(
+        module="llama3",
+        members=(
+            Member(
+                name="llama3.1",
+                marks=("<|start_header_id|>", "ipython"),
+                absent=("strftime_now",),
+                template="llama3.1_instruct",
+            ),
+            Member(
+                name="llama3.2",
+                marks=("<|start_header_id|>", "ipython", "strftime_now"),
+                template="llama3.2_instruct",
+            ),
+        ),
+        readme=ReadmeRow(
+            golden="20 / 20, and the 4 refused (two calls in one message) raise",
+            jinja="1,600 (5 variants x 160 x gen prompt), the template's refusals matched",
+            parser="`llama3_json`: `{...}` scan, `parameters`/`arguments`, `;`-separated calls, `<\\|python_tag\\|>`",
+            tito="token level, official Llama 3 `tokenizer.json` with 3.1's names for 128004/128008/128010, golden "
+            "cases id for id and through `AgentSession`",
+            seams="`<\\|eom_id\\|>` re-rendered as `<\\|eot_id\\|>`; `<\\|python_tag\\|>` and text next to a call "
+            "dropped; content trimmed",
+        ),
+    ),
+    Family(
+        module="deepseek_v31",
+        members=(
+            Member(
+                name="deepseek-v3.1",
+                marks=("<｜Assistant｜>", "<｜tool▁sep｜>", "</think>"),
+                template="deepseek_v3.1",
+            ),
+        ),
+        readme=ReadmeRow(
+            golden="24 / 24",
+            jinja="636 (160 x 2 variants x gen prompt)",
+            parser="`deepseek_v31` tool parser + `deepseek_v31` reasoning",
+            tito="token level, official DeepSeek-V3 `tokenizer.json`, and a variant with V3.1's `<think>`/`</think>` "
+            "tokens, through `AgentSession`",
+            seams="thinking on: `<think>r</think>` generated vs `</think>` in history; the official template does not "
+            "show the tools list",
+        ),
+    ),
+    Family(
+        module="glm45",
+        members=(
+            Member(
+                name="glm-4.5",
+                marks=("[gMASK]<sop>", "<arg_key>"),
+                model_types=("glm4_moe",),
+                template="glm4.5",
+            ),
+        ),
+        readme=ReadmeRow(
+            golden="24 / 24",
+            jinja="640 (160 x 2 variants x gen prompt, also with string arguments)",
+            parser="`glm45` tool parser (`<arg_key>`/`<arg_value>`, values JSON then Python literal) + `glm45` "
+            "reasoning",
+            tito="text level (no GLM tokenizer here): a byte-level tokenizer with GLM's control tokens, through "
+            "`AgentSession`",
+            seams="the role token that ends a turn is sampled, and a wrong one is kept with the right one written "
+            "after it; reasoning dropped after a new user message",
+        ),
+    ),
+    Family(
+        module="gpt_oss",
+        members=(
+            Member(
+                name="gpt-oss",
+                marks=("<|channel|>", "<|call|>"),
+                model_types=("gpt_oss",),
+                template="gpt_oss",
+            ),
+        ),
+        readme=ReadmeRow(
+            golden="12 / 12",
+            jinja="1,280 (160 x 4 tool sets x gen prompt) + 450 (`reasoning_effort`) + 300 schemas + 300 with refusals",
+            parser="`openai` (harmony) tool parser: analysis and preambles are reasoning, `to=functions.NAME` a call, "
+            "the last `final` the content",
+            tito="token level, official o200k_harmony `tokenizer.json`, through `AgentSession`",
+            seams="a sampled `<\\|return\\|>` is `<\\|end\\|>` in history; analysis dropped once a later final answer "
+            "exists",
+        ),
+    ),
+    Family(
+        module="mistral",
+        members=(
+            Member(
+                name="mistral-v0.3",
+                marks=("[TOOL_CALLS]", "[AVAILABLE_TOOLS]"),
+                absent=("[ARGS]",),
+                template="mistral_v0.3",
+            ),
+            Member(name="mistral-small-3.2", marks=("[TOOL_CALLS]", "[ARGS]"), template="mistral_small_3.2"),
+        ),
+        readme=ReadmeRow(
+            golden="24 / 24",
+            jinja="398 + 370 equal, 82 + 110 refusals matched (240 conversations each)",
+            parser="`mistral`: the JSON list (v0.3) and `name[CALL_ID]id[ARGS]{json}` (v11+); 9-character call ids",
+            tito="text level (no Mistral tokenizer here): a byte-level tokenizer with Mistral's control tokens, "
+            "through `AgentSession`",
+            seams="`[AVAILABLE_TOOLS]` stays before the first user message (the template moves it to the last); "
+            "v0.3's system text only in the prompt",
+        ),
+    ),
+]
+
+
+def family_table() -> tuple[Family, ...]:
+    """Every family, built-in and registered, in table order."""
+    return tuple(_TABLE)
+
+
+def family_of(name: str) -> Family | None:
+    """The family that registers `name`, or None."""
+    return next((family for family in _TABLE if name in family.names), None)
+
+
+def register_family(family: Family, *, replace: bool = False) -> None:
+    """Add `family` to the table (after the built-in ones, so detection tries it last): its names become
+    registered protocols, its marks detectable. A name already in the table is refused unless `replace`, which
+    first drops the families that hold any of its names."""
+    taken = [f for f in _TABLE if set(f.names) & set(family.names)]
+    if taken and not replace:
+        names = sorted(set(family.names) & {n for f in taken for n in f.names})
+        raise ValueError(f"model family name(s) {', '.join(names)} already in the table; pass replace=True")
+    for old in taken:
+        _TABLE.remove(old)
+    _TABLE.append(family)
+
+
+def unregister_family(family: Family) -> None:
+    """Take `family` out of the table again (a test's clean-up)."""
+    _TABLE.remove(family)
+
+
+def _names_cell(names: tuple[str, ...], options: Callable[[str], list[str]], note: str) -> str:
+    """`a`, `b` (`opt`): names, each run of names that take the same options followed by those options."""
+    groups: list[tuple[list[str], list[str]]] = []
+    for name in names:
+        taken = options(name)
+        if groups and groups[-1][1] == taken:
+            groups[-1][0].append(name)
+        else:
+            groups.append(([name], taken))
+    parts = []
+    for group, taken in groups:
+        text = ", ".join(f"`{n}`" for n in group)
+        parts.append(text + (f" ({', '.join(f'`{o}`' for o in taken)})" if taken else ""))
+    return ", ".join(parts) + (f" ({note})" if note else "")
+
+
+def readme_table(options: Callable[[str], list[str]] | None = None) -> str:
+    """The package README's family table, in Markdown, from this table (`options(name)`: the options a name takes;
+    by default `protocol_options`, which imports each family module)."""
+    if options is None:
+        from agent_protocol.registry import protocol_options
+
+        options = protocol_options
+    lines = [
+        "| name (options) | golden renders exact | generated vs official Jinja | parser semantics (vLLM) "
+        "| token-in-token-out | known seams (the transcript keeps what was sampled) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for family in _TABLE:
+        row = family.readme
+        if row is None:
+            continue
+        cells = (_names_cell(family.names, options, row.note), row.golden, row.jinja, row.parser, row.tito, row.seams)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
