@@ -22,6 +22,7 @@ from agent_protocol.images import (
     check_image_url,
     collapse_image_pads,
     expand_image_pads,
+    image_grid,
     image_size,
     read_image,
 )
@@ -190,6 +191,21 @@ def test_grid_from_preprocessor_config() -> None:
     assert VisionGrid.from_preprocessor_config(qwen3_vl) == GRIDS["qwen3-vl-like"]
     old = {"min_pixels": 3136, "max_pixels": 12845056, "size": {"shortest_edge": 1, "longest_edge": 2}}
     assert VisionGrid.from_preprocessor_config(old) == VisionGrid(max_pixels=12845056)
+
+
+def test_a_tokenizer_declares_its_image_grid(qwen3_tokenizer_file: Path) -> None:
+    """`image_grid` reads what a tokenizer declares (`SeesImages`): the grid, None for a text-only model, and None
+    for a tokenizer that declares nothing at all."""
+    text_only = HFTokenizer.from_file(qwen3_tokenizer_file)
+    grid = VisionGrid(patch_size=16)
+    assert image_grid(text_only) is None
+    assert image_grid(HFTokenizer(text_only.backend, vision=grid)) is grid
+
+    class Undeclared:
+        def encode(self, text: str) -> list[int]:
+            return []
+
+    assert image_grid(Undeclared()) is None
 
 
 # -- expansion and collapse ---------------------------------------------------------------------------------------

@@ -12,6 +12,11 @@ one ``<|image_pad|>`` per image; the model's processor expands it into N pads (N
 each run of pads collapsed to one (`collapse_image_pads`, as `dedup_media_tokens` does) and expands it itself.
 `expand_image_pads` turns the first form into the second and records where each image's run sits.
 
+Whether a model takes images is declared, not guessed: a tokenizer that knows its model's image processor is
+`SeesImages` (its `vision` is the `VisionGrid`, None for a text-only model; `HFTokenizer` and
+`TransformersTokenizer` declare it), and `image_grid` reads that declaration for the conversation, the engines and
+the server alike.
+
 Pure Python (no PIL): `image_size` reads width and height from the PNG, JPEG, GIF, WebP or BMP structure, every
 frame checked against them (`agent_protocol.image_format`). This module knows no chat format and no tokenizer.
 """
@@ -23,7 +28,7 @@ import binascii
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 from urllib.parse import unquote, urlparse
 
 import msgspec
@@ -32,12 +37,14 @@ from agent_protocol.image_format import read_header
 
 __all__ = [
     "ImageSpan",
+    "SeesImages",
     "VisionGrid",
     "check_image_url",
     "collapse_image_pads",
     "data_url_payload",
     "decode_base64",
     "expand_image_pads",
+    "image_grid",
     "image_size",
     "image_spans",
     "read_image",
@@ -191,6 +198,21 @@ class VisionGrid(msgspec.Struct, frozen=True, kw_only=True):
         """`pads` for the image `url` refers to (read with `read_image`)."""
         width, height = image_size(read_image(url))
         return self.pads(width, height)
+
+
+@runtime_checkable
+class SeesImages(Protocol):
+    """A tokenizer that declares its model's image processor: `vision` is how it cuts an image into pad tokens,
+    None when the model is text-only."""
+
+    @property
+    def vision(self) -> VisionGrid | None: ...
+
+
+def image_grid(tokenizer: object) -> VisionGrid | None:
+    """The image grid `tokenizer` declares (`SeesImages`); None for a text-only model or a tokenizer that
+    declares nothing (a test's fake, say)."""
+    return tokenizer.vision if isinstance(tokenizer, SeesImages) else None
 
 
 def expand_image_pads(

@@ -54,7 +54,7 @@ from agent_protocol import (
     TranscriptRecord,
 )
 from agent_protocol.control_tokens import ControlTokens
-from agent_protocol.images import ImageSpan, VisionGrid, expand_image_pads, image_spans
+from agent_protocol.images import ImageSpan, expand_image_pads, image_grid, image_spans
 from agent_runtime.encoding import encode_off_loop
 from agent_runtime.engines.base import Generation, PromptView, SamplingParams
 from agent_runtime.errors import SessionStateError
@@ -235,7 +235,7 @@ class Conversation:
                 where = "the conversation's text writes the image placeholder"
                 raise MessageError("messages", f"{where} {self.protocol.image_pad!r} with no image behind it")
             return ids, []
-        grid: VisionGrid | None = getattr(self.tokenizer, "vision", None)
+        grid = image_grid(self.tokenizer)
         if grid is None:
             raise MessageError(
                 "messages",

@@ -64,7 +64,7 @@ import httpx
 import structlog
 
 from agent_protocol import Tokenizer, load_tokenizer
-from agent_protocol.images import collapse_image_pads, read_image
+from agent_protocol.images import collapse_image_pads, image_grid, read_image
 from agent_runtime.engines._upstream_answer import ACCEPT_ENCODING, AnswerBody, AnswerLimits, decode_answer, read_body
 from agent_runtime.engines.base import (
     Generation,
@@ -178,7 +178,7 @@ class OpenAIEngine(LLMEngine):
         root = self.base_url.removesuffix("/v1")
         self.generate_url = generate_url or f"{root}{_GENERATE_PATH}"
         self.image_pad_id = image_pad_id if image_pad_id is not None else self.tokenizer.token_to_id("<|image_pad|>")
-        vision = getattr(self.tokenizer, "vision", None) is not None
+        vision = image_grid(self.tokenizer) is not None
         self.accepts_images = (vision if accepts_images is None else accepts_images) and self.image_pad_id is not None
 
     def request_body(self, prompt_ids: Sequence[int], sampling: SamplingParams, max_tokens: int) -> dict[str, Any]:

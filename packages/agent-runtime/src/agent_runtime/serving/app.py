@@ -49,6 +49,7 @@ from starlette.routing import Route
 
 from agent_env import describe_error, propagates
 from agent_protocol import Message, MessageError, ToolSpec, coerce_messages, coerce_tools
+from agent_protocol.images import image_grid
 from agent_runtime.engines.base import LLMEngine
 from agent_runtime.recipe import Recipe
 from agent_runtime.serving.agent_mode import complete_agent, stream_agent
@@ -132,7 +133,7 @@ def _parse(body: bytes, backend: ServingBackend) -> tuple[ChatCompletionRequest,
     check_request_images(
         chat.messages,
         text_only=backend.text_only,
-        grid=getattr(backend.engine.tokenizer, "vision", None),
+        grid=image_grid(backend.engine.tokenizer),
         max_image_bytes=config.max_image_bytes,
         max_image_pixels=config.max_image_pixels,
         max_request_pixels=config.max_request_pixels,

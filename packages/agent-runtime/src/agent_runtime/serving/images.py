@@ -41,7 +41,7 @@ import structlog
 from agent_env.image_decoder import ImageTooLarge, checked_size
 from agent_env.tool_output import image_data_url
 from agent_protocol import ChatProtocol, Tokenizer
-from agent_protocol.images import VisionGrid, data_url_payload, decode_base64, image_size, read_image
+from agent_protocol.images import VisionGrid, data_url_payload, decode_base64, image_grid, image_size, read_image
 from agent_runtime.engines.base import LLMEngine
 from agent_runtime.serving.api_error import ApiError
 
@@ -64,7 +64,7 @@ def text_only_reason(protocol: ChatProtocol, tokenizer: Tokenizer, engine: LLMEn
     """Why the served model takes no images (None when it takes them)."""
     if not protocol.accepts_images:
         return f"its chat protocol ({protocol.name}) renders no images; serve a vision-language recipe (qwen3-vl)"
-    if getattr(tokenizer, "vision", None) is None:
+    if image_grid(tokenizer) is None:
         return (
             "its tokenizer has no image processor (a Qwen2-VL-style preprocessor_config.json beside "
             "tokenizer.json); serve a vision-language model"
