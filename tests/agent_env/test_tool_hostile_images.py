@@ -6,14 +6,15 @@ share a pixel budget, and the crop tool decodes its task image under its own."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
 
 from agent_env import CropTool, ImageLimits, ToolOutput, ToolRunner
-from agent_env.image_decoder import ImageTooLarge, checked_size, decode_image
+from agent_env.image_decoder import ImageTooLarge, checked_size, decode_image, decode_reference
 from tests.agent_env.test_tool_images import call, echo, png, returning, run
-from tests.support.hostile_images import fuzzed_images, hostile_images
+from tests.support.hostile_images import fuzzed_images, hostile_images, pillow_bytes
 
 BUDGET = 1_000_000
 HOSTILE = hostile_images(BUDGET)
@@ -83,3 +84,22 @@ def test_crop_decodes_its_task_image_within_its_budget(name: str, phrase: str) -
     (observation,) = run(runner, call("crop", bbox=[0, 0, 1, 1]), task={"images": [HOSTILE[name][0]]})
     assert observation.code == "tool_error" and "task image 0 cannot be read" in observation.content
     assert phrase in observation.content, observation.content
+
+
+@pytest.mark.parametrize("name", [n for n, (_, expected) in HOSTILE.items() if expected == "invalid_image"])
+def test_an_engines_image_is_refused_as_a_tool_image_is(name: str) -> None:
+    """`decode_reference` (what the engines hand a model's processor) decodes with the same decoder: a broken
+    image is a ValueError naming the image, never Pillow's own error or a half-decoded picture."""
+    data = HOSTILE[name][0]
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    with pytest.raises(ValueError, match=r"^hf: image 2\b"):
+        decode_reference(url, label="hf: image 2")
+
+
+def test_an_engines_image_comes_back_in_rgb() -> None:
+    grey = decode_image(png(4, 4)).convert("L")
+    url = "data:image/png;base64," + base64.b64encode(pillow_bytes(grey, "PNG")).decode()
+    picture = decode_reference(url, label="vllm: image 0")
+    assert picture.mode == "RGB" and picture.size == (4, 4)
+    with pytest.raises(ValueError, match=r"^vllm: image 0: image file '/nowhere.png' cannot be read"):
+        decode_reference("/nowhere.png", label="vllm: image 0")

@@ -1,5 +1,7 @@
-"""Images decoded under a pixel budget: `decode_image` (the first frame as Pillow decodes it, or ValueError) and
-`checked_size` (the size an image really decodes to, within a budget).
+"""Images decoded under a pixel budget: `decode_image` (the first frame as Pillow decodes it, or ValueError),
+`checked_size` (the size an image really decodes to, within a budget) and `decode_reference` (the image a reference
+names, in RGB, for an engine's image processor or vLLM). This is the one place the project opens an image with
+Pillow: tools, the server's checks and the engines all decode here.
 
 The size of an image is not trusted from its first header: `agent_protocol.image_format.read_header` reads every
 frame's header and refuses frames that do not fit the image, and the budget (`max_pixels`) is checked on that
@@ -15,8 +17,8 @@ limit is passed on each call; Pillow's process-wide ``Image.MAX_IMAGE_PIXELS`` i
 
 `ImageTooLarge` (a ValueError) says an image is over the budget, as opposed to broken. Pillow is imported on the
 first decode, never at import time (it is the ``vision`` extra); without it `checked_size` checks the structure
-only, and `decode_image` raises ValueError saying Pillow is missing. This module knows image bytes and Pillow;
-nothing about URLs, tools or requests.
+only, and `decode_image` raises ValueError saying Pillow is missing. This module knows image bytes, image
+references (`agent_protocol.images.read_image`) and Pillow; nothing about tools, engines or requests.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ import io
 from typing import TYPE_CHECKING, Final
 
 from agent_protocol.image_format import ImageHeader, read_header
+from agent_protocol.images import read_image
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-__all__ = ["BYTES_PER_PIXEL", "ImageTooLarge", "checked_size", "decode_image", "has_decoder"]
+__all__ = ["BYTES_PER_PIXEL", "ImageTooLarge", "checked_size", "decode_image", "decode_reference", "has_decoder"]
 
 #: the most bytes one decoded pixel takes in Pillow (RGB is stored in 4 bytes, as RGBA, I and F are)
 BYTES_PER_PIXEL: Final = 4
@@ -72,7 +75,7 @@ def decode_image(data: bytes, *, max_pixels: int | None = None) -> Image:
     try:
         from PIL import Image as pil
     except ImportError as e:
-        raise ValueError("decoding images needs Pillow: install agent-env[vision]") from e
+        raise ValueError("decoding images needs Pillow: install agent-env[vision] or agent-runtime[vision]") from e
     try:
         picture = pil.open(io.BytesIO(data), formats=[_PIL_FORMAT[header.format]])
     except Exception as e:  # Pillow raises its own errors (SyntaxError, OSError, DecompressionBombError, ...)
@@ -95,6 +98,32 @@ def decode_image(data: bytes, *, max_pixels: int | None = None) -> Image:
         picture.close()
         raise
     return picture
+
+
+def decode_reference(url: str, *, label: str = "the image", max_pixels: int | None = None) -> Image:
+    """The image `url` refers to (a data URL, a ``file://`` URL or a path: `read_image`), decoded by `decode_image`
+    and in RGB (a picture already in RGB is returned as decoded, not copied). ValueError when it cannot be read or
+    decoded, naming the image as `label` ("hf: image 3 cannot be decoded: ...")."""
+    if not has_decoder():
+        raise ValueError(f"{label}: decoding images needs Pillow: install agent-env[vision] or agent-runtime[vision]")
+    try:
+        data = read_image(url)
+    except ValueError as e:
+        raise ValueError(f"{label}: {e}") from e
+    try:
+        picture = decode_image(data, max_pixels=max_pixels)
+    except ValueError as e:  # "the image cannot be decoded: ..." reads "image 3 cannot be decoded: ..."
+        problem = str(e)
+        named = f" {problem.removeprefix('the image ')}" if problem.startswith("the image ") else f": {problem}"
+        raise ValueError(f"{label}{named}") from e
+    if picture.mode == "RGB":  # already what the processor takes: no second copy of the pixels
+        return picture
+    try:
+        return picture.convert("RGB")
+    except Exception as e:  # Pillow raises its own errors (and OSError) while converting a corrupt body
+        raise ValueError(f"{label} cannot be decoded: {type(e).__name__}: {e}") from e
+    finally:
+        picture.close()
 
 
 def _check_budget(header: ImageHeader, max_pixels: int | None) -> None:

@@ -31,12 +31,12 @@ This module does not import either (Pillow only when a turn has images).
 from __future__ import annotations
 
 import copy
-import io
 from collections.abc import Sequence
 from typing import Any, Final
 
 import msgspec
 
+from agent_env.image_decoder import decode_image
 from agent_protocol import Tokenizer
 from agent_protocol.images import read_image
 from agent_runtime import EngineError, Generation, LLMEngine, SamplingParams
@@ -107,12 +107,11 @@ class OpenRLHFEngine(LLMEngine):
         return generation
 
     def _picture(self, url: str) -> Any:
-        """The PIL image `url` refers to, opened once (the bytes `read_image` gives, as `load_images` opens them)."""
+        """The PIL image `url` refers to, decoded once by the project's one decoder (`agent_env.image_decoder`:
+        the bytes `read_image` gives, opened as `load_images` opens them, with the frame-header and bomb checks)."""
         picture = self._pictures.get(url)
         if picture is None:
-            from PIL import Image
-
-            picture = self._pictures[url] = Image.open(io.BytesIO(read_image(url)))
+            picture = self._pictures[url] = decode_image(read_image(url))
         return picture
 
 

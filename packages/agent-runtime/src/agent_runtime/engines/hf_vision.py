@@ -6,8 +6,8 @@ A Qwen2-VL-style model (Qwen2-VL, Qwen2.5-VL in transformers: a config with a `v
 `Qwen2VLImageProcessor`), and 3-D multimodal RoPE positions from the model's own `get_rope_index`. `prepare`
 builds those for one prompt:
 
-- each image reference is read and decoded with Pillow (RGB, `_pil.decode_image`), in the order
-  of the prompt's runs of pads;
+- each image reference is read and decoded with Pillow (RGB, `agent_env.image_decoder.decode_reference`), in the
+  order of the prompt's runs of pads;
 - the image processor gives the pixels and each image's (t, h, w) grid; the runs of pads in the prompt must be as
   long as the grids say (t*h*w / merge_size**2, as the processor expands them), or `ValueError` names the image;
 - the positions of the whole prompt, shape (3, 1, len): text counts on by one in all three sections, an image's
@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
+from agent_env.image_decoder import decode_reference
 from agent_protocol.images import image_spans
-from agent_runtime.engines._pil import decode_image
 
 __all__ = ["ImageInputs", "VisionInputs", "is_vision_model"]
 
@@ -73,7 +73,7 @@ class VisionInputs:
             spans = image_spans(prompt, pad_id=self.pad_id, sources=[f"image {k}" for k in range(len(images))])
         except ValueError as e:
             raise ValueError(f"hf: {e} (each image's pads must be one run, expanded)") from e
-        pictures = [decode_image(url, engine="hf", index=k) for k, url in enumerate(images)]
+        pictures = [decode_reference(url, label=f"hf: image {k}") for k, url in enumerate(images)]
         try:
             processed = self.image_processor(images=pictures, return_tensors="pt")
         except Exception as e:  # the processor refuses sizes it cannot resize (aspect ratio, tiny images)

@@ -40,9 +40,9 @@ from typing import Any
 
 import structlog
 
+from agent_env.image_decoder import decode_reference
 from agent_protocol import HFTokenizer, Tokenizer, TransformersTokenizer, load_tokenizer
 from agent_protocol.images import collapse_image_pads
-from agent_runtime.engines._pil import decode_image
 from agent_runtime.engines.base import (
     Generation,
     LLMEngine,
@@ -183,7 +183,7 @@ class VLLMEngine(LLMEngine):
         pictures: list[Any] = []
         if images:  # read and decoded off the event loop
             pictures = await asyncio.to_thread(
-                lambda: [decode_image(url, engine="vllm", index=k) for k, url in enumerate(images)]
+                lambda: [decode_reference(url, label=f"vllm: image {k}") for k, url in enumerate(images)]
             )
         request = self.tokens_prompt(prompt_ids, pictures)
         params = self.sampling_params(sampling, budget)
