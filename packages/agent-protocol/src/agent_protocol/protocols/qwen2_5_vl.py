@@ -27,14 +27,13 @@ of an episode without calls is the official render of its conversation.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from typing import Final
 
-from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
-from agent_protocol.chatml import IM_END, IM_START, feedback_opening
+from agent_protocol.chat_protocol import generated_message
+from agent_protocol.chatml import IM_END, IM_START, content_with_images, hermes_calls
 from agent_protocol.errors import MessageError
-from agent_protocol.protocols.qwen_vl import QwenVLProtocol, content_with_images, hermes_calls
-from agent_protocol.types import Message, MessageLike, ToolSpecLike, coerce_messages, coerce_tools
+from agent_protocol.protocols.qwen_vl import QwenVLProtocol
+from agent_protocol.types import Message, MessageLike, ToolSpec
 
 __all__ = ["DEFAULT_SYSTEM", "PROTOCOLS", "Qwen25VLProtocol"]
 
@@ -46,61 +45,41 @@ class Qwen25VLProtocol(QwenVLProtocol):
     """The Qwen2-VL / Qwen2.5-VL-Instruct template: ChatML with images in any role, no tools."""
 
     name = "qwen2.5-vl"
-
-    def __repr__(self) -> str:
-        return "Qwen25VLProtocol()"
-
-    def render_messages(
-        self,
-        messages: Iterable[MessageLike],
-        *,
-        tools: Iterable[ToolSpecLike] | None = None,
-        add_generation_prompt: bool = False,
-    ) -> str:
-        if coerce_tools(tools):
-            raise MessageError(
-                "tools",
-                "the official Qwen2.5-VL template renders no tools; use the qwen3-vl protocol's Hermes format "
-                "for tool agents",
-            )
-        msgs = _without_calls(coerce_messages(messages, images=True))
-        out = [f"{IM_START}system\n{DEFAULT_SYSTEM}{IM_END}\n"] if msgs and msgs[0].role != "system" else []
-        out.extend(_turn(msg) for msg in msgs)
-        if add_generation_prompt:
-            out.append(self.generation_prompt)
-        return "".join(out)
-
-    def render_feedback(
-        self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
-    ) -> str:
-        msgs = feedback_messages(messages, images=True)  # a system message renders where it stands
-        return feedback_opening(turn_closed=turn_closed) + "".join(_turn(m) for m in msgs) + self.generation_prompt
+    template = None  # an empty conversation renders as nothing
+    feedback_system_refused = None  # a system message renders where it stands
 
     def render_generation(self, message: MessageLike) -> str:
         msg = generated_message(message, images=True)
         if msg.images:
             raise MessageError("message.content", "a generated turn holds no image: a model writes text")
-        return (msg.content or "") + hermes_calls(msg) + IM_END
+        return (msg.content or "") + hermes_calls(msg.content, msg.tool_calls) + IM_END
 
+    def _checked(self, msgs: list[Message]) -> list[Message]:
+        """`msgs`, refusing an assistant message with tool calls: the template renders none, so they would vanish."""
+        for index, message in enumerate(msgs):
+            if message.tool_calls:
+                raise MessageError(
+                    f"messages[{index}].tool_calls",
+                    "the official Qwen2.5-VL template renders no tool calls; use the qwen3-vl protocol's Hermes "
+                    "format for tool agents",
+                )
+        return msgs
 
-def _without_calls(msgs: list[Message]) -> list[Message]:
-    """`msgs`, refusing an assistant message with tool calls: the template renders none, so they would vanish."""
-    for index, message in enumerate(msgs):
-        if message.tool_calls:
+    def _system_block(self, msgs: list[Message], specs: list[ToolSpec]) -> str:
+        if specs:
             raise MessageError(
-                f"messages[{index}].tool_calls",
-                "the official Qwen2.5-VL template renders no tool calls; use the qwen3-vl protocol's Hermes format "
+                "tools",
+                "the official Qwen2.5-VL template renders no tools; use the qwen3-vl protocol's Hermes format "
                 "for tool agents",
             )
-    return msgs
+        return f"{IM_START}system\n{DEFAULT_SYSTEM}{IM_END}\n" if msgs and msgs[0].role != "system" else ""
+
+    def _render_body(self, msgs: list[Message], *, feedback: bool) -> list[str]:
+        """Every message, whatever its role, as `<|im_start|>{role}` + its content + `<|im_end|>`."""
+        return [f"{IM_START}{msg.role}\n{content_with_images(msg)}{IM_END}\n" for msg in msgs]
 
 
-def _turn(msg: Message) -> str:
-    """One message as the template writes it, whatever its role."""
-    return f"{IM_START}{msg.role}\n{content_with_images(msg)}{IM_END}\n"
-
-
-def _qwen2_5_vl() -> ChatProtocol:
+def _qwen2_5_vl() -> QwenVLProtocol:
     return Qwen25VLProtocol()
 
 

@@ -13,33 +13,21 @@ README, "What the transcript holds".
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from enum import Enum
 from typing import Final
 
-from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
+from agent_protocol.chat_protocol import generated_message
 from agent_protocol.chatml import (
     GENERATION_PROMPT,
     IM_END,
     IM_START,
-    STOP_TEXTS,
-    feedback_opening,
-    hermes_call,
+    ChatMLProtocol,
+    hermes_calls,
     hermes_tool_response,
-    hermes_tools,
 )
 from agent_protocol.control_tokens import unmarked
 from agent_protocol.hermes_parser import parse_hermes_turn
-from agent_protocol.types import (
-    Action,
-    Message,
-    MessageLike,
-    ToolCall,
-    ToolSpec,
-    ToolSpecLike,
-    coerce_messages,
-    coerce_tools,
-)
+from agent_protocol.types import Action, Message, MessageLike
 
 __all__ = ["PROTOCOLS", "Qwen3Protocol", "ThinkingMode"]
 
@@ -61,13 +49,10 @@ _GENERATION_PROMPTS: Final = {
 }
 
 
-class Qwen3Protocol(ChatProtocol):
+class Qwen3Protocol(ChatMLProtocol):
     """One Qwen3 template. `null_user_is_query` is the one difference of the first template (2504): it reads
     every `content` as a string, so it cannot take a null one; servers pass null content as "" (vLLM does), and
     then a user message with null content is the last query, where the later templates skip it."""
-
-    end_of_turn = IM_END
-    stop_texts = STOP_TEXTS
 
     def __init__(self, name: str, mode: ThinkingMode, *, null_user_is_query: bool = False) -> None:
         self.name = name
@@ -83,32 +68,13 @@ class Qwen3Protocol(ChatProtocol):
 
     # -- rendering ---------------------------------------------------------------------------------------
 
-    def render_messages(
-        self,
-        messages: Iterable[MessageLike],
-        *,
-        tools: Iterable[ToolSpecLike] | None = None,
-        add_generation_prompt: bool = False,
-    ) -> str:
-        msgs = coerce_messages(messages)
-        specs = coerce_tools(tools)
-        out: list[str] = [_system_block(msgs, specs)]
-        out.extend(_render_body(msgs, first_is_start=True, null_user_is_query=self.null_user_is_query))
-        if add_generation_prompt:
-            out.append(self.generation_prompt)
-        return "".join(out)
-
-    def render_feedback(
-        self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
-    ) -> str:
-        msgs = feedback_messages(messages)
-        body = _render_body(msgs, first_is_start=False, null_user_is_query=self.null_user_is_query)
-        return feedback_opening(turn_closed=turn_closed) + "".join(body) + self.generation_prompt
+    def _render_body(self, msgs: list[Message], *, feedback: bool) -> list[str]:
+        return _render_body(msgs, first_is_start=not feedback, null_user_is_query=self.null_user_is_query)
 
     def render_generation(self, message: MessageLike) -> str:
         msg = generated_message(message)
         reasoning, content = _split_reasoning(msg)
-        calls = _render_tool_calls(content, msg.tool_calls)
+        calls = hermes_calls(content, msg.tool_calls)
         if self.mode is ThinkingMode.HYBRID:
             head = f"<think>\n{reasoning.strip(chr(10))}\n</think>\n\n{content.lstrip(chr(10))}"
         elif self.mode is ThinkingMode.FORCED:
@@ -121,16 +87,6 @@ class Qwen3Protocol(ChatProtocol):
 
     def parse_turn(self, text: str, *, call_id_prefix: str = "call") -> Action:
         return parse_hermes_turn(text, reasoning_open=self.mode is ThinkingMode.FORCED, call_id_prefix=call_id_prefix)
-
-
-def _system_block(msgs: list[Message], specs: list[ToolSpec]) -> str:
-    has_system = bool(msgs) and msgs[0].role == "system"
-    if specs:
-        system = (msgs[0].content or "") + "\n\n" if has_system else ""
-        return f"{IM_START}system\n{system}{hermes_tools(specs)}"
-    if has_system:
-        return f"{IM_START}system\n{msgs[0].content or ''}{IM_END}\n"
-    return ""
 
 
 def _last_query_index(msgs: list[Message], *, null_user_is_query: bool) -> int:
@@ -157,15 +113,6 @@ def _split_reasoning(msg: Message) -> tuple[str, str]:
     return "", content
 
 
-def _render_tool_calls(content: str, calls: tuple[ToolCall, ...]) -> str:
-    out: list[str] = []
-    for j, call in enumerate(calls):
-        if j > 0 or content:
-            out.append("\n")
-        out.append(hermes_call(call))
-    return "".join(out)
-
-
 def _render_body(msgs: list[Message], *, first_is_start: bool, null_user_is_query: bool) -> list[str]:
     """Every message after the system block. With `first_is_start` false the messages continue a
     conversation (feedback): a leading system message is rendered as a turn, not as the system block."""
@@ -182,26 +129,26 @@ def _render_body(msgs: list[Message], *, first_is_start: bool, null_user_is_quer
                 body = f"<think>\n{reasoning.strip(chr(10))}\n</think>\n\n{content.lstrip(chr(10))}"
             else:
                 body = content
-            out.append(f"{IM_START}assistant\n{body}{_render_tool_calls(content, msg.tool_calls)}{IM_END}\n")
+            out.append(f"{IM_START}assistant\n{body}{hermes_calls(content, msg.tool_calls)}{IM_END}\n")
         elif msg.role == "tool":
             out.append(hermes_tool_response(msgs, index))
     return out
 
 
-def _qwen3(*, enable_thinking: bool = True) -> ChatProtocol:
+def _qwen3(*, enable_thinking: bool = True) -> ChatMLProtocol:
     return Qwen3Protocol("qwen3", ThinkingMode.HYBRID if enable_thinking else ThinkingMode.HYBRID_OFF)
 
 
-def _qwen3_2504(*, enable_thinking: bool = True) -> ChatProtocol:
+def _qwen3_2504(*, enable_thinking: bool = True) -> ChatMLProtocol:
     mode = ThinkingMode.HYBRID if enable_thinking else ThinkingMode.HYBRID_OFF
     return Qwen3Protocol("qwen3-2504", mode, null_user_is_query=True)
 
 
-def _qwen3_instruct_2507() -> ChatProtocol:
+def _qwen3_instruct_2507() -> ChatMLProtocol:
     return Qwen3Protocol("qwen3-instruct-2507", ThinkingMode.NONE)
 
 
-def _qwen3_thinking_2507() -> ChatProtocol:
+def _qwen3_thinking_2507() -> ChatMLProtocol:
     return Qwen3Protocol("qwen3-thinking-2507", ThinkingMode.FORCED)
 
 

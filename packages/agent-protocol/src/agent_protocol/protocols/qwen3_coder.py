@@ -32,30 +32,13 @@ A well-formed turn in the template's own layout re-renders to the same bytes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
-from agent_protocol.chatml import (
-    GENERATION_PROMPT,
-    IM_END,
-    IM_START,
-    STOP_TEXTS,
-    feedback_opening,
-    strip_end_marker,
-)
-from agent_protocol.errors import MessageError
+from agent_protocol.chat_protocol import generated_message
+from agent_protocol.chatml import IM_END, IM_START, ChatMLProtocol, strip_end_marker
 from agent_protocol.template_json import tojson
-from agent_protocol.types import (
-    Action,
-    Message,
-    MessageLike,
-    ToolCall,
-    ToolSpec,
-    ToolSpecLike,
-    coerce_messages,
-    coerce_tools,
-)
+from agent_protocol.types import Action, Message, MessageLike, ToolCall, ToolSpec, ToolSpecLike, coerce_tools
 from agent_protocol.xml_call_parser import Schemas, parse_xml_calls
 
 __all__ = ["PROTOCOLS", "Qwen3CoderProtocol"]
@@ -75,10 +58,9 @@ _TOOLS_FOOTER: Final = (
 )
 
 
-class Qwen3CoderProtocol(ChatProtocol):
+class Qwen3CoderProtocol(ChatMLProtocol):
     name = "qwen3-coder"
-    end_of_turn = IM_END
-    stop_texts = STOP_TEXTS
+    template = "Qwen3-Coder"
 
     def __init__(self, schemas: Schemas | None = None) -> None:
         #: tool name -> the `properties` of its parameters schema, for converting parsed values
@@ -97,35 +79,14 @@ class Qwen3CoderProtocol(ChatProtocol):
             schemas[spec.name] = properties if isinstance(properties, Mapping) else {}
         return Qwen3CoderProtocol(schemas)
 
-    @property
-    def generation_prompt(self) -> str:
-        return GENERATION_PROMPT
-
     # -- rendering ---------------------------------------------------------------------------------------
 
-    def render_messages(
-        self,
-        messages: Iterable[MessageLike],
-        *,
-        tools: Iterable[ToolSpecLike] | None = None,
-        add_generation_prompt: bool = False,
-    ) -> str:
-        msgs = coerce_messages(messages)
-        if not msgs:
-            raise MessageError("messages", "the official Qwen3-Coder template cannot render an empty conversation")
-        has_system = msgs[0].role == "system"
-        out = [_system_block(msgs[0].content or "" if has_system else None, coerce_tools(tools))]
-        out.extend(_render_body(msgs[1:] if has_system else msgs, follows_turn=False))
-        if add_generation_prompt:
-            out.append(self.generation_prompt)
-        return "".join(out)
+    def _system_block(self, msgs: list[Message], specs: list[ToolSpec]) -> str:
+        return _system_block(msgs[0].content or "" if msgs[0].role == "system" else None, specs)
 
-    def render_feedback(
-        self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
-    ) -> str:
-        msgs = feedback_messages(messages)
-        body = _render_body(msgs, follows_turn=True)
-        return feedback_opening(turn_closed=turn_closed) + "".join(body) + self.generation_prompt
+    def _render_body(self, msgs: list[Message], *, feedback: bool) -> list[str]:
+        # the system block holds a leading system message; in feedback it is a turn
+        return _render_body(msgs if feedback or msgs[0].role != "system" else msgs[1:], follows_turn=feedback)
 
     def render_generation(self, message: MessageLike) -> str:
         msg = generated_message(message)
@@ -228,7 +189,7 @@ def _render_body(msgs: list[Message], *, follows_turn: bool) -> list[str]:
     return out
 
 
-def _qwen3_coder() -> ChatProtocol:
+def _qwen3_coder() -> ChatMLProtocol:
     return Qwen3CoderProtocol()
 
 
