@@ -67,8 +67,8 @@ import structlog
 from agent_protocol import HFTokenizer, Tokenizer, TransformersTokenizer, load_tokenizer
 from agent_runtime.engines.base import Generation, LLMEngine, SamplingParams
 from agent_runtime.engines.hf_attention import use_gqa_sdpa
-from agent_runtime.engines.hf_batching import JOIN_RATIO, JOIN_WAIT_STEPS, HFBatching, _fail_all
-from agent_runtime.engines.hf_decode import _new_cache, _Request
+from agent_runtime.engines.hf_batching import JOIN_RATIO, JOIN_WAIT_STEPS, HFBatching, fail_requests
+from agent_runtime.engines.hf_decode import Request, new_cache
 from agent_runtime.engines.hf_head import TransposedHead
 from agent_runtime.engines.hf_prefix import PrefixCache
 from agent_runtime.engines.hf_vision import ImageInputs, VisionInputs, is_vision_model
@@ -166,8 +166,8 @@ class HFEngine(HFBatching, LLMEngine):
         self.join_wait_steps = join_wait_steps
         self.joined_requests = 0  # requests that joined a running batch
         self.joins = 0  # the prefills that brought them in (waiting requests join together)
-        #: the most key/value positions a batch's cache may come to hold, padding included (None: no bound; see the
-        #: module docstring)
+        #: the most key/value positions a batch's cache may come to hold, padding included (None: no bound; see
+        #: `hf_batching`)
         self.max_batch_tokens = max_batch_tokens
         self.deferred_requests = 0  # requests that waited for a later batch because this one had no room in tokens
         #: the most key/value positions a forward pass held: its rows x its positions (padding included)
@@ -175,18 +175,18 @@ class HFEngine(HFBatching, LLMEngine):
         self.abandoned_requests = 0  # requests that left their batch because their caller stopped waiting
         self._parameters = list(model.parameters())
         self._weights_seen: tuple[tuple[int, int], ...] | None = self._weights_version()
-        self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
-        self._pending: collections.deque[_Request | None] = collections.deque()  # taken, not joined: next batch first
+        self._queue: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
+        self._pending: collections.deque[Request | None] = collections.deque()  # taken, not joined: next batch first
         #: text requests taken while a batch runs, waiting to join it, with the step each was taken at (arrived
         #: before everything in `_pending`; they go first in the next batch if they do not join)
-        self._waiting: collections.deque[tuple[_Request, int]] = collections.deque()
+        self._waiting: collections.deque[tuple[Request, int]] = collections.deque()
         self._lock = threading.Lock()
         #: requests put on the queue whose event loop has not finished the step that sent them (under `_lock`)
         self._sending = 0
         self._worker: threading.Thread | None = None
         self._closed = False
         self._abort = threading.Event()  # close() ran out of time: stop the running batch, run nothing more
-        self._taken: list[_Request] = []  # what the worker took and runs now (close() fails them if it must)
+        self._taken: list[Request] = []  # what the worker took and runs now (close() fails them if it must)
         #: the image side (None: the engine takes no images, as the model or its image processor is missing)
         self.vision = (
             VisionInputs(model, image_processor) if image_processor is not None and is_vision_model(model) else None
@@ -295,7 +295,7 @@ class HFEngine(HFBatching, LLMEngine):
             vision = await asyncio.to_thread(self.vision.prepare, prompt, list(images))
         elif self.vision is not None and self.vision.pad_id in prompt:
             raise ValueError("hf: the prompt holds image pad tokens but no images were given")
-        request = _Request(prompt, sampling, budget, concurrent.futures.Future(), vision)
+        request = Request(prompt, sampling, budget, concurrent.futures.Future(), vision)
         with self._lock:
             if self._closed:
                 raise EngineUnavailable("hf: the engine is closed")
@@ -344,7 +344,7 @@ class HFEngine(HFBatching, LLMEngine):
         if worker.is_alive():  # stuck in a forward pass: answer for it; it ends when the pass returns
             logger.warning("hf_close_model_not_returning", grace_s=ABORT_GRACE_S)
             stuck = EngineUnavailable("hf: the engine was closed while this request ran (the model did not return)")
-            _fail_all(list(self._taken), stuck)
+            fail_requests(list(self._taken), stuck)
             self._fail_queued()
 
 
@@ -386,7 +386,7 @@ def _prefix_resumable(model: Any) -> bool:
     """Whether the model's `DynamicCache` is all plain `DynamicLayer`s, whose keys and values can be cut to a
     prefix and resumed (not sliding-window, linear-attention or pre-4.56 caches)."""
     layer_class = getattr(transformers.cache_utils, "DynamicLayer", None)
-    layers = getattr(_new_cache(model), "layers", None)
+    layers = getattr(new_cache(model), "layers", None)
     if layer_class is None or not layers:
         return False
     return all(type(layer) is layer_class for layer in layers)

@@ -70,18 +70,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+import torch
 
-from agent_runtime.engines.hf_decode import HFDecodeLoop, _Closed, _fail, _Request, _reused, _Row
+from agent_runtime.engines.hf_decode import Closed, HFDecodeLoop, Request, Row, fail_request, reused_count
 from agent_runtime.errors import EngineError, EngineUnavailable
 
-try:
-    import torch
-except ImportError as e:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        f"agent_runtime.engines.hf needs torch and transformers ({e.name} is missing): install agent-runtime[hf]"
-    ) from e
-
-__all__ = ["JOIN_RATIO", "JOIN_WAIT_STEPS", "SENDING_POLL_S", "HFBatching"]
+__all__ = ["JOIN_RATIO", "JOIN_WAIT_STEPS", "SENDING_POLL_S", "HFBatching", "fail_requests"]
 
 logger = structlog.get_logger(__name__)
 
@@ -104,12 +98,12 @@ class HFBatching(HFDecodeLoop):
     _resumable: bool
     _parameters: list[Any]
     _weights_seen: tuple[tuple[int, int], ...] | None
-    _queue: queue.SimpleQueue[_Request | None]
-    _pending: collections.deque[_Request | None]
-    _waiting: collections.deque[tuple[_Request, int]]
+    _queue: queue.SimpleQueue[Request | None]
+    _pending: collections.deque[Request | None]
+    _waiting: collections.deque[tuple[Request, int]]
     _lock: threading.Lock
     _sending: int
-    _taken: list[_Request]
+    _taken: list[Request]
 
     def _serve(self) -> None:
         running = True
@@ -162,9 +156,9 @@ class HFBatching(HFDecodeLoop):
             except (queue.Empty, IndexError):  # IndexError: close() and the worker both emptied `_pending`
                 return
             if late is not None and late.future.set_running_or_notify_cancel():
-                _fail(late.future, EngineUnavailable("hf: the engine was closed before this request ran"))
+                fail_request(late.future, EngineUnavailable("hf: the engine was closed before this request ran"))
 
-    def _next(self, timeout: float | None) -> _Request | None:
+    def _next(self, timeout: float | None) -> Request | None:
         """The next request (or the close marker): one a running batch took but could not join first."""
         if self._pending:
             return self._pending.popleft()
@@ -172,7 +166,7 @@ class HFBatching(HFDecodeLoop):
             return self._queue.get_nowait()
         return self._queue.get(timeout=timeout)
 
-    def _newcomers(self, room: int, running: list[_Row], width: int, step: int) -> list[_Request]:
+    def _newcomers(self, room: int, running: list[Row], width: int, step: int) -> list[Request]:
         """Text requests to join the running batch now, at most `room` (see the module docstring); `running`: its
         rows (those not done are still generating), `width`: its cache's positions, `step`: its decode steps so far.
         What arrived waits in `_waiting` until the waiting requests are `join_ratio` times the rows still
@@ -193,7 +187,7 @@ class HFBatching(HFDecodeLoop):
             return []
         if len(self._waiting) < self.join_ratio * live and step - self._waiting[0][1] < self.join_wait_steps:
             return []
-        joining: list[_Request] = []
+        joining: list[Request] = []
         footprint = self._footprint(running, width)
         while self._waiting and len(joining) < room:
             item, _ = self._waiting.popleft()
@@ -217,13 +211,13 @@ class HFBatching(HFDecodeLoop):
                 break
         self._pending.extendleft(reversed(waiting))
 
-    def _run(self, batch: list[_Request]) -> None:
+    def _run(self, batch: list[Request]) -> None:
         """Run the text requests as one batch and each image request alone."""
         plain = [r for r in batch if r.vision is None]
         for group in [plain] * bool(plain) + [[r] for r in batch if r.vision is not None]:
             self._run_group(group, join=self.join_running)
 
-    def _run_group(self, batch: list[_Request], *, join: bool) -> None:
+    def _run_group(self, batch: list[Request], *, join: bool) -> None:
         """Run `batch` (requests that join it are appended to it); if it fails, retry alone, without joining,
         each request it had not answered yet."""
         if self._abort.is_set():
@@ -233,7 +227,7 @@ class HFBatching(HFDecodeLoop):
         self.batch_sizes[len(batch)] += 1
         try:
             self._generate_batch(batch, join=join)
-        except _Closed:
+        except Closed:
             self._fail_closed(batch)
             return
         except Exception as e:
@@ -246,19 +240,19 @@ class HFBatching(HFDecodeLoop):
             logger.warning("hf_generation_failed", prompt_tokens=len(batch[0].prompt), error=repr(e))
             error = EngineError(f"hf: generation failed: {type(e).__name__}: {e}")
             error.__cause__ = e
-            _fail_all(unanswered, error)
+            fail_requests(unanswered, error)
             return
         logger.debug("hf_batch_done", batch_size=len(batch), seconds=round(time.perf_counter() - started, 4))
 
-    def _fail_closed(self, batch: list[_Request]) -> None:
-        _fail_all(batch, EngineUnavailable("hf: the engine was closed while this request ran"))
+    def _fail_closed(self, batch: list[Request]) -> None:
+        fail_requests(batch, EngineUnavailable("hf: the engine was closed while this request ran"))
 
     def _weights_version(self) -> tuple[tuple[int, int], ...]:
         # a parameter's version counter moves on every in-place write, its data pointer on `param.data = ...`
         return tuple((p._version, p.data_ptr()) for p in self._parameters)
 
     @torch.inference_mode()
-    def _generate_batch(self, batch: list[_Request], *, join: bool) -> None:
+    def _generate_batch(self, batch: list[Request], *, join: bool) -> None:
         """Run `batch` until every row is done, answering each request as its row finishes. With `join`, text
         requests that arrive meanwhile join the running rows (appended to `batch`)."""
         vision = batch[0].vision  # an image request runs alone (see `_run`)
@@ -274,7 +268,7 @@ class HFBatching(HFDecodeLoop):
         finally:
             self._requeue_waiting()  # what did not join runs first in the next batch
 
-    def _footprint(self, running: Sequence[_Row] = (), width: int = 0) -> _Footprint:
+    def _footprint(self, running: Sequence[Row] = (), width: int = 0) -> _Footprint:
         """A batch about to form (empty), or the rows of `running` still generating in a cache of `width` positions
         (done rows leave the batch when requests join it). Empty without `max_batch_tokens`: nothing is counted."""
         live = [row for row in running if not row.done] if self.max_batch_tokens is not None else []
@@ -285,7 +279,7 @@ class HFBatching(HFDecodeLoop):
         """Whether a batch of that footprint stays within `max_batch_tokens` (always, without the bound)."""
         return self.max_batch_tokens is None or footprint.positions <= self.max_batch_tokens
 
-    def _defer(self, request: _Request) -> None:
+    def _defer(self, request: Request) -> None:
         """`request` waits, first in line, for the next batch: this one has no room for it in tokens."""
         self._pending.appendleft(request)
         self.deferred_requests += 1
@@ -303,13 +297,13 @@ class _Footprint:
     width: int = 0
     left: int = 0
 
-    def plus(self, engine: HFBatching, request: _Request) -> _Footprint:
+    def plus(self, engine: HFBatching, request: Request) -> _Footprint:
         """This footprint with `request`'s row added (its kept prefix as `_row` will find it); without the bound,
         itself: nothing is counted."""
         if engine.max_batch_tokens is None:
             return self
         kept = engine.prefix_cache.reusable(request.prompt) if engine.prefix_caching else 0
-        reused = _reused(kept, len(request.prompt))
+        reused = reused_count(kept, len(request.prompt))
         return _Footprint(
             rows=self.rows + 1,
             past=max(self.past, reused),
@@ -323,7 +317,7 @@ class _Footprint:
         return self.rows * (max(self.width, self.past + self.rest) + self.left)
 
 
-def _fail_all(requests: list[_Request], error: BaseException) -> None:
+def fail_requests(requests: list[Request], error: BaseException) -> None:
     """Fail each of `requests` that has no answer yet with the one `error`."""
     for request in requests:
-        _fail(request.future, error)
+        fail_request(request.future, error)

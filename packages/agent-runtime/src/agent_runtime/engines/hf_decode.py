@@ -34,6 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+import transformers
+
 from agent_protocol import Tokenizer
 from agent_runtime.engines.base import FinishReason, Generation, SamplingParams
 from agent_runtime.engines.hf_head import MAX_ROWS as MAX_HEAD_ROWS
@@ -43,25 +46,30 @@ from agent_runtime.engines.hf_sampling import request_generator, sample_rows
 from agent_runtime.engines.hf_vision import ImageInputs
 from agent_runtime.errors import EngineError
 
-try:
-    import torch
-    import transformers
-except ImportError as e:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        f"agent_runtime.engines.hf needs torch and transformers ({e.name} is missing): install agent-runtime[hf]"
-    ) from e
-
-__all__ = ["HFDecodeLoop", "Intake"]
+__all__ = [
+    "Closed",
+    "HFDecodeLoop",
+    "Intake",
+    "Request",
+    "Row",
+    "answer_request",
+    "fail_request",
+    "new_cache",
+    "reused_count",
+]
 
 _DROP_FINISHED_AT = 8  # finished rows leave a running batch once they are at least 1/8 of it
 
 
-class _Closed(Exception):
+class Closed(Exception):
     """Raised in the worker when close() stops a running batch."""
 
 
 @dataclass(eq=False, slots=True)
-class _Request:
+class Request:
+    """One `generate` call on its way to the worker: its prompt ids, sampling, token budget and the future it
+    is answered on."""
+
     prompt: array.array[int]
     sampling: SamplingParams
     budget: int
@@ -71,10 +79,10 @@ class _Request:
 
 
 @dataclass(eq=False, slots=True)
-class _Row:
+class Row:
     """A request while its batch runs: its kept prefix, stop ids, generator, and what it generated so far."""
 
-    request: _Request
+    request: Request
     prefix: Prefix | None
     stops: frozenset[int]
     generator: torch.Generator | None
@@ -84,7 +92,7 @@ class _Row:
     done: bool = False
 
 
-Intake = Callable[[int, list[_Row], int, int], list[_Request]]
+Intake = Callable[[int, list[Row], int, int], list[Request]]
 """What joins a running batch now: (room, its rows, its cache's positions, its decode steps so far) -> requests."""
 
 
@@ -108,7 +116,7 @@ class HFDecodeLoop:
     _abort: threading.Event
 
     def _decode(
-        self, batch: list[_Request], *, intake: Intake | None, caching: bool, vision: ImageInputs | None
+        self, batch: list[Request], *, intake: Intake | None, caching: bool, vision: ImageInputs | None
     ) -> None:
         """Prefill, then decode steps until every row is done; `intake` (None: nothing joins) says which requests
         join the running rows between two steps (appended to `batch`)."""
@@ -124,7 +132,7 @@ class HFDecodeLoop:
             if not stay:
                 break
             if self._abort.is_set():
-                raise _Closed
+                raise Closed
             newcomers = intake(self.max_batch_size - len(stay), running, mask.shape[1], step) if intake else []
             finished = len(running) - len(stay)
             if finished and (newcomers or finished * _DROP_FINISHED_AT >= len(running)) and positions.dim() == 2:
@@ -143,27 +151,27 @@ class HFDecodeLoop:
                 )
             logits = self._logits(step_ids, mask, positions, cache, {})
 
-    def _drop_abandoned(self, rows: list[_Row]) -> None:
+    def _drop_abandoned(self, rows: list[Row]) -> None:
         """Mark done, unkept, the rows whose callers stopped waiting; they leave the batch as finished rows do."""
         for row in rows:
             if row.request.abandoned and not row.done:
                 row.done, row.finish = True, "abort"
                 self.abandoned_requests += 1
-                _fail(row.request.future, EngineError("hf: the caller stopped waiting for this request"))
+                fail_request(row.request.future, EngineError("hf: the caller stopped waiting for this request"))
 
-    def _row(self, request: _Request, caching: bool) -> _Row:
+    def _row(self, request: Request, caching: bool) -> Row:
         """A request's row: its kept prefix (when caching), stop ids and generator."""
         prefix = self.prefix_cache.longest_prefix(request.prompt) if caching else None
         stops = frozenset(self.stop_token_ids) | frozenset(request.sampling.stop_token_ids)
-        return _Row(request, prefix, stops, request_generator(request.sampling, self.device))
+        return Row(request, prefix, stops, request_generator(request.sampling, self.device))
 
     def _prefill(
-        self, rows: list[_Row], vision: ImageInputs | None
+        self, rows: list[Row], vision: ImageInputs | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
         """The first forward of `rows`: its logits, and the mask, positions and cache it leaves. Each row is laid
         out as [pad][kept prefix][pad][rest of the prompt]; the prefix part lives only in the cache."""
         # a row reuses its kept prefix, except for the prompt's last id: its logits start the generation
-        reused = [_reused(0 if r.prefix is None else len(r.prefix.ids), len(r.request.prompt)) for r in rows]
+        reused = [reused_count(0 if r.prefix is None else len(r.prefix.ids), len(r.request.prompt)) for r in rows]
         self.prefix_cache.reused_tokens += sum(reused)
         past = max(reused)
         width = max(len(r.request.prompt) - n for r, n in zip(rows, reused, strict=True))
@@ -187,7 +195,7 @@ class HFDecodeLoop:
         return logits, mask, positions, cache
 
     def _advance(
-        self, rows: list[_Row], logits: torch.Tensor, cache: Any, mask: torch.Tensor, caching: bool
+        self, rows: list[Row], logits: torch.Tensor, cache: Any, mask: torch.Tensor, caching: bool
     ) -> list[int]:
         """Sample the next token of every live row from its logits (row `at` of `logits` is `rows[at]`); a row that
         is done is kept (prefix cache) and answered now. Returns the token of each row (0 for a row that was
@@ -223,7 +231,7 @@ class HFDecodeLoop:
             if row.done:
                 if caching:
                     self._keep(row, cache, mask, at, alone=len(rows) == 1)
-                _answer(
+                answer_request(
                     row.request.future,
                     Generation(
                         ids=row.ids,
@@ -236,7 +244,7 @@ class HFDecodeLoop:
         return tokens
 
     def _next_inputs(
-        self, rows: list[_Row], tokens: list[int], mask: torch.Tensor, positions: torch.Tensor
+        self, rows: list[Row], tokens: list[int], mask: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The next decode step's input ids, mask and positions after a step that sampled `tokens`."""
         step_ids = torch.tensor(tokens, dtype=torch.long, device=self.device).unsqueeze(1)
@@ -250,12 +258,12 @@ class HFDecodeLoop:
 
     def _join(
         self,
-        running: list[_Row],
+        running: list[Row],
         step_ids: torch.Tensor,
         mask: torch.Tensor,
         positions: torch.Tensor,
         cache: Any,
-        newcomers: list[_Request],
+        newcomers: list[Request],
         caching: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
         """Prefill `newcomers` on their own, sample their first tokens, and append their rows to the running ones:
@@ -269,7 +277,7 @@ class HFDecodeLoop:
         tokens = self._advance(rows, logits, joined, first_mask, caching)
         new_ids, new_mask, new_positions = self._next_inputs(rows, tokens, first_mask, first_positions)
         length = max(cache.get_seq_length(), joined.get_seq_length())
-        merged = _new_cache(self.model)
+        merged = new_cache(self.model)
         for layer, (old, new) in enumerate(zip(cache.layers, joined.layers, strict=True)):
             keys = torch.cat([_pad_left(old.keys, length), _pad_left(new.keys, length)], dim=0)
             values = torch.cat([_pad_left(old.values, length), _pad_left(new.values, length)], dim=0)
@@ -305,7 +313,7 @@ class HFDecodeLoop:
 
     def _batch_cache(self, prefixes: list[Prefix | None], reused: list[int], past: int) -> Any:
         """A new cache holding each row's kept prefix, left-padded to `past` positions (the mask hides the pad)."""
-        cache = _new_cache(self.model)
+        cache = new_cache(self.model)
         if past == 0:
             return cache
         template = next(p for p in prefixes if p is not None)
@@ -319,7 +327,7 @@ class HFDecodeLoop:
             cache.update(keys, values, layer)
         return cache
 
-    def _keep(self, row: _Row, cache: Any, mask: torch.Tensor, at: int, *, alone: bool) -> None:
+    def _keep(self, row: Row, cache: Any, mask: torch.Tensor, at: int, *, alone: bool) -> None:
         """Keep a finished row's sequence (its prompt and generated ids but the last) from row `at` of the running
         cache, whose positions `mask` marks (`alone`: the running tensors hold this row only)."""
         positions = mask[at].nonzero().squeeze(1)
@@ -333,25 +341,25 @@ class HFDecodeLoop:
         self.prefix_cache.add(Prefix(sequence, keys, values), extends=row.prefix)
 
 
-def _reused(kept: int, prompt: int) -> int:
+def reused_count(kept: int, prompt: int) -> int:
     """How many of a prompt's ids a row takes from its kept prefix of `kept` ids: all but the prompt's last, whose
     logits start the generation (see `_prefill`)."""
     return min(kept, prompt - 1)
 
 
-def _answer(future: concurrent.futures.Future[Generation], generation: Generation) -> None:
+def answer_request(future: concurrent.futures.Future[Generation], generation: Generation) -> None:
     """Answer a request unless close() failed it already (it does when the model took too long to return)."""
     with contextlib.suppress(concurrent.futures.InvalidStateError):
         future.set_result(generation)
 
 
-def _fail(future: concurrent.futures.Future[Generation], error: BaseException) -> None:
+def fail_request(future: concurrent.futures.Future[Generation], error: BaseException) -> None:
     """Fail a request unless it has its answer already (close() and the worker may both try)."""
     with contextlib.suppress(concurrent.futures.InvalidStateError):
         future.set_exception(error)
 
 
-def _new_cache(model: Any) -> Any:
+def new_cache(model: Any) -> Any:
     try:
         return transformers.DynamicCache(config=model.config)
     except TypeError:  # transformers before 4.56 takes no config

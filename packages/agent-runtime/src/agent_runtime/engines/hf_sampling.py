@@ -7,14 +7,9 @@ This module knows sampling settings and torch; nothing about models, caches or b
 
 from __future__ import annotations
 
-from agent_runtime.engines.base import SamplingParams
+import torch
 
-try:
-    import torch
-except ImportError as e:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        f"agent_runtime.engines.hf needs torch and transformers ({e.name} is missing): install agent-runtime[hf]"
-    ) from e
+from agent_runtime.engines.base import SamplingParams
 
 __all__ = ["GREEDY_BELOW", "filter_scores", "request_generator", "sample_rows"]
 
