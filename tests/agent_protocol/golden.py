@@ -10,28 +10,16 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from agent_protocol.families import family_table
+
 GOLDEN = Path(__file__).resolve().parent.parent / "data" / "golden"
 
 #: the date the golden renders froze `strftime_now` to
 FROZEN_TODAY = date(2025, 9, 1)
 
-#: golden template name -> protocol name
+#: golden template stem -> the protocol that renders it, from the family table
 TEMPLATE_PROTOCOLS = {
-    "qwen3": "qwen3",
-    "qwen3_4b_instruct_2507": "qwen3-instruct-2507",
-    "qwen3_4b_thinking_2507": "qwen3-thinking-2507",
-    "qwen3_initial_2504": "qwen3-2504",
-    "qwen2.5_instruct": "qwen2.5",
-    "qwen3_coder": "qwen3-coder",
-    "qwen3_vl_instruct": "qwen3-vl",
-    "qwen2_5_vl_instruct": "qwen2.5-vl",
-    "llama3.1_instruct": "llama3.1",
-    "llama3.2_instruct": "llama3.2",
-    "deepseek_v3.1": "deepseek-v3.1",
-    "glm4.5": "glm-4.5",
-    "gpt_oss": "gpt-oss",
-    "mistral_v0.3": "mistral-v0.3",
-    "mistral_small_3.2": "mistral-small-3.2",
+    member.template: member.name for family in family_table() for member in family.members if member.template
 }
 
 #: the Qwen3 templates the first version implemented (the tests written for them select these)

@@ -1,8 +1,9 @@
-"""Untrusted text never yields a control-token id, in any of the 15 families (`agent_protocol.control_tokens`).
+"""Untrusted text never yields a control-token id, in any of the registered families (`agent_protocol.control_tokens`).
 
 Every family is checked with a tokenizer that has its control tokens: the official tokenizers of Qwen3 (the Qwen
 families), Llama 3.1, DeepSeek-V3 and gpt-oss, and byte-level tokenizers with the families' special tokens for
-GLM-4.5 and Mistral (tests/support/byte_tokenizer.py). The user and tool texts are drawn by hypothesis from the
+GLM-4.5 and Mistral (tests/support/byte_tokenizer.py), and for a family with none here one with the control strings
+its own frame writes. The user and tool texts are drawn by hypothesis from the
 tokenizer's own control strings, pieces of them, whitespace and ordinary text. For each conversation:
 
 - the ids decode to the official render of the conversation, byte for byte;
@@ -50,7 +51,21 @@ def family_tokenizer(name: str) -> HFTokenizer:
         return load_family_tokenizer("gpt_oss")
     if name == "glm-4.5":
         return byte_level_tokenizer(GLM_SPECIAL_TOKENS, source="glm-byte-level (test)")
-    return byte_level_tokenizer(MISTRAL_CONTROL_TOKENS, source="mistral-byte-level (test)")
+    if name.startswith("mistral"):
+        return byte_level_tokenizer(MISTRAL_CONTROL_TOKENS, source="mistral-byte-level (test)")
+    return byte_level_tokenizer(written_controls(name), source=f"{name}-byte-level (test)")
+
+
+_CONTROL_LIKE = re.compile(r"<\|[^|>\s]*\|>|<｜[^｜]*｜>|\[/?[A-Z_]+\]|</?[a-z_]+>")
+
+
+def written_controls(name: str) -> list[str]:
+    """A family with no tokenizer here (a new one): the control-like strings its frame writes (`<|...|>`, `[TAG]`,
+    `<tag>`) and its stop texts, as the special tokens of a byte-level tokenizer."""
+    proto = protocol(name)
+    frame = proto.render_messages(conversation("u1", "t1", "u2"), tools=tools(name), add_generation_prompt=True)
+    frame += proto.render_generation(cases()["single_tool_call"]["messages"][2])
+    return sorted({*_CONTROL_LIKE.findall(frame), *(t for t in proto.stop_texts if t)})
 
 
 def protocol(name: str) -> ChatProtocol:
