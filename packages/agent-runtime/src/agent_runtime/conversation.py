@@ -30,15 +30,17 @@ tokenizes it all as Hugging Face does.
 
 What it does not do: call an engine, step an environment, score, decide when an episode ends or when to compact
 (`AgentSession` and its `ContextPolicy` do), or speak HTTP (serving maps the wire format onto it). Foreign code it
-calls (the tokenizer, the protocol) may raise; `stage` says which was running, so that the caller's boundary
-records the right code (`stage_code`).
+calls (the tokenizer, the protocol) may raise: whatever it raises comes out as a `StageError` coded with the stage
+that raised (``render_error``, ``decode_error``, ``parse_error``; `agent_runtime.boundary`), for the caller's
+boundary to record; a `MessageError` (a message the caller must fix) comes out as it is. Its fields are its own:
+the callers read them and change them only through its methods.
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Final, Literal
 
 import msgspec
@@ -55,26 +57,17 @@ from agent_protocol import (
 )
 from agent_protocol.control_tokens import ControlTokens
 from agent_protocol.images import ImageSpan, expand_image_pads, image_grid, image_spans
+from agent_runtime.boundary import Stage, boundary, stage_code
 from agent_runtime.encoding import encode_off_loop
 from agent_runtime.engines.base import Generation, PromptView, SamplingParams
 from agent_runtime.errors import SessionStateError
-from agent_runtime.outcomes import ErrorCode, StageCode
-from agent_runtime.trajectory import EpisodeError, Usage
+from agent_runtime.outcomes import ErrorCode
+from agent_runtime.trajectory import EpisodeError, Usage, usage_of
 
 __all__ = ["MIN_TURN_TOKENS", "Conversation", "Reply", "Stage", "TurnRequest", "stage_code"]
 
 MIN_TURN_TOKENS: Final = 1
-
-Stage = Literal["idle", "decode", "parse", "environment", "reward", "render"]
-"""Where a turn is: the foreign code it is running, so that an exception is recorded with the right code."""
-
-_STAGE_CODES: Final[dict[Stage, StageCode]] = {
-    "decode": "decode_error",  # the tokenizer could not decode the generated ids
-    "parse": "parse_error",  # the protocol's parser raised (it should not: see ChatProtocol.parse_assistant_text)
-    "environment": "environment_error",  # the environment's reset or step raised
-    "reward": "reward_error",  # a process reward raised
-    "render": "render_error",  # the prompt or feedback could not be rendered or tokenized
-}
+_CALLERS: Final = (MessageError,)  # what a render raises for the caller to fix: not a failure of the stage
 
 
 @functools.lru_cache(maxsize=256)
@@ -83,11 +76,6 @@ def _clamped(base: SamplingParams, max_new_tokens: int, stop_token_ids: tuple[in
     same: the turns of an episode, and every episode of a rollout, mostly do)."""
     stops = base.stop_token_ids + tuple(i for i in stop_token_ids if i not in base.stop_token_ids)
     return msgspec.structs.replace(base, max_new_tokens=max_new_tokens, stop_token_ids=stops)
-
-
-def stage_code(stage: Stage) -> StageCode:
-    """The error code of an exception raised while `stage` ran (``internal_error`` outside every stage)."""
-    return _STAGE_CODES.get(stage, "internal_error")
 
 
 class TurnRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -151,7 +139,6 @@ class Conversation:
         self.generations = 0
         self.turn_closed = True
         self.ended_by: str | None = None  # which of the protocol's turn-end tokens closed the last turn
-        self.stage: Stage = "idle"
         self.render_s = 0.0
         self._turn_ends = _token_ids(tokenizer, protocol.turn_end_texts)
         self.stop_token_ids = tuple(_token_ids(tokenizer, protocol.stop_texts))
@@ -172,15 +159,15 @@ class Conversation:
     async def open_segment(self, prompt: Sequence[Message], *, add: Sequence[Message] | None = None) -> list[int]:
         """Render `prompt` (with the tools) as a new context and tokenize it once. `add` is what the messages
         view gains (default: the whole prompt; a compacted context adds only its resume message)."""
-        self.stage = "render"
         t0 = time.perf_counter()
-        # No tools renders as no tools at all: Llama's template tells `tools=[]` (an empty tool prompt) from None.
-        shown = list(prompt) if self.control is None else self.control.mark(prompt)
-        text = self.protocol.render_prompt(shown, tools=self.tools or None)
-        ids = await encode_off_loop(self.tokenizer, text, self.control)
-        spans: list[ImageSpan] = []
-        if self.protocol.accepts_images:
-            ids, spans = self._expand_images(ids, prompt, held=0)
+        with boundary("render", passes=_CALLERS, reraise=True):
+            # No tools renders as no tools at all: Llama's template tells `tools=[]` (an empty tool prompt) from None.
+            shown = list(prompt) if self.control is None else self.control.mark(prompt)
+            text = self.protocol.render_prompt(shown, tools=self.tools or None)
+            ids = await encode_off_loop(self.tokenizer, text, self.control)
+            spans: list[ImageSpan] = []
+            if self.protocol.accepts_images:
+                ids, spans = self._expand_images(ids, prompt, held=0)
         self.render_s += time.perf_counter() - t0
         transcript = TokenTranscript()
         transcript.append_prompt(ids, images=spans)
@@ -188,20 +175,42 @@ class Conversation:
         self.messages.extend(prompt if add is None else add)
         self.turn_closed = True
         self.ended_by = None
-        self.stage = "idle"
         return ids
+
+    async def open_history(self, messages: Sequence[Message]) -> list[int]:
+        """`open_segment` for a conversation a client sends whole (tools mode, rendered from scratch): its
+        assistant messages count as the turns (and generations) it already had."""
+        ids = await self.open_segment(messages)
+        self.turns = self.generations = sum(1 for m in messages if m.role == "assistant")
+        return ids
+
+    def restore(
+        self,
+        segments: list[TokenTranscript],
+        messages: list[Message],
+        *,
+        turns: int,
+        generations: int,
+        turn_closed: bool,
+        ended_by: str | None,
+        render_s: float,
+    ) -> None:
+        """Continue a stored conversation (`TranscriptStore`): its transcript, messages and counters replace this
+        new conversation's (built with the tools, budgets and error record of the request that continues it)."""
+        self.segments, self.messages = segments, messages
+        self.turns, self.generations = turns, generations
+        self.turn_closed, self.ended_by, self.render_s = turn_closed, ended_by, render_s
 
     async def feedback_ids(self, messages: Sequence[Message]) -> list[int]:
         """`messages` (tool results, a user message) rendered as what follows the last turn, tokenized alone."""
-        self.stage = "render"
         t0 = time.perf_counter()
-        shown = list(messages) if self.control is None else self.control.mark(messages)
-        text = self.protocol.render_feedback(shown, turn_closed=self.turn_closed, ended_by=self.ended_by)
-        ids = await encode_off_loop(self.tokenizer, text, self.control)
-        if self.protocol.accepts_images:
-            ids, _ = self._expand_images(ids, messages, held=len(self.transcript.images))
+        with boundary("render", passes=_CALLERS, reraise=True):
+            shown = list(messages) if self.control is None else self.control.mark(messages)
+            text = self.protocol.render_feedback(shown, turn_closed=self.turn_closed, ended_by=self.ended_by)
+            ids = await encode_off_loop(self.tokenizer, text, self.control)
+            if self.protocol.accepts_images:
+                ids, _ = self._expand_images(ids, messages, held=len(self.transcript.images))
         self.render_s += time.perf_counter() - t0
-        self.stage = "idle"
         return ids
 
     def fits(self, tokens: int, *, reserve: int = MIN_TURN_TOKENS) -> bool:
@@ -213,6 +222,11 @@ class Conversation:
         sources = [image.url for message in messages for image in message.images]
         spans = image_spans(ids, pad_id=self._pad_id(), sources=sources) if sources else []
         self.transcript.append_observation(ids, images=spans)
+        self.messages.extend(messages)
+
+    def add_messages(self, messages: Iterable[Message]) -> None:
+        """Add messages to the record that are not rendered into the context (an episode's last observations,
+        feedback that did not fit)."""
         self.messages.extend(messages)
 
     def _pad_id(self) -> int:
@@ -294,12 +308,14 @@ class Conversation:
         ended_by = self._turn_ends.get(generation.ids[-1]) if generation.ids else None
         closed = ended_by is not None
         self.turn_closed, self.ended_by = closed, ended_by
-        self.stage = "decode"
         # The engine decoded these ids with its tokenizer, which the runtime binds to the session: no second decode.
-        text = generation.text if generation.exact_text else self.tokenizer.decode(generation.ids)
-        self.stage = "parse"
-        action = self.protocol.parse_assistant_text(text, call_id_prefix=call_id_prefix)
-        self.stage = "idle"
+        if generation.exact_text:
+            text = generation.text
+        else:
+            with boundary("decode", reraise=True):
+                text = self.tokenizer.decode(generation.ids)
+        with boundary("parse", reraise=True):
+            action = self.protocol.parse_assistant_text(text, call_id_prefix=call_id_prefix)
         if not summary:
             for issue in action.issues:
                 self.record_error(issue.code, issue.message)
@@ -319,10 +335,7 @@ class Conversation:
         return error
 
     def usage(self) -> Usage:
-        # the loss mask is 1 exactly on the action spans: their lengths, not a sum over every token's mask
-        completion = sum(s.end - s.start for t in self.segments for s in t.spans if s.kind == "action")
-        total = sum(len(t) for t in self.segments)
-        return Usage(prompt_tokens=total - completion, completion_tokens=completion, generations=self.generations)
+        return usage_of(self.segments, generations=self.generations)
 
     def records(self) -> list[TranscriptRecord]:
         return [t.record() for t in self.segments]

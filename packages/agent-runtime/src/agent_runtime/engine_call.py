@@ -25,8 +25,8 @@ from collections.abc import Sequence
 import msgspec
 import structlog
 
-from agent_env import describe_error, propagates
 from agent_env.deadlines import deadline
+from agent_runtime.boundary import boundary
 from agent_runtime.engines.base import Generation, LLMEngine, SamplingParams
 from agent_runtime.errors import EngineError, EngineErrorCode
 
@@ -55,18 +55,17 @@ async def call_engine(
     if images and not engine.accepts_images:
         message = f"{engine.name} is a text-only engine; the conversation holds {len(images)} image(s)"
         return EngineFailure(code="engine_error", message=message)
-    try:
-        async with deadline(timeout_s):  # asyncio.timeout's behaviour, without a timer per call
-            if images:
-                return await engine.generate(prompt_ids, sampling, images=images)
-            return await engine.generate(prompt_ids, sampling)
-    except TimeoutError:
-        logger.warning("engine_timed_out", engine=engine.name, timeout_s=timeout_s)
-        return EngineFailure(code="engine_timeout", message=f"{engine.name} did not answer within {timeout_s} s")
-    except BaseException as e:  # any engine failure fails this episode or request only (agent_env.containment)
-        if propagates(e):
-            raise
-        code: EngineErrorCode = e.code if isinstance(e, EngineError) else "engine_error"
-        why = describe_error(e, limit=None)
-        logger.warning("engine_failed", engine=engine.name, code=code, error_type=type(e).__name__, error=why[:500])
-        return EngineFailure(code=code, message=f"{engine.name} failed: {why}")
+    with boundary("engine", limit=None) as failed:  # any engine failure fails this episode or request only
+        try:
+            async with deadline(timeout_s):  # asyncio.timeout's behaviour, without a timer per call
+                if images:
+                    return await engine.generate(prompt_ids, sampling, images=images)
+                return await engine.generate(prompt_ids, sampling)
+        except TimeoutError:
+            logger.warning("engine_timed_out", engine=engine.name, timeout_s=timeout_s)
+            return EngineFailure(code="engine_timeout", message=f"{engine.name} did not answer within {timeout_s} s")
+    raised = failed.exception
+    code: EngineErrorCode = raised.code if isinstance(raised, EngineError) else "engine_error"
+    why, error_type = failed.message, type(raised).__name__
+    logger.warning("engine_failed", engine=engine.name, code=code, error_type=error_type, error=why[:500])
+    return EngineFailure(code=code, message=f"{engine.name} failed: {why}")

@@ -24,6 +24,7 @@ __all__ = [
     "ERROR_CODES",
     "STOP_REASONS",
     "EndCode",
+    "EndingCode",
     "ErrorCode",
     "StageCode",
     "StopReason",
@@ -41,8 +42,11 @@ EndCode = Literal["context_exhausted", "compaction_failed", "invalid_prompt", "c
 """A budget or a precondition that ended the episode: no room for another turn or for the feedback, an empty
 summary, a prompt that could not be rendered at all, a streaming client that went away mid-episode."""
 
-ErrorCode = IssueCode | ObservationCode | EngineErrorCode | StageCode | EndCode
-StopReason = EnvironmentStopReason | Literal["done"] | EngineErrorCode | StageCode | EndCode
+EndingCode = EngineErrorCode | StageCode | EndCode
+"""The error codes that end an episode (or fail a tools-mode request) and so are its stop reason too."""
+
+ErrorCode = IssueCode | ObservationCode | EndingCode
+StopReason = EnvironmentStopReason | Literal["done"] | EndingCode
 TurnFinish = Literal["stop", "tool_calls", "length"]
 
 

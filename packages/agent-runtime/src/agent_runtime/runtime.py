@@ -24,8 +24,8 @@ from typing import Any
 import msgspec
 import structlog
 
-from agent_env import describe_error, propagates
 from agent_protocol import MessageLike
+from agent_runtime.boundary import boundary
 from agent_runtime.engine_call import EngineFailure, call_engine
 from agent_runtime.engines.base import Generation, LLMEngine, SamplingParams
 from agent_runtime.events import (
@@ -138,7 +138,7 @@ class AgentRuntime:
         started = time.perf_counter()
         generate_s = 0.0
         await session.reset(prompt, task=task)  # raises only for a prompt that cannot be rendered (caller input)
-        try:
+        with boundary() as escaped:  # the last boundary: whatever escaped the session ends this episode only
             while (request := await session.next_request()) is not None:
                 t0 = time.perf_counter()
                 sampling = request.sampling(base)
@@ -158,16 +158,15 @@ class AgentRuntime:
                         yield event
                 elif outcome.error is not None:
                     yield ErrorEvent(code=outcome.error.code, message=outcome.error.message)
-        except BaseException as e:  # the last boundary: whatever escaped the session ends this episode only
-            if propagates(e):  # KeyboardInterrupt, the episode's own cancellation (agent_env.containment)
-                raise
-            error = await session.contain(e)
+        if escaped.exception is not None:
+            error = await session.contain(escaped.exception)
             yield ErrorEvent(code=error.code, message=error.message)
         session.timings["generate_s"] = generate_s
         session.timings["total_s"] = time.perf_counter() - started
+        turns = session.conversation.turns if session.conversation is not None else 0
         logger.info(
             "episode_finished", episode_id=session.episode_id, engine=self.engine.name,
-            stop_reason=session.stop_reason, turns=session.turns, reward=session.reward,
+            stop_reason=session.stop_reason, turns=turns, reward=session.reward,
         )  # fmt: skip
         yield FinalEvent(
             answer=session.final_answer, stop_reason=session.stop_reason, reward=session.reward, usage=session.usage()
@@ -208,17 +207,13 @@ class AgentRuntime:
 
     async def _run_kept(self, prompt: str | Sequence[MessageLike], *, task: Mapping[str, Any] | None) -> RunResult:
         """`run`, with the one error `run` lets through (a prompt the session cannot start) recorded too."""
-        try:
+        with boundary() as failed:
             return await self.run(prompt, task=task)
-        except BaseException as e:
-            if propagates(e):
-                raise
-            why = describe_error(e)
-            session = self.new_session()
-            session.task = dict(task or {})
-            await session.fail("invalid_prompt", why)
-            logger.warning("episode_not_started", error_type=type(e).__name__, error=why)
-            return RunResult.of(session)
+        session = self.new_session()
+        session.task = dict(task or {})
+        await session.fail("invalid_prompt", failed.message)
+        logger.warning("episode_not_started", error_type=type(failed.exception).__name__, error=failed.message)
+        return RunResult.of(session)
 
 
 def _step_events(session: AgentSession, outcome: StepOutcome, generation: Generation) -> list[Event]:
@@ -228,7 +223,9 @@ def _step_events(session: AgentSession, outcome: StepOutcome, generation: Genera
     if outcome.compaction is not None:
         return [
             CompactionEvent(
-                segment=len(session.segments) - 1, summary=outcome.compaction, prompt_tokens=len(outcome.feedback_ids)
+                segment=len(session.conversation.segments) - 1 if session.conversation else 0,
+                summary=outcome.compaction,
+                prompt_tokens=len(outcome.feedback_ids),
             )
         ]
     action = outcome.action

@@ -14,7 +14,9 @@ environment, scores the step, and appends the feedback (tool results, the next t
 the next turn cannot fit, the episode ends cleanly with ``stop_reason="context_exhausted"`` and the engine is
 never sent a prompt longer than its context. The context policy may instead ask for a summary and continue from
 it in a new segment (compaction: `CompactionPolicy`). Errors (a dead engine, a broken environment) are recorded
-on the trajectory with `fail`; nothing already recorded is lost.
+on the trajectory with `fail`; nothing already recorded is lost. Whatever a stage raises is caught by the one
+boundary (`agent_runtime.boundary`) and recorded by `contain` with the stage's code. The session reads its
+conversation (`session.conversation`: messages, segments, turns) and changes it only through its methods.
 
 This module knows protocols, environments, rewards, tokens and `Generation`; it does not call engines (the
 runtime and the training executor do) and knows nothing about HTTP or OpenRLHF.
@@ -27,7 +29,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 import structlog
@@ -41,8 +43,6 @@ from agent_env import (
     RewardPipeline,
     StepRecord,
     StepReward,
-    describe_error,
-    propagates,
 )
 from agent_protocol import (
     Action,
@@ -50,24 +50,23 @@ from agent_protocol import (
     Message,
     MessageLike,
     Tokenizer,
-    TokenTranscript,
     coerce_messages,
     get_protocol,
     load_tokenizer,
 )
+from agent_runtime.boundary import Stage, boundary, coded
 from agent_runtime.context_policy import BudgetPolicy, ContextPolicy
-from agent_runtime.conversation import Conversation, Stage, TurnRequest, stage_code
+from agent_runtime.conversation import Conversation, TurnRequest
 from agent_runtime.engines.base import Generation
 from agent_runtime.errors import SessionStateError
-from agent_runtime.outcomes import ErrorCode, StopReason
-from agent_runtime.trajectory import EpisodeError, Trajectory, Usage
+from agent_runtime.outcomes import EndingCode, ErrorCode, StopReason
+from agent_runtime.trajectory import EpisodeError, Trajectory, Usage, build_trajectory
 
 __all__ = ["AgentSession", "EnvironmentFactory", "Stage", "StepOutcome", "TurnRequest"]
 
 logger = structlog.get_logger(__name__)
 
 EnvironmentFactory = Callable[[], Environment]
-_ERROR_PREVIEW: Final = 500
 
 
 class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -167,44 +166,6 @@ class AgentSession:
         self.timings: dict[str, float] = {"environment_s": 0.0, "reward_s": 0.0, "render_s": 0.0}
         self._stage: Stage = "idle"
 
-    # -- the conversation's state, as the session's ------------------------------------------------------
-
-    @property
-    def segments(self) -> list[TokenTranscript]:
-        return self.conversation.segments if self.conversation is not None else []
-
-    @property
-    def messages(self) -> list[Message]:
-        return self.conversation.messages if self.conversation is not None else []
-
-    @property
-    def transcript(self) -> TokenTranscript:
-        """The current segment's transcript (the only one unless the session compacted)."""
-        if self.conversation is None or not self.conversation.segments:
-            raise SessionStateError("the session has no transcript yet; call reset() first")
-        return self.conversation.transcript
-
-    @property
-    def turns(self) -> int:
-        return self.conversation.turns if self.conversation is not None else 0
-
-    @property
-    def generations(self) -> int:
-        return self.conversation.generations if self.conversation is not None else 0
-
-    @property
-    def stage(self) -> Stage:
-        """The stage running now: the conversation's (decode, parse, render) or the session's own."""
-        if self.conversation is not None and self.conversation.stage != "idle":
-            return self.conversation.stage
-        return self._stage
-
-    @stage.setter
-    def stage(self, value: Stage) -> None:
-        self._stage = value
-        if self.conversation is not None:
-            self.conversation.stage = "idle"
-
     @property
     def reward(self) -> float:
         return self.breakdown.total if self.breakdown is not None else 0.0
@@ -222,6 +183,9 @@ class AgentSession:
         if self.tokenizer is None:
             raise SessionStateError("the session has no tokenizer; pass tokenizer= or run it through AgentRuntime")
         return self.tokenizer
+
+    def _turns(self) -> int:
+        return self.conversation.turns if self.conversation is not None else 0
 
     def _conv(self) -> Conversation:
         if self.conversation is None:
@@ -263,19 +227,13 @@ class AgentSession:
         if shown and "images" not in self.task:  # the tools that look (crop) read the task's images
             self.task["images"] = shown
         self.prompt_messages = list(messages)
-        reset_error: BaseException | None = None
-        try:
+        with boundary("environment") as reset_failed:  # ends this episode (below), once its prompt is recorded
             await self.environment.reset(self.task)
-        except BaseException as e:  # ends this episode (below), once its prompt is recorded
-            if propagates(e):  # KeyboardInterrupt, the episode's own cancellation (agent_env.containment)
-                raise
-            reset_error = e
         conversation.tools = list(self.environment.tools)
         ids = await conversation.open_segment(messages)  # raises for a prompt that cannot be rendered: caller input
         self.conversation = conversation
-        if reset_error is not None:
-            self.stage = "environment"
-            await self.contain(reset_error)
+        if reset_failed.exception is not None:
+            await self._end_on(reset_failed)
             return ids
         if not conversation.fits(0):
             limit = self.max_context_tokens
@@ -311,14 +269,14 @@ class AgentSession:
             raise SessionStateError("call reset() before step()")
         if self.done:
             raise SessionStateError(f"episode {self.episode_id} is over ({self.stop_reason}); call reset()")
-        try:
+        with boundary(self._current_stage) as failed:
             if self.summarizing:
                 return await self._resume_from_summary(generation)
             return await self._apply(generation)
-        except BaseException as e:  # any BaseException but the two that must propagate (agent_env.containment)
-            if propagates(e):
-                raise
-            return StepOutcome(turn=self.turns, action=Action(), done=True, error=await self.contain(e))
+        return StepOutcome(turn=self._turns(), action=Action(), done=True, error=await self._end_on(failed))
+
+    def _current_stage(self) -> Stage:
+        return self._stage
 
     async def _apply(self, generation: Generation) -> StepOutcome:
         conversation = self._conv()
@@ -326,27 +284,27 @@ class AgentSession:
         turn, action, truncated = conversation.turns, reply.action, reply.truncated
         self.tool_calls += len(action.tool_calls)
 
-        self.stage = "environment"
+        self._stage = "environment"
         t0 = time.perf_counter()
         result = await self.environment.step(action)
         self.timings["environment_s"] += time.perf_counter() - t0
         observations = result.observations
         for observation in observations:  # parse problems are recorded by the conversation, from the action
             if not observation.ok and observation.code not in PARSE_CODES:
-                self._record_error(observation.code or "tool_error", observation.content, turn)
+                self.record_error(observation.code or "tool_error", observation.content, turn)
         if result.stop_reason == "environment_error":
-            self._record_error("environment_error", str(result.info.get("error", "")), turn)
+            self.record_error("environment_error", str(result.info.get("error", "")), turn)
         if result.done:  # the observations of a final step are part of the record, never rendered
-            conversation.messages.extend(o.to_message() for o in observations)
+            conversation.add_messages(o.to_message() for o in observations)
 
         record = StepRecord(index=turn - 1, action=action, observations=observations, done=result.done)
         self.steps.append(record)
-        self.stage = "reward"
+        self._stage = "reward"
         step_reward = await self._score_step(record)
 
         if result.done:
             self.final_answer = result.final_answer
-            self.stage = "idle"
+            self._stage = "idle"
             await self._finish(result.stop_reason or "done")
             return StepOutcome(
                 turn=turn, action=action, observations=observations, step_reward=step_reward,
@@ -354,11 +312,12 @@ class AgentSession:
             )  # fmt: skip
         feedback = [o.to_message() for o in observations]
         if not feedback:
-            self.stage = "idle"
+            self._stage = "idle"
             await self._fail_with("environment_error", "the environment answered nothing and did not end the episode")
             return StepOutcome(turn=turn, action=action, step_reward=step_reward, done=True, truncated=truncated)
+        self._stage = "render"  # the context policy's instruction and the feedback's render
         feedback_ids = await self._append_feedback(feedback, turn)
-        self.stage = "idle"
+        self._stage = "idle"
         return StepOutcome(
             turn=turn, action=action, observations=observations, step_reward=step_reward,
             done=self.done, truncated=truncated, feedback_ids=feedback_ids,
@@ -378,7 +337,7 @@ class AgentSession:
             messages = [*observed, self.context.instruction()]
             ids = await conversation.feedback_ids(messages)
         if not conversation.fits(len(ids)):
-            conversation.messages.extend(observed)  # the results are part of the record even when they cannot be shown
+            conversation.add_messages(observed)  # the results are part of the record even when they cannot be shown
             await self._fail_with("context_exhausted", f"the feedback of turn {turn} ({len(ids)} tokens) does not fit")
             return []
         conversation.append_feedback(ids, messages)
@@ -398,7 +357,7 @@ class AgentSession:
         self.summarizing = False
         if not summary:
             await self._fail_with("compaction_failed", "the model's summary was empty")
-            return StepOutcome(turn=self.turns, action=action, done=True)
+            return StepOutcome(turn=self._turns(), action=action, done=True)
         self.compactions += 1
         self.summaries.append(summary)
         resume = self.context.resume_message(summary)
@@ -408,51 +367,58 @@ class AgentSession:
         )
         if not conversation.fits(0):
             await self._fail_with("context_exhausted", f"the compacted prompt still has {len(ids)} tokens")
-        return StepOutcome(turn=self.turns, action=action, done=self.done, feedback_ids=ids, compaction=summary)
+        return StepOutcome(turn=self._turns(), action=action, done=self.done, feedback_ids=ids, compaction=summary)
 
     async def contain(self, error: BaseException) -> EpisodeError:
         """End the episode because `error` escaped one of its stages (see `step`); the error is recorded with
-        the stage's code, the episode is scored if the reward pipeline still can be, and nothing recorded is
-        lost. The one place a foreign exception becomes episode data; the runtime calls it too."""
-        stage = self.stage
-        code = stage_code(stage)
-        message = describe_error(error, limit=_ERROR_PREVIEW)  # never raises, whatever its __str__ does
-        logger.bind(episode_id=self.episode_id, turn=self.turns).warning(
-            "episode_contained_error", code=code, stage=stage, error_type=type(error).__name__, error=message
-        )
-        self.stage = "idle"
-        if self.done:  # it failed while finishing (scoring): keep the stop reason, record what broke
-            self._record_error(code, message, self.turns)
-        else:
-            await self._fail_with(code, message)
-        return EpisodeError(code=code, message=message, turn=self.turns)
+        the stage's code (`agent_runtime.boundary.coded`), the episode is scored if the reward pipeline still can
+        be, and nothing recorded is lost. The runtime calls it for what escaped the session."""
+        code, raised, message = coded(error, self._stage)
+        return await self._contained(code, message, raised)
 
-    async def fail(self, code: ErrorCode, message: str) -> None:
+    async def _end_on(self, caught: boundary) -> EpisodeError:
+        """End the episode on what `caught` (one of this session's boundaries) contained."""
+        return await self._contained(caught.code, caught.message, caught.exception)
+
+    async def _contained(self, code: EndingCode, message: str, raised: BaseException | None) -> EpisodeError:
+        stage, error_type = self._stage, type(raised).__name__
+        logger.bind(episode_id=self.episode_id, turn=self._turns()).warning(
+            "episode_contained_error", code=code, stage=stage, error_type=error_type, error=message
+        )
+        self._stage = "idle"
+        if self.done:  # it failed while finishing (scoring): keep the stop reason, record what broke
+            return self.record_error(code, message)
+        return await self._fail_with(code, message)
+
+    async def fail(self, code: EndingCode, message: str) -> None:
         """End the episode because of an error outside the model's control (a dead engine). What was
         recorded stays; the episode is still scored, so a rollout gets a reward."""
         if self.done:
             return
         await self._fail_with(code, message)
 
-    async def _fail_with(self, code: ErrorCode, message: str) -> None:
-        self._record_error(code, message, self.turns)
-        logger.bind(episode_id=self.episode_id, turn=self.turns).info("episode_ended_early", code=code, why=message)
-        await self._finish(code)  # type: ignore[arg-type]  # an error that ends an episode is its stop reason
+    async def _fail_with(self, code: EndingCode, message: str) -> EpisodeError:
+        error = self.record_error(code, message)
+        logger.bind(episode_id=self.episode_id, turn=self._turns()).info("episode_ended_early", code=code, why=message)
+        await self._finish(code)  # an error that ends an episode is its stop reason
+        return error
 
-    def _record_error(self, code: ErrorCode, message: str, turn: int) -> None:
-        self.errors.append(EpisodeError(code=code, message=message, turn=turn))
+    def record_error(self, code: ErrorCode, message: str, turn: int | None = None) -> EpisodeError:
+        """Record an error on the episode (at the current turn unless `turn` says), without ending it."""
+        error = EpisodeError(code=code, message=message, turn=self._turns() if turn is None else turn)
+        self.errors.append(error)
+        return error
 
     async def _finish(self, reason: StopReason) -> None:
         self.done = True
         self.stop_reason = reason
-        try:
+        self._stage = "reward"
+        with boundary("reward") as failed:
             await self.score()
-        except BaseException as e:  # a reward that raised: the episode keeps its stop reason and gets no reward
-            if propagates(e):
-                raise
+        self._stage = "idle"
+        if failed.exception is not None:  # a reward that raised: the episode keeps its stop reason, no reward
             self.breakdown = None
-            self.stage = "reward"
-            await self.contain(e)
+            await self._end_on(failed)
 
     async def _score_step(self, record: StepRecord) -> StepReward | None:
         if self.rewards is None or not self.rewards.process:
@@ -502,20 +468,20 @@ class AgentSession:
 
     def record(self) -> Trajectory:
         """The episode as a `Trajectory` (serving logs it, training consumes it)."""
-        return Trajectory(
+        conversation = self.conversation
+        return build_trajectory(
             episode_id=self.episode_id,
             protocol=self.protocol.name,
-            messages=list(self.messages),
-            segments=self.conversation.records() if self.conversation is not None else [],
-            reward=self.reward,
+            messages=conversation.messages if conversation is not None else (),
+            segments=conversation.records() if conversation is not None else [],
+            generations=conversation.generations if conversation is not None else 0,
             breakdown=self.breakdown,
             final_answer=self.final_answer,
             stop_reason=self.stop_reason,
-            turns=self.turns,
+            turns=self._turns(),
             tool_calls=self.tool_calls,
             compactions=self.compactions,
-            errors=list(self.errors),
-            usage=self.usage(),
+            errors=self.errors,
             timings=self._timings(),
             task=self.task,
         )

@@ -3,24 +3,35 @@
 It holds the messages view, one token segment per context (more than one after compaction) with its loss mask,
 logprobs and action ranges, the rewards and their breakdown, timings and errors. Stored as JSONL, one record per
 line (`TrajectoryWriter`, `read_trajectories`). New fields get defaults and go at the end: stored trajectories
-are a wire format. This module knows records only; it runs nothing.
+are a wire format. `build_trajectory` is the one place a record is made (agent mode's session, a tools-mode
+request, an agent program's episode): it counts the usage from the segments and takes the reward from the
+breakdown, the same way for all three. This module knows records only; it runs nothing.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import msgspec
 
 from agent_env import RewardBreakdown
-from agent_protocol import Message, TranscriptRecord
+from agent_protocol import Message, Span, TranscriptRecord
 from agent_runtime.outcomes import ErrorCode, StopReason, TurnFinish
 
-__all__ = ["EpisodeError", "Trajectory", "TrajectoryReadError", "TrajectoryWriter", "Usage", "read_trajectories"]
+__all__ = [
+    "EpisodeError",
+    "Trajectory",
+    "TrajectoryReadError",
+    "TrajectoryWriter",
+    "Usage",
+    "build_trajectory",
+    "read_trajectories",
+    "usage_of",
+]
 
 
 class EpisodeError(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,6 +75,63 @@ class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def last_segment(self) -> TranscriptRecord:
         return self.segments[-1]
+
+
+class _Segment(Protocol):
+    """A token segment, live (`TokenTranscript`) or stored (`TranscriptRecord`)."""
+
+    @property
+    def ids(self) -> Sequence[int]: ...
+    @property
+    def spans(self) -> Sequence[Span]: ...
+
+
+def usage_of(segments: Iterable[_Segment], *, generations: int) -> Usage:
+    """The token counts of `segments`: the loss mask is 1 exactly on the action spans, so their lengths (not a sum
+    over every token's mask) are the completion tokens."""
+    completion = total = 0
+    for segment in segments:
+        completion += sum(s.end - s.start for s in segment.spans if s.kind == "action")
+        total += len(segment.ids)
+    return Usage(prompt_tokens=total - completion, completion_tokens=completion, generations=generations)
+
+
+def build_trajectory(
+    *,
+    episode_id: str,
+    protocol: str,
+    messages: Sequence[Message],
+    segments: Sequence[TranscriptRecord],
+    generations: int,
+    stop_reason: StopReason | TurnFinish | None = None,
+    breakdown: RewardBreakdown | None = None,
+    final_answer: str | None = None,
+    turns: int = 0,
+    tool_calls: int = 0,
+    compactions: int = 0,
+    errors: Sequence[EpisodeError] = (),
+    timings: Mapping[str, float] | None = None,
+    task: Mapping[str, Any] | None = None,
+) -> Trajectory:
+    """The record of one episode or request (see the module docstring): `usage` counted from `segments` and
+    `generations`, `reward` the breakdown's total (0 unscored). Copies the sequences it is given."""
+    return Trajectory(
+        episode_id=episode_id,
+        protocol=protocol,
+        messages=list(messages),
+        segments=list(segments),
+        reward=breakdown.total if breakdown is not None else 0.0,
+        breakdown=breakdown,
+        final_answer=final_answer,
+        stop_reason=stop_reason,
+        turns=turns,
+        tool_calls=tool_calls,
+        compactions=compactions,
+        errors=list(errors),
+        usage=usage_of(segments, generations=generations),
+        timings=dict(timings or {}),
+        task=dict(task) if task is not None else {},
+    )
 
 
 _encoder: Final = msgspec.json.Encoder()

@@ -32,25 +32,24 @@ from typing import Any
 import msgspec
 import structlog
 
-from agent_env import EpisodeRecord, RewardBreakdown, describe_error, propagates
+from agent_env import EpisodeRecord, RewardBreakdown
 from agent_protocol import Message, TokenTranscript, TranscriptRecord, coerce_messages
 from agent_protocol.control_tokens import ControlTokens
 from agent_runtime.agent_program import ProgramCode, ProgramTask
+from agent_runtime.boundary import boundary
 from agent_runtime.engines.base import LLMEngine, SamplingParams
 from agent_runtime.outcomes import StopReason
 from agent_runtime.proxy.endpoint import EpisodeEndpoint
 from agent_runtime.proxy.episode_engine import EpisodeEngine
 from agent_runtime.proxy.prefix_break import PrefixBreak
-from agent_runtime.proxy.program_thread import describe, run_program_thread
+from agent_runtime.proxy.program_thread import run_program_thread
 from agent_runtime.proxy.request_log import Segment, generated
 from agent_runtime.recipe import Recipe, RecipeError
-from agent_runtime.trajectory import EpisodeError, Trajectory, Usage
+from agent_runtime.trajectory import EpisodeError, Trajectory, build_trajectory
 
 __all__ = ["ProgramEpisode", "ProgramOutcome", "run_program"]
 
 logger = structlog.get_logger(__name__)
-
-_PREVIEW = 500
 
 
 class ProgramOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -164,23 +163,19 @@ async def _trajectory(
     if not transcripts:
         transcripts = [_prompt_only(recipe, engine, prompt)]
     errors: list[EpisodeError] = [error for r in records for error in r.errors]
-    completion = sum(sum(t.loss_mask) for t in transcripts)
-    total = sum(len(t.ids) for t in transcripts)
     program: dict[str, Any] = msgspec.to_builtins(outcome)
-    return Trajectory(
+    return build_trajectory(
         episode_id=endpoint.key,
         protocol=recipe.chat_protocol().name,
-        messages=list(segments[-1].record.messages) if segments else list(prompt),
+        messages=segments[-1].record.messages if segments else prompt,
         segments=transcripts,
-        reward=breakdown.total if breakdown is not None else 0.0,
+        generations=len(steps),
         breakdown=breakdown,
         final_answer=answer,
         stop_reason=stop_reason,
         turns=len(steps),
         tool_calls=sum(len(step.action.tool_calls) for step in steps),
         errors=errors,
-        usage=Usage(prompt_tokens=total - completion, completion_tokens=completion, generations=len(steps)),
-        timings={},
         task={**row, "agent_program": program},
     )
 
@@ -188,13 +183,10 @@ async def _trajectory(
 async def _score(recipe: Recipe, record: EpisodeRecord) -> RewardBreakdown | None:
     if recipe.rewards is None:
         return None
-    try:
+    with boundary("reward") as failed:  # the pipeline contains its strategies' errors; this is the last boundary
         return await recipe.rewards.score(record)
-    except BaseException as e:  # the pipeline contains its strategies' errors; this is the last boundary
-        if propagates(e):  # KeyboardInterrupt, the episode's own cancellation (agent_env.containment)
-            raise
-        logger.error("agent_program_reward_failed", error_type=type(e).__name__, error=describe(e))
-        return None
+    logger.error("agent_program_reward_failed", error_type=type(failed.exception).__name__, error=failed.message)
+    return None
 
 
 def _prompt_only(recipe: Recipe, engine: LLMEngine, prompt: list[Message]) -> TranscriptRecord:
@@ -202,14 +194,12 @@ def _prompt_only(recipe: Recipe, engine: LLMEngine, prompt: list[Message]) -> Tr
     (no action, so nothing is trained; the record keeps the rollout's shape)."""
     transcript = TokenTranscript()
     control = ControlTokens.for_tokenizer(engine.tokenizer)  # as the served requests encode it
-    try:
+    with boundary("render") as failed:
         text = recipe.chat_protocol().render_prompt(prompt if recipe.special_tokens_in_text else control.mark(prompt))
         transcript.append_prompt(
             control.encode(text) if not recipe.special_tokens_in_text else engine.tokenizer.encode(text)
         )
-    except BaseException as e:
-        if propagates(e):
-            raise
-        why = describe_error(e, limit=_PREVIEW)
-        logger.warning("agent_program_prompt_unrendered", error_type=type(e).__name__, error=why)
+    if failed.exception is not None:
+        error_type = type(failed.exception).__name__
+        logger.warning("agent_program_prompt_unrendered", error_type=error_type, error=failed.message)
     return transcript.record()

@@ -41,7 +41,7 @@ import inspect
 import weakref
 from typing import Any, Final
 
-from agent_env import ContainedBaseException, ThreadLimitError, run_coroutine_in_thread
+from agent_env import ContainedBaseException, ThreadLimitError, describe_error, run_coroutine_in_thread
 from agent_runtime.agent_program import AgentProgram, ProgramCode, ProgramTask
 from agent_runtime.proxy.endpoint import EpisodeEndpoint
 
@@ -117,24 +117,17 @@ async def _main(program: AgentProgram, endpoint: EpisodeEndpoint, task: ProgramT
             )
         return await running
     finally:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # closing is best effort: the program's outcome is already decided
             await client.close()
 
 
 def describe(error: BaseException, *, depth: int = 0) -> str:
-    """``Type: message`` of what the program raised (a contained `BaseException` by its own type; a group with the
-    types and messages of the first few it holds, two levels deep). Never raises: a message whose ``__str__``
-    raises is named as such."""
+    """``Type: message`` of what the program raised (`describe_error`, which never raises; a contained
+    `BaseException` by its own type; a group with the types and messages of the first few it holds, two levels
+    deep), cut to 500 characters."""
     if isinstance(error, ContainedBaseException):
         error = error.original
-    name = type(error).__name__
-    try:
-        message = str(error)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as e:  # foreign code's __str__
-        message = f"<its message could not be read: {type(e).__name__}>"
-    text = f"{name}: {message[:_PREVIEW]}" if message else name
+    text = describe_error(error, limit=_PREVIEW)
     if isinstance(error, BaseExceptionGroup) and depth < 2:
         text += " [" + "; ".join(describe(inner, depth=depth + 1) for inner in error.exceptions[:4]) + "]"
     return text[:_PREVIEW]

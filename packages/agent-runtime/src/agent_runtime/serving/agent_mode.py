@@ -29,8 +29,8 @@ from typing import Any
 
 import structlog
 
-from agent_env import describe_error, propagates
 from agent_protocol import Message, MessageError
+from agent_runtime.boundary import boundary
 from agent_runtime.events import (
     AssistantEvent,
     CompactionEvent,
@@ -60,7 +60,7 @@ from agent_runtime.serving.openai_wire import (
 )
 from agent_runtime.serving.sse import SSE_DONE, sse_data
 from agent_runtime.session import AgentSession
-from agent_runtime.trajectory import EpisodeError, Usage
+from agent_runtime.trajectory import Usage
 
 __all__ = ["complete_agent", "stream_agent"]
 
@@ -101,27 +101,28 @@ class _Episode:
         metrics = self.backend.metrics
         stream = self.runtime.stream(list(self.messages), session=self.session)
         try:
-            async for event in stream:
-                if isinstance(event, AssistantEvent):
-                    self.last_assistant = event
-                elif isinstance(event, ToolCallEvent):
-                    metrics.tool_calls += 1
-                elif isinstance(event, CompactionEvent):
-                    metrics.compactions += 1
-                elif isinstance(event, ErrorEvent):
-                    self.error = event
-                elif isinstance(event, FinalEvent):
-                    self.final = event
-                yield event
-        except MessageError as e:  # a conversation the chat format cannot render: the caller's to fix
-            self.raised = from_message_error(e)
-        except BaseException as e:  # whatever escaped the runtime's own boundary ends this request only
-            if propagates(e):  # KeyboardInterrupt, a cancellation, this stream's own close (agent_env.containment)
-                raise
-            why = f"internal error: {describe_error(e)}"
-            logger.error("request_failed", mode="agent", error_type=type(e).__name__, error=why, exc_info=True)
-            self.session.errors.append(EpisodeError(code="internal_error", message=why, turn=self.session.turns))
-            self.raised = ApiError(500, why, type="server_error", code="internal_error")
+            with boundary() as escaped:  # whatever escaped the runtime's own boundary ends this request only
+                async for event in stream:
+                    if isinstance(event, AssistantEvent):
+                        self.last_assistant = event
+                    elif isinstance(event, ToolCallEvent):
+                        metrics.tool_calls += 1
+                    elif isinstance(event, CompactionEvent):
+                        metrics.compactions += 1
+                    elif isinstance(event, ErrorEvent):
+                        self.error = event
+                    elif isinstance(event, FinalEvent):
+                        self.final = event
+                    yield event
+            raised = escaped.exception
+            if isinstance(raised, MessageError):  # a conversation the chat format cannot render: the caller's to fix
+                self.raised = from_message_error(raised)
+            elif raised is not None:
+                why = f"{escaped.code.replace('_', ' ')}: {escaped.message}"
+                logger.error("request_failed", mode="agent", code=escaped.code, error_type=type(raised).__name__,
+                             error=why, exc_info=raised)  # fmt: skip
+                self.session.record_error(escaped.code, why)
+                self.raised = ApiError(500, why, type="server_error", code=escaped.code)
         finally:
             if isinstance(stream, AsyncGenerator):  # close it now, not whenever it is collected
                 await stream.aclose()
@@ -182,7 +183,7 @@ class _Episode:
         return AgentSummary(
             episode_id=s.episode_id,
             stop_reason=s.stop_reason,
-            turns=s.turns,
+            turns=s.conversation.turns if s.conversation is not None else 0,
             tool_calls=s.tool_calls,
             compactions=s.compactions,
             reward=s.reward,
@@ -192,9 +193,7 @@ class _Episode:
         """Record the episode (always) and count it."""
         session = self.session
         if disconnected and not session.done:
-            session.errors.append(
-                EpisodeError(code="client_disconnected", message="the client went away", turn=session.turns)
-            )
+            session.record_error("client_disconnected", "the client went away")
         self.backend.metrics.episodes += 1
         self.backend.metrics.generated_tokens += session.usage().completion_tokens
         self.backend.record(session.record())

@@ -47,9 +47,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent_env import describe_error, propagates
 from agent_protocol import Message, MessageError, ToolSpec, coerce_messages, coerce_tools
 from agent_protocol.images import image_grid
+from agent_runtime.boundary import boundary
 from agent_runtime.engines.base import LLMEngine
 from agent_runtime.recipe import Recipe
 from agent_runtime.serving.agent_mode import complete_agent, stream_agent
@@ -188,45 +188,42 @@ async def chat_completions(request: Request) -> Response:
     streaming = False
     started = time.perf_counter()
     try:
-        mode = "tools" if tools else "agent"
-        if tools:
-            metrics.requests_tools += 1
-        else:
-            metrics.requests_agent += 1
-        log = logger.bind(mode=mode, stream=chat.stream, messages=len(messages))
-        if chat.stream:
-            metrics.requests_streamed += 1
+        with boundary(passes=(ApiError, HTTPException), limit=None) as failed:  # a bug (a plug-in's sys.exit too)
+            mode = "tools" if tools else "agent"
             if tools:
-                frames = await stream_tools(backend, chat, messages, tools)
+                metrics.requests_tools += 1
             else:
-                frames = stream_agent(backend, chat, messages)
-            streaming = True
+                metrics.requests_agent += 1
+            log = logger.bind(mode=mode, stream=chat.stream, messages=len(messages))
+            if chat.stream:
+                metrics.requests_streamed += 1
+                if tools:
+                    frames = await stream_tools(backend, chat, messages, tools)
+                else:
+                    frames = stream_agent(backend, chat, messages)
+                streaming = True
 
-            def done() -> None:
-                backend.leave()
-                log.info("request_served", duration_ms=round((time.perf_counter() - started) * 1000, 1))
+                def done() -> None:
+                    backend.leave()
+                    log.info("request_served", duration_ms=round((time.perf_counter() - started) * 1000, 1))
 
-            return EventStream(frames, on_close=done)
-        work = complete_tools(backend, chat, messages, tools) if tools else complete_agent(backend, chat, messages)
-        try:  # a client that hangs up meanwhile has its completion cancelled, and its slot freed, at once
-            result = await unless_disconnected(request.receive, work)
-        except ClientGone:
-            metrics.client_disconnects += 1
-            log.info("client_disconnected", duration_ms=round((time.perf_counter() - started) * 1000, 1))
-            return Response(status_code=499)
-        metrics.completed += 1
-        log.info("request_served", duration_ms=round((time.perf_counter() - started) * 1000, 1))
-        return _json(result)
-    except MessageError as e:
-        raise from_message_error(e) from e
-    except (ApiError, HTTPException):
-        raise
-    except BaseException as e:  # a bug (even a sys.exit in a plug-in) fails this request only
-        if propagates(e):  # KeyboardInterrupt, the request's own cancellation (agent_env.containment)
-            raise
-        why = describe_error(e, limit=None)
-        logger.error("request_failed", error_type=type(e).__name__, error=why, exc_info=True)
-        raise ApiError(500, f"internal error: {why}", type="server_error", code="internal_error") from e
+                return EventStream(frames, on_close=done)
+            work = complete_tools(backend, chat, messages, tools) if tools else complete_agent(backend, chat, messages)
+            try:  # a client that hangs up meanwhile has its completion cancelled, and its slot freed, at once
+                result = await unless_disconnected(request.receive, work)
+            except ClientGone:
+                metrics.client_disconnects += 1
+                log.info("client_disconnected", duration_ms=round((time.perf_counter() - started) * 1000, 1))
+                return Response(status_code=499)
+            metrics.completed += 1
+            log.info("request_served", duration_ms=round((time.perf_counter() - started) * 1000, 1))
+            return _json(result)
+        raised = failed.exception
+        if isinstance(raised, MessageError):
+            raise from_message_error(raised) from raised
+        why = failed.message
+        logger.error("request_failed", code=failed.code, error_type=type(raised).__name__, error=why, exc_info=raised)
+        raise ApiError(500, f"internal error: {why}", type="server_error", code=failed.code) from raised
     finally:
         if not streaming:
             backend.leave()

@@ -18,22 +18,21 @@ engine and the wire format; routing, auth and the overload gate are the app's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Final, Literal, NoReturn
 
 import structlog
 
-from agent_env import describe_error, propagates
 from agent_protocol import Action, Message, MessageError, ToolCall, ToolSpec
-from agent_runtime.conversation import Conversation, stage_code
+from agent_runtime.boundary import boundary
+from agent_runtime.conversation import Conversation
 from agent_runtime.engine_call import EngineFailure, call_engine
 from agent_runtime.engines.base import Generation
-from agent_runtime.outcomes import StopReason, TurnFinish
+from agent_runtime.outcomes import EndingCode, StopReason, TurnFinish
 from agent_runtime.serving.api_error import ApiError
 from agent_runtime.serving.backend import ServingBackend, new_completion_id
 from agent_runtime.serving.openai_wire import (
@@ -52,13 +51,14 @@ from agent_runtime.serving.openai_wire import (
 )
 from agent_runtime.serving.sse import SSE_DONE, sse_data
 from agent_runtime.serving.transcript_store import StoredConversation, conversation_key
-from agent_runtime.trajectory import EpisodeError, Trajectory, Usage
+from agent_runtime.trajectory import build_trajectory
 
 __all__ = ["complete_tools", "stream_tools"]
 
 logger = structlog.get_logger(__name__)
 
 Preparation = Literal["prefix_hit", "rerender", "new"]
+_PASSES: Final = (ApiError, MessageError)  # the caller's to fix (a 400), not a component that failed
 
 
 @dataclass
@@ -71,7 +71,7 @@ class _Turn:
     messages: list[Message]
     tools: list[ToolSpec]
     conversation_id: str = ""
-    conversation: Conversation | None = None
+    conversation: Conversation = field(init=False)
     stored: StoredConversation | None = None  # what the conversation was restored from (packed again on top of it)
     prepared: Preparation = "new"
     prompt_tokens: int = 0
@@ -79,44 +79,46 @@ class _Turn:
     action: Action | None = None
     calls: tuple[ToolCall, ...] = ()
     finish: TurnFinish = "stop"
-    errors: list[EpisodeError] = field(default_factory=list)
+    failed: EndingCode | None = None  # the code that failed this request (its record's stop reason)
     started: float = field(default_factory=time.perf_counter)
     generate_s: float = 0.0
 
-    async def prepare(self) -> None:
-        """Continue a stored conversation or render this one; raises `ApiError` when it cannot fit."""
-        backend, messages, metrics = self.backend, self.messages, self.backend.metrics
-        last = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=None)
-        stored = None
-        if last is not None and last + 1 < len(messages):
-            stored = backend.store.take(conversation_key(self.tools, messages[: last + 1]))
-        conversation = Conversation(
+    def __post_init__(self) -> None:
+        backend = self.backend
+        self.conversation = Conversation(  # its errors are this request's: its record holds them
             backend.protocol,
             backend.engine.tokenizer,
             max_new_tokens=backend.recipe.max_new_tokens,
             max_context_tokens=backend.context_limit,
             tools=self.tools,
-            errors=self.errors,  # this request's record holds this request's errors
             max_images=backend.recipe.max_images,
             special_tokens_in_text=backend.recipe.special_tokens_in_text,
         )
-        self.conversation = conversation
+
+    async def prepare(self) -> None:
+        """Continue a stored conversation or render this one; raises `ApiError` when it cannot fit."""
+        backend, messages, metrics, conversation = self.backend, self.messages, self.backend.metrics, self.conversation
+        last = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=None)
+        stored = None
+        if last is not None and last + 1 < len(messages):
+            stored = backend.store.take(conversation_key(self.tools, messages[: last + 1]))
         if stored is not None and last is not None:
             self.conversation_id, self.stored = stored.conversation_id, stored
             stored.restore(conversation)
             reused = len(conversation)
             new = messages[last + 1 :]
-            with self._contained("the follow-up"):
+
+            async def follow_up() -> None:
                 conversation.append_feedback(await conversation.feedback_ids(new), new)
+
+            await self._contained("the follow-up", follow_up)
             self.prepared = "prefix_hit"
             metrics.transcript_prefix_hits += 1
             metrics.reused_prompt_tokens += reused
             metrics.rendered_prompt_tokens += len(conversation) - reused
         else:
             self.conversation_id = uuid.uuid4().hex[:12]
-            with self._contained("the conversation"):
-                await conversation.open_segment(messages)
-            conversation.turns = conversation.generations = sum(1 for m in messages if m.role == "assistant")
+            await self._contained("the conversation", lambda: conversation.open_history(messages))
             self.prepared = "rerender" if last is not None else "new"
             if last is not None:
                 metrics.transcript_rerenders += 1
@@ -137,7 +139,6 @@ class _Turn:
         """One engine call, read by the conversation; stores it for the follow-up. Raises `ApiError` when the
         engine fails or its output cannot be read."""
         backend, conversation = self.backend, self.conversation
-        assert conversation is not None  # prepare() ran
         sampling = backend.sampling_for(self.request)
         turn = conversation.request(min(sampling.max_new_tokens, backend.recipe.max_new_tokens))
         assert turn is not None  # prepare() checked that a token fits
@@ -152,10 +153,13 @@ class _Turn:
         self.generate_s = time.perf_counter() - t0
         if isinstance(outcome, EngineFailure):
             conversation.record_error(outcome.code, outcome.message, conversation.turns + 1)
+            self.failed = outcome.code
             raise ApiError(500, outcome.message, type="server_error", code=outcome.code)
         self.generation = outcome
-        with self._contained("the model's turn"):
+        with boundary(passes=_PASSES) as failed:
             reply = conversation.accept(outcome, call_id_prefix=f"call_{uuid.uuid4().hex[:8]}")
+        if failed.exception is not None:
+            self._fail(failed, "the model's turn")
         self.action = reply.action
         self.calls = reply.action.valid_tool_calls
         if self.calls:
@@ -166,26 +170,24 @@ class _Turn:
         key = conversation_key(self.tools, [*self.messages, self.echo()])
         backend.store.put(key, self.conversation_id, conversation, previous=self.stored)
 
-    @contextlib.contextmanager
-    def _contained(self, what: str) -> Iterator[None]:
-        """The boundary around foreign code (a tokenizer, a protocol plug-in): whatever it raises, any
-        `BaseException` but the two that propagate (`agent_env.containment`), fails this request only, as a 500
-        whose code names the stage that raised (``render_error``, ``decode_error``, ``parse_error``), recorded on
-        its trajectory."""
-        try:
-            yield
-        except (ApiError, MessageError):
-            raise
-        except BaseException as e:
-            if propagates(e):
-                raise
-            conversation = self.conversation
-            code = stage_code(conversation.stage) if conversation is not None else "internal_error"
-            message = f"{self._what_failed(code, what)}: {describe_error(e)}"
-            logger.error("component_failed", mode="tools", code=code, error_type=type(e).__name__, error=message,
-                         exc_info=True)  # fmt: skip
-            self.errors.append(EpisodeError(code=code, message=message, turn=self._turns()))
-            raise ApiError(500, message, type="server_error", code=code) from e
+    async def _contained(self, what: str, step: Callable[[], Awaitable[object]]) -> None:
+        """Run `step` (foreign code: a tokenizer, a protocol plug-in) in the boundary: whatever it raises, any
+        `BaseException` but the two that propagate (`agent_env.containment`), fails this request only (`_fail`)."""
+        with boundary(passes=_PASSES) as failed:
+            await step()
+        if failed.exception is not None:
+            self._fail(failed, what)
+
+    def _fail(self, failed: boundary, what: str) -> NoReturn:
+        """A 500 whose code names the stage that raised (``render_error``, ``decode_error``, ``parse_error``),
+        recorded on this request's trajectory."""
+        code = failed.code
+        message = f"{self._what_failed(code, what)}: {failed.message}"
+        logger.error("component_failed", mode="tools", code=code, error_type=type(failed.exception).__name__,
+                     error=message, exc_info=failed.exception)  # fmt: skip
+        self.conversation.record_error(code, message)
+        self.failed = code
+        raise ApiError(500, message, type="server_error", code=code) from failed.exception
 
     def _what_failed(self, code: str, what: str) -> str:
         protocol, engine = self.backend.protocol.name, self.backend.engine.name
@@ -196,9 +198,6 @@ class _Turn:
         if code == "render_error":
             return f"the {protocol} protocol could not render {what}"
         return f"{what} failed"
-
-    def _turns(self) -> int:
-        return self.conversation.turns if self.conversation is not None else 0
 
     def echo(self) -> Message:
         """The assistant message as the client gets it, and so as it will send it back."""
@@ -229,27 +228,32 @@ class _Turn:
         Nothing is built when there is no log: the record is the one part of a request that is O(history)."""
         if self.backend.writer is None:
             return
-        conversation = self.conversation
-        messages = list(conversation.messages) if conversation is not None else list(self.messages)
-        stop_reason: StopReason | TurnFinish | None = self.finish if self.action is not None else None
-        if self.action is None and self.errors:
-            stop_reason = self.errors[-1].code  # type: ignore[assignment]  # the codes that fail a request end it
+        conversation, action = self.conversation, self.action
         self.backend.record(
-            Trajectory(
+            build_trajectory(
                 episode_id=self.conversation_id,
                 protocol=self.backend.protocol.name,
-                messages=messages,
-                segments=conversation.records() if conversation is not None and len(conversation) else [],
-                final_answer=self.action.content if self.action is not None and not self.calls else None,
-                stop_reason=stop_reason,
-                turns=self._turns(),
+                messages=conversation.messages,
+                segments=conversation.records() if len(conversation) else [],
+                generations=conversation.generations,
+                final_answer=action.content if action is not None and not self.calls else None,
+                stop_reason=self.stop_reason(),
+                turns=conversation.turns,
                 tool_calls=len(self.calls),
-                errors=list(self.errors),
-                usage=conversation.usage() if conversation is not None else Usage(),
+                errors=conversation.errors,
                 timings={"generate_s": self.generate_s, "total_s": time.perf_counter() - self.started},
                 task={"mode": "tools", "prepared": self.prepared},
             )
         )
+
+    def stop_reason(self) -> StopReason | TurnFinish | None:
+        """How the request ended: its finish reason, or the code that failed it (None: it never got an answer)."""
+        return self.finish if self.action is not None else self.failed
+
+    def went_away(self) -> None:
+        """Record that the client hung up before this turn was answered."""
+        self.conversation.record_error("client_disconnected", "the client went away")
+        self.failed = "client_disconnected"
 
 
 async def _new_turn(
@@ -268,7 +272,7 @@ async def complete_tools(
     try:
         await turn.generate()
     except asyncio.CancelledError:  # the client hung up (`disconnect.py`): recorded as such
-        turn.errors.append(EpisodeError(code="client_disconnected", message="the client went away", turn=turn._turns()))
+        turn.went_away()
         raise
     finally:
         turn.record()

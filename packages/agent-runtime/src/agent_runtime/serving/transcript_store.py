@@ -204,11 +204,15 @@ class StoredConversation:
     def restore(self, conversation: Conversation) -> Conversation:
         """Give `conversation` (new, with the tools, budgets and error record of the request that continues this
         one) this one's transcript, messages and counters."""
-        conversation.segments = [segment.unpack() for segment in self.segments]
-        conversation.messages = _unpack_messages.decode(_array_header(self.message_count) + self.messages)
-        conversation.turns, conversation.generations = self.turns, self.generations
-        conversation.turn_closed, conversation.ended_by = self.turn_closed, self.ended_by
-        conversation.render_s = self.render_s
+        conversation.restore(
+            [segment.unpack() for segment in self.segments],
+            _unpack_messages.decode(_array_header(self.message_count) + self.messages),
+            turns=self.turns,
+            generations=self.generations,
+            turn_closed=self.turn_closed,
+            ended_by=self.ended_by,
+            render_s=self.render_s,
+        )
         return conversation
 
 
