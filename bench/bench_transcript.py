@@ -34,7 +34,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent_protocol import ChatProtocol, HFTokenizer, TokenTranscript, get_protocol  # noqa: E402
+from agent_protocol import ChatProtocol, HFTokenizer, MessageError, TokenTranscript, get_protocol  # noqa: E402
+from agent_protocol.chatml import ChatMLProtocol  # noqa: E402
+from agent_protocol.families import family_table  # noqa: E402
 from examples.family_smoke import family_tokenizer as stand_in_tokenizer  # noqa: E402
 from tests.support.family_tokenizers import load_family_tokenizer  # noqa: E402
 from tests.support.hf_jinja import render_official  # noqa: E402
@@ -55,24 +57,27 @@ class Family:
     stand_in: bool = False  # the tokenizer is not the family's own (none is available here)
 
 
-FAMILIES = {
-    f.protocol: f
-    for f in (
-        Family("qwen3", "qwen3", "qwen3"),
-        Family("qwen3-2504", "qwen3_initial_2504", "qwen3"),
-        Family("qwen3-instruct-2507", "qwen3_4b_instruct_2507", "qwen3"),
-        Family("qwen3-thinking-2507", "qwen3_4b_thinking_2507", "qwen3"),
-        Family("qwen2.5", "qwen2.5_instruct", "qwen3"),
-        Family("qwen3-coder", "qwen3_coder", "qwen3"),
-        Family("gpt-oss", "gpt_oss", "gpt_oss", {"today": FROZEN_TODAY}),
-        Family("llama3.1", "llama3.1_instruct", "llama3.1"),
-        Family("llama3.2", "llama3.2_instruct", "llama3.1", {"today": FROZEN_TODAY}),
-        Family("deepseek-v3.1", "deepseek_v3.1", "deepseek_v3"),
-        Family("glm-4.5", "glm4.5", "qwen3", stand_in=True),
-        Family("mistral-v0.3", "mistral_v0.3", "qwen3", stand_in=True),
-        Family("mistral-small-3.2", "mistral_small_3.2", "qwen3", {"today": FROZEN_TODAY}, stand_in=True),
-    )
-}
+TEMPLATES = ROOT / "tests" / "data" / "golden" / "templates"
+#: the families whose own tokenizer is in tests/data/tokenizers (a key of family_tokenizers.SHA256); the other
+#: ChatML families use Qwen3's, and every other family a stand-in
+REAL_TOKENIZERS = {"gpt-oss": "gpt_oss", "llama3.1": "llama3.1", "llama3.2": "llama3.1", "deepseek-v3.1": "deepseek_v3"}
+
+
+def bench_family(name: str, template: str) -> Family | None:
+    """The bench's row for a member of the family table with a golden template (None: a vision family, whose
+    template the text renders in tests/data/golden/rendered do not cover, or one that renders no tools, which the
+    episode needs). A template that prints today's date gets the date the renders freeze."""
+    protocol = get_protocol(name)
+    if protocol.accepts_images:
+        return None
+    try:
+        protocol.render_messages([{"role": "user", "content": "x"}], tools=[TOOLS[0]])
+    except MessageError:
+        return None
+    dated = "strftime_now" in (TEMPLATES / f"{template}.jinja").read_text(encoding="utf-8")
+    stand_in = name not in REAL_TOKENIZERS and not isinstance(protocol, ChatMLProtocol)
+    options: dict[str, Any] = {"today": FROZEN_TODAY} if dated else {}
+    return Family(name, template, REAL_TOKENIZERS.get(name, "qwen3"), options, stand_in=stand_in)
 
 
 def for_template(family: Family, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -133,6 +138,15 @@ TOOLS = [
         },
     },
 ]
+
+#: every member of the family table (agent_protocol.families) with a golden template that renders tools
+FAMILIES = {
+    member.name: family
+    for entry in family_table()
+    for member in entry.members
+    if member.template and (family := bench_family(member.name, member.template)) is not None
+}
+
 _VOCABULARY = (
     "the model reads a passage about tokenizers rollouts rewards transcripts templates engines vllm ray "
     "deepspeed gradient policy value advantage baseline context budget summary tool call result page index"
