@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,11 @@ from agent_env import (
     StepReward,
     ToolCallReward,
 )
-from agent_protocol import Action, HFTokenizer, MessageLike, get_protocol
+from agent_protocol import Action, HFTokenizer, MessageError, MessageLike, get_protocol
 from agent_protocol.protocols.qwen3 import Qwen3Protocol
 from agent_runtime import AgentRuntime, AgentSession, CompactableSession, ErrorEvent, FinalEvent, ScriptedEngine
+from agent_runtime.boundary import Stage, boundary
+from agent_runtime.errors import EngineTimeout
 
 QUESTION = "What is 17 * 23?"
 
@@ -261,3 +263,72 @@ def test_one_bad_episode_among_100_loses_nothing_else(tokenizer: HFTokenizer) ->
     assert stops[9] == "invalid_prompt"
     others = [r for i, r in enumerate(results) if i not in (7, 8, 9)]
     assert all(r.stop_reason == "final_answer" and r.reward > 0 for r in others), {r.stop_reason for r in others}
+
+
+# -- the boundary itself (agent_runtime.boundary): one rule for every place above ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("stage", "code"),
+    [
+        ("decode", "decode_error"),
+        ("parse", "parse_error"),
+        ("environment", "environment_error"),
+        ("reward", "reward_error"),
+        ("render", "render_error"),
+        ("engine", "engine_error"),
+        ("idle", "internal_error"),
+    ],
+)
+def test_the_boundary_codes_each_stage_as_the_session_records_it(stage: Stage, code: str) -> None:
+    with boundary(stage) as caught:
+        raise SystemExit("a plug-in called sys.exit")
+    assert (caught.code, caught.message) == (code, "SystemExit: a plug-in called sys.exit")
+    assert isinstance(caught.exception, SystemExit)
+
+
+def test_a_coded_error_keeps_its_code_and_an_inner_stage_is_read_through() -> None:
+    with boundary("environment") as outer, boundary("parse", reraise=True):
+        raise ValueError("the parser broke")
+    assert (outer.code, outer.message) == ("parse_error", "ValueError: the parser broke")
+    assert isinstance(outer.exception, ValueError)  # what really raised, not the StageError that carried it
+    with boundary("render") as engine:
+        raise EngineTimeout("too slow")
+    assert engine.code == "engine_timeout"
+
+
+def test_what_the_caller_passes_and_what_must_propagate_go_through() -> None:
+    with pytest.raises(MessageError), boundary("render", passes=(MessageError,)):
+        raise MessageError("messages", "the caller's to fix")
+    with pytest.raises(KeyboardInterrupt), boundary("environment"):
+        raise KeyboardInterrupt
+    with boundary("environment") as caught:
+        pass
+    assert caught.exception is None
+
+
+def test_a_consumer_closing_a_generator_at_a_yield_inside_the_boundary_is_not_contained() -> None:
+    """The boundary is a class, not a generator-based context manager: `aclose()` thrown in at the generator's
+    own yield propagates (the generator closes), while a `GeneratorExit` raised by code it calls is contained."""
+    seen: list[str] = []
+
+    async def frames() -> AsyncGenerator[int]:
+        with boundary() as caught:
+            yield 1
+            yield 2
+        seen.append(caught.code)  # only reached when the boundary contained something
+
+    async def main() -> None:
+        stream = frames()
+        assert await anext(stream) == 1
+        await stream.aclose()
+
+    asyncio.run(main())
+    assert seen == []
+
+    def foreign() -> None:
+        raise GeneratorExit
+
+    with boundary("parse") as caught:
+        foreign()
+    assert caught.code == "parse_error"
