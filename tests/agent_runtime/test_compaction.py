@@ -1,4 +1,5 @@
-"""CompactableSession: the model summarizes, a new segment starts from the summary, the episode goes on."""
+"""`CompactionPolicy`: the model summarizes, a new segment starts from the summary, the episode goes on.
+`CompactableSession` is its deprecated spelling."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import pytest
 
 from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline
 from agent_protocol import HFTokenizer
-from agent_runtime import AgentRuntime, CompactableSession, CompactionEvent, ScriptedEngine
+from agent_runtime import (
+    AgentRuntime,
+    AgentSession,
+    CompactableSession,
+    CompactionEvent,
+    CompactionPolicy,
+    ScriptedEngine,
+)
 from tests.agent_runtime.test_session import QUESTION, answer, call
 
 SUMMARY = "I computed 17 * 23 with the calculator: 391. Left to do: answer."
@@ -20,22 +28,21 @@ def tokenizer(qwen3_tokenizer_file: Path) -> HFTokenizer:
     return HFTokenizer.from_file(qwen3_tokenizer_file)
 
 
-def make(tokenizer: HFTokenizer, **kwargs: object) -> CompactableSession:
+def make(tokenizer: HFTokenizer, **policy: object) -> AgentSession:
     prompt_len = len(
         tokenizer.encode(
-            CompactableSession(
+            AgentSession(
                 protocol="qwen3", environment=FunctionCallEnvironment(tools=[CalculatorTool()])
             ).protocol.render_prompt([{"role": "user", "content": QUESTION}], tools=[CalculatorTool().spec])
         )
     )
-    return CompactableSession(
+    return AgentSession(
         environment=lambda: FunctionCallEnvironment(tools=[CalculatorTool()]),
         protocol="qwen3",
         rewards=RewardPipeline(result=[MatchingReward()]),
         tokenizer=tokenizer,
         max_new_tokens=64,
-        compact_at_tokens=prompt_len + 80,
-        **kwargs,  # type: ignore[arg-type]
+        context=CompactionPolicy(compact_at_tokens=prompt_len + 80, **policy),  # type: ignore[arg-type]
     )
 
 
@@ -51,7 +58,7 @@ def test_compaction_starts_a_new_segment_from_the_summary(tokenizer: HFTokenizer
     # segment 1: the tool turn, then the summary turn, both trained
     assert len(first.action_ranges) == 2
     first_text = tokenizer.decode(first.ids)
-    assert session.instruction in first_text
+    assert isinstance(session.context, CompactionPolicy) and session.context.instruction_text in first_text
     start, end = first.action_ranges[1]
     assert tokenizer.decode(first.ids[start:end]) == f"{SUMMARY}<|im_end|>"
     # segment 2: system/tools + the original task + the summary, then the answer
@@ -83,4 +90,29 @@ def test_empty_summary_ends_the_episode_cleanly(tokenizer: HFTokenizer) -> None:
 
 def test_bad_resume_template_is_rejected() -> None:
     with pytest.raises(ValueError, match="summary"):
-        CompactableSession(protocol="qwen3", environment=FunctionCallEnvironment(), resume_template="no slot")
+        CompactionPolicy(resume_template="no slot")
+
+
+def test_compactable_session_is_a_deprecated_spelling_of_the_policy(tokenizer: HFTokenizer) -> None:
+    with pytest.warns(DeprecationWarning, match=r"AgentSession\(\.\.\., context=CompactionPolicy"):
+        old = CompactableSession(
+            protocol="qwen3", environment=FunctionCallEnvironment(), compact_at_tokens=300, instruction="Sum up."
+        )
+    assert old.context == CompactionPolicy(compact_at_tokens=300, instruction_text="Sum up.")
+    script = [call("17 * 23"), f"{SUMMARY}<|im_end|>", answer("391")]
+    new = make(tokenizer)
+    with pytest.warns(DeprecationWarning):
+        same = CompactableSession(
+            environment=lambda: FunctionCallEnvironment(tools=[CalculatorTool()]),
+            protocol="qwen3",
+            rewards=RewardPipeline(result=[MatchingReward()]),
+            tokenizer=tokenizer,
+            max_new_tokens=64,
+            compact_at_tokens=new.context.compact_at_tokens,  # type: ignore[attr-defined]
+        )
+    new_run, old_run = (
+        asyncio.run(AgentRuntime(ScriptedEngine(tokenizer, script), s).run(QUESTION, task={"answer": "391"}))
+        for s in (new, same)
+    )
+    assert new_run.trajectory.segments == old_run.trajectory.segments and len(new_run.trajectory.segments) == 2
+    assert new_run.trajectory.compactions == old_run.trajectory.compactions == 1

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from agent_protocol import HFTokenizer
-from agent_runtime import AgentRuntime, CompactableSession, ScriptedEngine
-from agent_runtime.recipe import Recipe, RecipeError, load_recipe, read_jsonl_rows
+from agent_runtime import AgentRuntime, BudgetPolicy, CompactionPolicy, ContextPolicy, ScriptedEngine
+from agent_runtime.recipe import Compaction, Recipe, RecipeError, load_recipe, read_jsonl_rows
 from tests.agent_runtime.test_session import answer, call
 
 RECIPE = """
 from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline
-from agent_runtime.recipe import Compaction, Recipe
+from agent_runtime import CompactionPolicy
+from agent_runtime.recipe import Recipe
 
 recipe = Recipe(
     name="calc",
@@ -23,15 +25,17 @@ recipe = Recipe(
     environment=lambda: FunctionCallEnvironment(tools=[CalculatorTool()], max_steps=4),
     rewards=RewardPipeline(result=[MatchingReward()]),
     max_new_tokens=128,
-    compaction=COMPACTION,
+    context=CONTEXT,
     dataset=DATASET,
 )
 """
 
 
-def write_recipe(tmp_path: Path, *, compaction: str = "None", dataset: str = "None") -> Path:
+def write_recipe(
+    tmp_path: Path, *, context: str = "CompactionPolicy(max_compactions=0)", dataset: str = "None"
+) -> Path:
     path = tmp_path / "my_recipe.py"
-    path.write_text(RECIPE.replace("COMPACTION", compaction).replace("DATASET", dataset))
+    path.write_text(RECIPE.replace("CONTEXT", context).replace("DATASET", dataset))
     return path
 
 
@@ -44,10 +48,33 @@ def test_a_recipe_file_defines_the_session(tmp_path: Path, qwen3_tokenizer_file:
     assert result.final_answer == "42" and result.reward == 1.0
 
 
-def test_compaction_makes_a_compactable_session(tmp_path: Path) -> None:
-    recipe = load_recipe(write_recipe(tmp_path, compaction="Compaction(max_compactions=2)"))
-    session = recipe.make_session()
-    assert isinstance(session, CompactableSession) and session.max_compactions == 2
+def test_the_context_policy_is_the_sessions(tmp_path: Path) -> None:
+    recipe = load_recipe(write_recipe(tmp_path, context="CompactionPolicy(max_compactions=2)"))
+    assert recipe.make_session().context == CompactionPolicy(max_compactions=2)
+    assert isinstance(Recipe(name="plain").make_session().context, BudgetPolicy)  # the default: the plain budget
+
+
+def test_a_recipe_takes_a_policy_of_ones_own_and_refuses_anything_else() -> None:
+    class Mine(ContextPolicy):
+        pass
+
+    assert isinstance(Recipe(name="mine", context=Mine()).make_session().context, Mine)
+    with pytest.raises(RecipeError, match="not a ContextPolicy"):
+        Recipe(name="bad", context="compaction")  # type: ignore[arg-type]
+
+
+def test_compaction_settings_are_a_deprecated_spelling_of_the_policy() -> None:
+    settings = Compaction(compact_at_tokens=300, max_compactions=2, instruction="Sum up.")
+    with pytest.warns(DeprecationWarning, match=r"context=CompactionPolicy"):
+        recipe = Recipe(name="old", compaction=settings)
+    policy = CompactionPolicy(compact_at_tokens=300, max_compactions=2, instruction_text="Sum up.")
+    assert recipe.context == policy and recipe.make_session().context == policy
+    assert recipe.generation_cap() == max(recipe.max_new_tokens, policy.summary_max_new_tokens)
+    # `replace` keeps the policy unless told otherwise; either spelling changes it
+    assert dataclasses.replace(recipe, max_new_tokens=64).context == policy
+    assert isinstance(dataclasses.replace(recipe, context=BudgetPolicy()).context, BudgetPolicy)
+    with pytest.warns(DeprecationWarning):
+        assert dataclasses.replace(recipe, compaction=Compaction(max_compactions=1)).context.max_compactions == 1  # type: ignore[attr-defined]
 
 
 def test_dataset_rows(tmp_path: Path) -> None:

@@ -1,15 +1,28 @@
 """agent-runtime: the one loop that training and serving both run.
 
-`AgentSession` (and `CompactableSession`) own the episode: prompt rendering, the token-in-token-out transcript,
+`AgentSession` owns the episode: prompt rendering, the token-in-token-out transcript,
 parsing, environment steps, rewards and budgets. `LLMEngine` is the model backend (`make_engine("hf" | "vllm" |
 "openai" | "scripted", ...)`; heavy backends are imported only when used). `AgentRuntime` drives sessions with an
-engine and streams typed events. `Trajectory` is the record both serving and training keep.
+engine and streams typed events. A `ContextPolicy` (`Recipe.context`: `BudgetPolicy`, `CompactionPolicy` or one's
+own) decides what an episode does as its context grows. `Trajectory` is the record both serving and training keep.
 """
 
 from importlib.metadata import version as _version
 
 from agent_runtime.agent_program import AgentProgram, ProgramTask
 from agent_runtime.compaction import CompactableSession
+from agent_runtime.context_policy import (
+    CONTINUE,
+    BudgetPolicy,
+    CompactionPolicy,
+    ContextDecision,
+    ContextPolicy,
+    ContextView,
+    Continue,
+    End,
+    NewSegment,
+    Summarize,
+)
 from agent_runtime.engines.base import FinishReason, Generation, LLMEngine, SamplingParams
 from agent_runtime.engines.scripted import ScriptedEngine
 from agent_runtime.errors import (
@@ -42,14 +55,22 @@ from agent_runtime.trajectory import (
 )
 
 __all__ = [
+    "CONTINUE",
     "AgentProgram",
     "AgentRuntime",
     "AgentSession",
     "AssistantEvent",
+    "BudgetPolicy",
     "CompactableSession",
     "Compaction",
     "CompactionEvent",
+    "CompactionPolicy",
     "ContextBudgetExceeded",
+    "ContextDecision",
+    "ContextPolicy",
+    "ContextView",
+    "Continue",
+    "End",
     "EngineError",
     "EngineUnavailable",
     "EpisodeError",
@@ -59,6 +80,7 @@ __all__ = [
     "FinishReason",
     "Generation",
     "LLMEngine",
+    "NewSegment",
     "ProgramTask",
     "Recipe",
     "RecipeError",
@@ -68,6 +90,7 @@ __all__ = [
     "ScriptedEngine",
     "SessionStateError",
     "StepOutcome",
+    "Summarize",
     "ToolCallEvent",
     "ToolResultEvent",
     "Trajectory",

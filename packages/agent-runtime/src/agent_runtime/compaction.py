@@ -1,14 +1,17 @@
-"""`CompactableSession`: an `AgentSession` whose context policy is compaction, under the name the seed used.
+"""Deprecated: `CompactableSession`, the seed's name for an `AgentSession` whose context policy is compaction.
 
-    session = CompactableSession(environment=env, protocol=protocol, max_context_tokens=32768)
+    session = CompactableSession(environment=env, protocol=protocol, max_context_tokens=32768)   # deprecated
+    session = AgentSession(environment=env, protocol=protocol, max_context_tokens=32768,
+                           context=CompactionPolicy())                                         # write this
 
-is `AgentSession(..., context=CompactionPolicy(...))`: the model summarizes a long episode and goes on from the
-summary in a new segment (see `agent_runtime.context_policy`). Nothing here overrides the session's loop; the
-turn is the same `Conversation` in every mode. This module only builds the policy from keyword arguments.
+The model summarizes a long episode and goes on from the summary in a new segment (`CompactionPolicy`, see
+`agent_runtime.context_policy`). Nothing here overrides the session's loop; this module only builds the policy
+from keyword arguments, with a `DeprecationWarning` naming the replacement.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +24,8 @@ __all__ = ["DEFAULT_COMPACTION_INSTRUCTION", "DEFAULT_RESUME_TEMPLATE", "Compact
 
 
 class CompactableSession(AgentSession):
-    """`AgentSession` with a `CompactionPolicy`. `compact_at_tokens` defaults to 3/4 of `max_context_tokens`."""
+    """Deprecated: `AgentSession(..., context=CompactionPolicy(...))`. `compact_at_tokens` defaults to 3/4 of
+    `max_context_tokens`; `instruction` is the policy's `instruction_text`."""
 
     def __init__(
         self,
@@ -41,6 +45,11 @@ class CompactableSession(AgentSession):
         max_images: int | None = None,
         special_tokens_in_text: bool = False,
     ) -> None:
+        warnings.warn(
+            "CompactableSession is deprecated; write AgentSession(..., context=CompactionPolicy(...))",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         policy = CompactionPolicy(
             compact_at_tokens=compact_at_tokens,
             max_compactions=max_compactions,
@@ -60,33 +69,3 @@ class CompactableSession(AgentSession):
             max_images=max_images,
             special_tokens_in_text=special_tokens_in_text,
         )
-
-    @property
-    def policy(self) -> CompactionPolicy:
-        assert isinstance(self.context, CompactionPolicy)  # set in __init__
-        return self.context
-
-    @property
-    def threshold(self) -> int | None:
-        """The context size past which the model is asked for a summary."""
-        return self.policy.threshold(self.max_context_tokens)
-
-    @property
-    def instruction(self) -> str:
-        return self.policy.instruction_text
-
-    @property
-    def resume_template(self) -> str:
-        return self.policy.resume_template
-
-    @property
-    def compact_at_tokens(self) -> int | None:
-        return self.policy.compact_at_tokens
-
-    @property
-    def max_compactions(self) -> int:
-        return self.policy.max_compactions
-
-    @property
-    def summary_max_new_tokens(self) -> int:
-        return self.policy.summary_max_new_tokens

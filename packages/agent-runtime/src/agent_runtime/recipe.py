@@ -14,8 +14,9 @@
         dataset="data/train.jsonl",          # rows: {"prompt": "...", "answer": "..."}
     )
 
-The protocol, the environment factory, the reward pipeline, budgets, compaction and the dataset are all here;
-`make_session()` turns them into the `AgentSession` (or `CompactableSession`) that serving and training run. A
+The protocol, the environment factory, the reward pipeline, budgets, the context policy (`context=`: the plain
+budget, `CompactionPolicy(...)`, or a `ContextPolicy` of one's own, see `agent_runtime.context_policy`) and the
+dataset are all here; `make_session()` turns them into the `AgentSession` that serving and training run. A
 recipe file may instead define `make_recipe()` returning a Recipe. A recipe may name an agent program written
 against the OpenAI API instead (`agent=AgentProgram(fn)`, see `agent_runtime.agent_program`), trained through a
 per-episode proxy. This module knows sessions and how to import
@@ -28,15 +29,22 @@ import importlib
 import importlib.util
 import json
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agent_env import Environment, FunctionCallEnvironment, RewardPipeline
 from agent_protocol import ChatProtocol, Tokenizer, get_protocol
 from agent_runtime.agent_program import AgentProgram
-from agent_runtime.compaction import DEFAULT_COMPACTION_INSTRUCTION, DEFAULT_RESUME_TEMPLATE, CompactableSession
+from agent_runtime.context_policy import (
+    DEFAULT_COMPACTION_INSTRUCTION,
+    DEFAULT_RESUME_TEMPLATE,
+    BudgetPolicy,
+    CompactionPolicy,
+    ContextPolicy,
+)
 from agent_runtime.engines.base import SamplingParams
 from agent_runtime.session import AgentSession
 
@@ -51,13 +59,24 @@ class RecipeError(ValueError):
 
 @dataclass(frozen=True)
 class Compaction:
-    """Compaction settings (see `CompactableSession`)."""
+    """Deprecated: compaction settings, for `Recipe(compaction=...)`. Write `Recipe(context=CompactionPolicy(...))`
+    (the same fields; `instruction` is `instruction_text` there)."""
 
     compact_at_tokens: int | None = None
     max_compactions: int = 3
     summary_max_new_tokens: int = 512
     instruction: str = DEFAULT_COMPACTION_INSTRUCTION
     resume_template: str = DEFAULT_RESUME_TEMPLATE
+
+    def policy(self) -> CompactionPolicy:
+        """The `CompactionPolicy` these settings spell."""
+        return CompactionPolicy(
+            compact_at_tokens=self.compact_at_tokens,
+            max_compactions=self.max_compactions,
+            summary_max_new_tokens=self.summary_max_new_tokens,
+            instruction_text=self.instruction,
+            resume_template=self.resume_template,
+        )
 
 
 @dataclass(frozen=True)
@@ -71,6 +90,12 @@ class Recipe:
     OpenAI endpoint of the policy (`agent_runtime.proxy`) instead of this recipe's session, and scores it with
     `rewards`. `environment` then only matters where the recipe's own session runs (serving's agent mode, the
     local trainer's evaluation); it defaults to no tools.
+
+    `context` is what an episode does as its context grows (`agent_runtime.context_policy`): `BudgetPolicy()` (the
+    default) ends it when the context is full, `CompactionPolicy(...)` summarizes and goes on, and a subclass of
+    `ContextPolicy` does what it decides. `compaction=Compaction(...)` is the deprecated spelling of
+    `context=CompactionPolicy(...)`: an init-only argument that, given (also to `dataclasses.replace`), sets
+    `context`; `recipe.compaction` reads None (read `recipe.context`).
     """
 
     name: str
@@ -86,11 +111,23 @@ class Recipe:
     #: True: user and tool text is tokenized as Hugging Face does, so a control string in it (``<|im_end|>``,
     #: ``<tool_call>``) becomes the control token; False (default): it stays text (`agent_protocol.control_tokens`)
     special_tokens_in_text: bool = False
-    compaction: Compaction | None = None
+    compaction: InitVar[Compaction | None] = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     dataset: DatasetSource = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     agent: AgentProgram | None = None
+    context: ContextPolicy = field(default_factory=BudgetPolicy)
+
+    def __post_init__(self, compaction: Compaction | None) -> None:
+        if not isinstance(self.context, ContextPolicy):
+            raise RecipeError(f"recipe {self.name!r}: context is a {type(self.context).__name__}, not a ContextPolicy")
+        if compaction is not None:
+            warnings.warn(
+                "Recipe(compaction=Compaction(...)) is deprecated; write Recipe(context=CompactionPolicy(...))",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            object.__setattr__(self, "context", compaction.policy())
 
     def chat_protocol(self) -> ChatProtocol:
         if isinstance(self.protocol, ChatProtocol):
@@ -98,29 +135,24 @@ class Recipe:
         return get_protocol(self.protocol, **dict(self.protocol_options))
 
     def make_session(self, tokenizer: Tokenizer | str | Path | None = None) -> AgentSession:
-        """The session this recipe defines (a `CompactableSession` when `compaction` is set)."""
-        common: dict[str, Any] = {
-            "rewards": self.rewards,
-            "tokenizer": tokenizer,
-            "max_new_tokens": self.max_new_tokens,
-            "max_context_tokens": self.max_context_tokens,
-            "system_prompt": self.system_prompt,
-            "max_images": self.max_images,
-            "special_tokens_in_text": self.special_tokens_in_text,
-        }
-        if self.compaction is None:
-            return AgentSession(self.chat_protocol(), self.environment, **common)
-        c = self.compaction
-        return CompactableSession(
+        """The session this recipe defines, under its context policy."""
+        return AgentSession(
             self.chat_protocol(),
             self.environment,
-            **common,
-            compact_at_tokens=c.compact_at_tokens,
-            max_compactions=c.max_compactions,
-            summary_max_new_tokens=c.summary_max_new_tokens,
-            instruction=c.instruction,
-            resume_template=c.resume_template,
+            self.rewards,
+            tokenizer,
+            max_new_tokens=self.max_new_tokens,
+            max_context_tokens=self.max_context_tokens,
+            system_prompt=self.system_prompt,
+            context=self.context,
+            max_images=self.max_images,
+            special_tokens_in_text=self.special_tokens_in_text,
         )
+
+    def generation_cap(self) -> int:
+        """The most new tokens one generation of this recipe's episodes asks for: a turn's, or more where the
+        context policy asks for longer summaries (the sampling cap to give a runtime)."""
+        return self.context.generation_cap(self.max_new_tokens)
 
     def rows(self, split: str = "train") -> Iterator[dict[str, Any]]:
         """The dataset rows of `split`; each has at least "prompt"."""

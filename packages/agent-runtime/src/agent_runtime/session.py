@@ -12,10 +12,12 @@ once. `step` hands the generated ids to the conversation (appended exactly as sa
 environment, scores the step, and appends the feedback (tool results, the next turn's header), tokenized alone.
 `next_request` enforces the budgets: a per-turn `max_new_tokens` and a `max_context_tokens` for the context; when
 the next turn cannot fit, the episode ends cleanly with ``stop_reason="context_exhausted"`` and the engine is
-never sent a prompt longer than its context. The context policy may instead ask for a summary and continue from
-it in a new segment (compaction: `CompactionPolicy`). Errors (a dead engine, a broken environment) are recorded
-on the trajectory with `fail`; nothing already recorded is lost. Whatever a stage raises is caught by the one
-boundary (`agent_runtime.boundary`) and recorded by `contain` with the stage's code. The session reads its
+never sent a prompt longer than its context. The context policy decides what happens as the context grows (ask for
+a summary and continue from it, start a new segment from messages it rewrote, end); the episode's side of it
+(`context_state`: compactions, summaries) applies its decisions (`agent_runtime.context_state`). Errors (a dead
+engine, a broken environment) are recorded on the trajectory with `fail`; nothing already recorded is lost.
+Whatever a stage raises is caught by the one boundary (`agent_runtime.boundary`) and recorded by `contain` with
+the stage's code. The session reads its
 conversation (`session.conversation`: messages, segments, turns) and changes it only through its methods.
 
 This module knows protocols, environments, rewards, tokens and `Generation`; it does not call engines (the
@@ -56,6 +58,7 @@ from agent_protocol import (
 )
 from agent_runtime.boundary import Stage, boundary, coded
 from agent_runtime.context_policy import BudgetPolicy, ContextPolicy
+from agent_runtime.context_state import ContextState, Grown
 from agent_runtime.conversation import Conversation, TurnRequest
 from agent_runtime.engines.base import Generation
 from agent_runtime.errors import SessionStateError
@@ -155,9 +158,7 @@ class AgentSession:
         self.step_rewards: list[StepReward] = []
         self.errors: list[EpisodeError] = []
         self.tool_calls = 0
-        self.compactions = 0
-        self.summaries: list[str] = []
-        self.summarizing = False
+        self.context_state = ContextState(self.context)
         self.done = False
         self.started = False
         self.stop_reason: StopReason | None = None
@@ -227,6 +228,7 @@ class AgentSession:
         if shown and "images" not in self.task:  # the tools that look (crop) read the task's images
             self.task["images"] = shown
         self.prompt_messages = list(messages)
+        self.context_state.prompt = self.prompt_messages
         with boundary("environment") as reset_failed:  # ends this episode (below), once its prompt is recorded
             await self.environment.reset(self.task)
         conversation.tools = list(self.environment.tools)
@@ -247,8 +249,9 @@ class AgentSession:
         if self.done:
             return None
         conversation = self._conv()
-        if self.summarizing:
-            request = conversation.request(self.context.summary_max_new_tokens, purpose="summary")
+        summary_budget = self.context_state.summary_budget
+        if summary_budget is not None:
+            request = conversation.request(summary_budget, purpose="summary")
             if request is None:
                 await self._fail_with("context_exhausted", "no room left for the summary turn")
             return request
@@ -270,7 +273,7 @@ class AgentSession:
         if self.done:
             raise SessionStateError(f"episode {self.episode_id} is over ({self.stop_reason}); call reset()")
         with boundary(self._current_stage) as failed:
-            if self.summarizing:
+            if self.context_state.summarizing:
                 return await self._resume_from_summary(generation)
             return await self._apply(generation)
         return StepOutcome(turn=self._turns(), action=Action(), done=True, error=await self._end_on(failed))
@@ -324,50 +327,25 @@ class AgentSession:
         )  # fmt: skip
 
     async def _append_feedback(self, observed: list[Message], turn: int) -> list[int]:
-        """Render and append a turn's feedback; with the instruction to summarize when the context policy asks."""
-        conversation = self._conv()
-        messages, ids = observed, await conversation.feedback_ids(observed)
-        asks = self.context.wants_summary(
-            context_tokens=len(conversation) + len(ids),
-            max_new_tokens=self.max_new_tokens,
-            max_context_tokens=self.max_context_tokens,
-            compactions=self.compactions,
-        )
-        if asks:
-            messages = [*observed, self.context.instruction()]
-            ids = await conversation.feedback_ids(messages)
-        if not conversation.fits(len(ids)):
-            conversation.add_messages(observed)  # the results are part of the record even when they cannot be shown
-            await self._fail_with("context_exhausted", f"the feedback of turn {turn} ({len(ids)} tokens) does not fit")
-            return []
-        conversation.append_feedback(ids, messages)
-        if asks:
-            self.summarizing = True
-            logger.bind(episode_id=self.episode_id, turn=turn).info(
-                "compaction_requested", context_tokens=len(conversation)
-            )
-        return ids
+        """Render a turn's feedback and do what the context policy decides (`ContextState.add_feedback`)."""
+        return await self._grown(await self.context_state.add_feedback(self._conv(), observed))
 
     async def _resume_from_summary(self, generation: Generation) -> StepOutcome:
-        """A summary turn: read the summary and continue in a new segment from the task and the summary."""
+        """A summary turn: the context policy reads it (a compaction goes on from it in a new segment)."""
         conversation = self._conv()
         reply = conversation.accept(generation, call_id_prefix="summary", summary=True)
-        action = reply.action
-        summary = action.content.strip() or (action.reasoning_content or "").strip()
-        self.summarizing = False
-        if not summary:
-            await self._fail_with("compaction_failed", "the model's summary was empty")
-            return StepOutcome(turn=self._turns(), action=action, done=True)
-        self.compactions += 1
-        self.summaries.append(summary)
-        resume = self.context.resume_message(summary)
-        ids = await conversation.open_segment([*self.prompt_messages, resume], add=[resume])
-        logger.bind(episode_id=self.episode_id).info(
-            "compacted", segment=len(conversation.segments), prompt_tokens=len(ids), summary_chars=len(summary)
+        grown = await self.context_state.after_summary(conversation, reply.action)
+        ids = await self._grown(grown)
+        return StepOutcome(
+            turn=self._turns(), action=reply.action, done=self.done, feedback_ids=ids, compaction=grown.summary
         )
-        if not conversation.fits(0):
-            await self._fail_with("context_exhausted", f"the compacted prompt still has {len(ids)} tokens")
-        return StepOutcome(turn=self._turns(), action=action, done=self.done, feedback_ids=ids, compaction=summary)
+
+    async def _grown(self, grown: Grown) -> list[int]:
+        """The ids the context grew by; or, when the policy (or the budget) ended the episode, end it."""
+        if grown.ended is None:
+            return grown.ids
+        await self._fail_with(grown.ended.code, grown.ended.message)
+        return grown.ids if grown.new_segment else []
 
     async def contain(self, error: BaseException) -> EpisodeError:
         """End the episode because `error` escaped one of its stages (see `step`); the error is recorded with
@@ -480,7 +458,7 @@ class AgentSession:
             stop_reason=self.stop_reason,
             turns=self._turns(),
             tool_calls=self.tool_calls,
-            compactions=self.compactions,
+            compactions=self.context_state.compactions,
             errors=self.errors,
             timings=self._timings(),
             task=self.task,

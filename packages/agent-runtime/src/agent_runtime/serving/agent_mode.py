@@ -185,7 +185,7 @@ class _Episode:
             stop_reason=s.stop_reason,
             turns=s.conversation.turns if s.conversation is not None else 0,
             tool_calls=s.tool_calls,
-            compactions=s.compactions,
+            compactions=s.context_state.compactions,
             reward=s.reward,
         )
 

@@ -133,13 +133,6 @@ def segment_records(
     ]
 
 
-def _generation_cap(recipe: Recipe) -> int:
-    """The sampling cap of every generation: a turn's budget, or a summary's when that is larger (the session
-    gives each generation its own budget below this cap)."""
-    summary = recipe.compaction.summary_max_new_tokens if recipe.compaction is not None else 0
-    return max(recipe.max_new_tokens, summary)
-
-
 class Rollouts:
     """Samples groups of episodes of `recipe` on `engine` through `AgentRuntime`."""
 
@@ -150,7 +143,7 @@ class Rollouts:
         self.runtime = AgentRuntime(
             engine,
             recipe.make_session(engine.tokenizer),
-            sampling=msgspec.structs.replace(recipe.sampling, max_new_tokens=_generation_cap(recipe), logprobs=True),
+            sampling=msgspec.structs.replace(recipe.sampling, max_new_tokens=recipe.generation_cap(), logprobs=True),
             max_context_tokens=self.max_length,
             engine_timeout_s=None,
         )

@@ -43,7 +43,7 @@ import torch
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from agent_protocol import HFTokenizer
-from agent_runtime import Recipe
+from agent_runtime import BudgetPolicy, Recipe
 from agent_runtime.engines.hf import HFEngine
 from agent_train.demo.model import build_demo_model, load_demo_model, save_model_dir
 from agent_train.errors import TrainError
@@ -418,7 +418,7 @@ class _Run:
     def compaction_stats(self, episodes: list[RolloutRecord], sampled: list[RolloutRecord]) -> dict[str, float]:
         """For a recipe that compacts: segments trained per episode, compactions per episode and the fraction of
         episodes the budget ended (overlong); nothing for one that does not, so its metrics read as before."""
-        if self.recipe.compaction is None:
+        if isinstance(self.recipe.context, BudgetPolicy):
             return {}
         count = max(1, len(episodes))
         return {
@@ -430,9 +430,9 @@ class _Run:
     async def without_compaction(self) -> None:
         """The final model on the held-out problems with compaction off (the budget ends an episode that
         outgrows its context): what summaries are worth. Only for a recipe that compacts."""
-        if self.recipe.compaction is None or "compaction_off" in self.state.figures:
+        if isinstance(self.recipe.context, BudgetPolicy) or "compaction_off" in self.state.figures:
             return
-        await self.evaluate("compaction_off", dataclasses.replace(self.recipe, compaction=None))
+        await self.evaluate("compaction_off", dataclasses.replace(self.recipe, context=BudgetPolicy()))
         self.save()
 
     def finish(self) -> TrainResult:
