@@ -67,9 +67,13 @@ class boundary:  # lower case: used as a function, `with boundary("parse") as ca
     """The boundary (see the module docstring). `stage`: a `Stage`, or a function that says the stage running
     when the error arrives. `limit`: the message's cut (None: whole). `reraise`: raise the coded error on as a
     `StageError` (for an inner boundary whose caller's boundary records it) instead of holding it in
-    `exception`, `code` and `message`."""
+    `exception`, `code` and `message`; such a boundary keeps no state, so one instance serves every call (the
+    conversation's, made once: entering a boundary costs what a ``with`` costs, not an allocation)."""
 
-    __slots__ = ("code", "exception", "limit", "message", "passes", "reraise", "stage")
+    #: what was contained (a `StageError`'s cause, read through), None while nothing was
+    exception: BaseException | None = None
+    code: StageCode | EngineErrorCode = "internal_error"
+    message: str = ""
 
     def __init__(
         self,
@@ -83,10 +87,6 @@ class boundary:  # lower case: used as a function, `with boundary("parse") as ca
         self.passes = passes
         self.limit = limit
         self.reraise = reraise
-        #: what was contained (a `StageError`'s cause, read through), None while nothing was
-        self.exception: BaseException | None = None
-        self.code: StageCode | EngineErrorCode = "internal_error"
-        self.message = ""
 
     def __enter__(self) -> boundary:
         return self
@@ -96,10 +96,13 @@ class boundary:  # lower case: used as a function, `with boundary("parse") as ca
     ) -> bool:
         if error is None or isinstance(error, self.passes) or propagates(error):
             return False
+        if self.reraise:
+            if isinstance(error, StageError):  # an inner stage's: it goes on as it is
+                return False
+            code, raised, message = coded(error, self.stage, limit=self.limit)
+            raise StageError(code, message) from raised
         self.code, self.exception, self.message = coded(error, self.stage, limit=self.limit)
-        if self.reraise and not isinstance(error, StageError):
-            raise StageError(self.code, self.message) from self.exception
-        return not self.reraise  # a StageError raised on goes on as it is
+        return True
 
 
 def coded(

@@ -67,7 +67,11 @@ from agent_runtime.trajectory import EpisodeError, Usage, usage_of
 __all__ = ["MIN_TURN_TOKENS", "Conversation", "Reply", "Stage", "TurnRequest", "stage_code"]
 
 MIN_TURN_TOKENS: Final = 1
-_CALLERS: Final = (MessageError,)  # what a render raises for the caller to fix: not a failure of the stage
+# The conversation's stages: what the tokenizer or the protocol raises leaves as a `StageError` with its code; a
+# `MessageError` (a message the caller must fix) is not a failure of the stage and leaves as it is.
+_RENDER: Final = boundary("render", passes=(MessageError,), reraise=True)
+_DECODE: Final = boundary("decode", reraise=True)
+_PARSE: Final = boundary("parse", reraise=True)
 
 
 @functools.lru_cache(maxsize=256)
@@ -160,7 +164,7 @@ class Conversation:
         """Render `prompt` (with the tools) as a new context and tokenize it once. `add` is what the messages
         view gains (default: the whole prompt; a compacted context adds only its resume message)."""
         t0 = time.perf_counter()
-        with boundary("render", passes=_CALLERS, reraise=True):
+        with _RENDER:
             # No tools renders as no tools at all: Llama's template tells `tools=[]` (an empty tool prompt) from None.
             shown = list(prompt) if self.control is None else self.control.mark(prompt)
             text = self.protocol.render_prompt(shown, tools=self.tools or None)
@@ -204,7 +208,7 @@ class Conversation:
     async def feedback_ids(self, messages: Sequence[Message]) -> list[int]:
         """`messages` (tool results, a user message) rendered as what follows the last turn, tokenized alone."""
         t0 = time.perf_counter()
-        with boundary("render", passes=_CALLERS, reraise=True):
+        with _RENDER:
             shown = list(messages) if self.control is None else self.control.mark(messages)
             text = self.protocol.render_feedback(shown, turn_closed=self.turn_closed, ended_by=self.ended_by)
             ids = await encode_off_loop(self.tokenizer, text, self.control)
@@ -312,9 +316,9 @@ class Conversation:
         if generation.exact_text:
             text = generation.text
         else:
-            with boundary("decode", reraise=True):
+            with _DECODE:
                 text = self.tokenizer.decode(generation.ids)
-        with boundary("parse", reraise=True):
+        with _PARSE:
             action = self.protocol.parse_assistant_text(text, call_id_prefix=call_id_prefix)
         if not summary:
             for issue in action.issues:
