@@ -109,7 +109,7 @@ async def _read(request: Request, *, max_bytes: int, timeout_s: float, budget: B
             code="request_timeout",
             headers=_CLOSE,
         ) from e
-    except BaseException:
+    except BaseException:  # gives the budget back and re-raises: a cleanup, not a boundary
         budget.release(size)
         raise
     return b"".join(chunks)
