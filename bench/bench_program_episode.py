@@ -37,7 +37,7 @@ def main() -> None:
     from agent_runtime import ScriptedEngine
     from agent_runtime.agent_program import AgentProgram
     from agent_runtime.recipe import Recipe
-    from agent_train.executor import AgentExecutor
+    from agent_train.openrlhf.executor import AgentExecutor
     from agent_train.task import encode_task
     from examples.any_agent.agent import calculator_agent
     from tests.support.calculator_policy import calculator_policy

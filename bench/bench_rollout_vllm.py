@@ -225,7 +225,7 @@ async def bench(model: Path, episodes: int, repeats: int, logprobs: bool) -> dic
     from vllm import AsyncEngineArgs, AsyncLLMEngine, SamplingParams
 
     from agent_demo.recipe import make_recipe
-    from agent_train.executor import AgentExecutor
+    from agent_train.openrlhf.executor import AgentExecutor
     from agent_train.task import encode_task, label_of
 
     # what a rollout actor's process logs: structlog's defaults (nobody configures it there), rendered, unread

@@ -48,7 +48,7 @@ backends:
             --demo compaction: the compaction demo instead (a running total over a list too long for the
             context, carried through summaries; every segment trained), with its figures with compaction
             off and with summary tokens masked (the ablation); served by `uv run apps/serve --demo compaction`
-  openrlhf  build `python -m agent_train.openrlhf_main` (OpenRLHF's train_ppo_ray with every segment of a
+  openrlhf  build `python -m agent_train.openrlhf.main` (OpenRLHF's train_ppo_ray with every segment of a
             compacted episode trained) for the recipe, prepare its dataset, check the flags with OpenRLHF's own
             parser, then run it on a local Ray or submit it with --ray-address;
             arguments after `--` are appended to the OpenRLHF command verbatim (any OpenRLHF flag)

@@ -251,9 +251,9 @@ async def execute_episode(recipe: Recipe, make_engine: Callable[[], ScriptedEngi
     from transformers import PreTrainedTokenizerFast
     from vllm import SamplingParams as VLLMSamplingParams
 
-    from agent_train.executor import AgentExecutor
-    from agent_train.local_rollout_engine import LocalRolloutEngine
+    from agent_train.openrlhf.executor import AgentExecutor
     from agent_train.task import encode_task, label_of
+    from tests.support.local_rollout_engine import LocalRolloutEngine
 
     if recipe.max_context_tokens is None:
         raise ValueError(f"recipe {recipe.name!r} sets no max_context_tokens (what --max-len defaults to)")

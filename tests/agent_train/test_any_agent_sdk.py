@@ -19,14 +19,14 @@ from agent_protocol import HFTokenizer, get_protocol
 from agent_runtime import AgentRuntime, SamplingParams, ScriptedEngine
 from agent_runtime.agent_program import AgentProgram
 from agent_runtime.recipe import Recipe
-from agent_train.executor import AgentExecutor
-from agent_train.local_rollout_engine import LocalRolloutEngine
-from agent_train.openrlhf_segments import SEGMENTS_KEY
+from agent_train.openrlhf.executor import AgentExecutor
+from agent_train.openrlhf.segments import SEGMENTS_KEY
 from examples.any_agent.agent import CALCULATOR_TOOL
 from examples.any_agent.sdk_agent import sdk_calculator_agent
 from tests.agent_runtime.test_session import QUESTION, answer, call
 from tests.agent_train.conftest import calculator_recipe
 from tests.agent_train.test_executor import execute, loss_mask
+from tests.support.local_rollout_engine import LocalRolloutEngine
 
 SCRIPT = [call("17 * 23"), answer("The answer is 391.")]
 

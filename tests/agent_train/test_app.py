@@ -37,7 +37,7 @@ def test_dry_run_prints_the_openrlhf_command(
     code = app.main([*argv, "--run-dir", str(tmp_path), "--dry-run", "--", "--ckpt.save_steps", "5"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "-m agent_train.openrlhf_main" in out and "--algo.advantage.estimator group_norm" in out
+    assert "-m agent_train.openrlhf.main" in out and "--algo.advantage.estimator group_norm" in out
     assert out.rstrip().endswith("--ckpt.save_steps 5")
     assert len((tmp_path / "data" / "train.jsonl").read_text().splitlines()) == 2048
 

@@ -17,12 +17,12 @@ from agent_protocol import HFTokenizer
 from agent_runtime import AgentRuntime, EngineError, LLMEngine, SamplingParams, ScriptedEngine
 from agent_runtime.recipe import Compaction
 from agent_train import AGENT_FUNC_PATH, extra_log_keys
-from agent_train.executor import AgentExecutor, as_tokenizer
-from agent_train.local_rollout_engine import LocalRolloutEngine
-from agent_train.openrlhf_segments import SEGMENTS_KEY
+from agent_train.openrlhf.executor import AgentExecutor, as_tokenizer
+from agent_train.openrlhf.segments import SEGMENTS_KEY
 from agent_train.task import encode_task
 from tests.agent_runtime.test_session import QUESTION, answer, call
 from tests.agent_train.conftest import calculator_recipe
+from tests.support.local_rollout_engine import LocalRolloutEngine
 
 OPENRLHF_KEYS = {
     "prompt", "label", "images", "mm_train_inputs", "reward", "scores", "observation_tokens", "action_ranges",

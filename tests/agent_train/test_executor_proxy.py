@@ -21,9 +21,8 @@ from agent_runtime import AgentRuntime, SamplingParams, ScriptedEngine
 from agent_runtime.agent_program import AgentProgram, ProgramTask
 from agent_runtime.recipe import Recipe
 from agent_train import extra_log_keys
-from agent_train.executor import AgentExecutor
-from agent_train.local_rollout_engine import LocalRolloutEngine
-from agent_train.openrlhf_segments import SEGMENTS_KEY
+from agent_train.openrlhf.executor import AgentExecutor
+from agent_train.openrlhf.segments import SEGMENTS_KEY
 from agent_train.program_rollout import program_log_keys
 from agent_train.task import encode_task
 from examples.any_agent.agent import CALCULATOR_TOOL, calculate, calculator_agent
@@ -31,6 +30,7 @@ from tests.agent_runtime.test_session import QUESTION, answer, call
 from tests.agent_train.conftest import calculator_recipe
 from tests.agent_train.test_executor import TASK, execute, loss_mask
 from tests.support.calculator_policy import calculator_policy
+from tests.support.local_rollout_engine import LocalRolloutEngine
 
 SCRIPT = [call("17 * 23"), answer("The answer is 391.")]
 

@@ -39,9 +39,9 @@ from agent_protocol.images import VisionGrid  # noqa: E402
 from agent_protocol.tokenizer import processor_vision_grid  # noqa: E402
 from agent_runtime.recipe import Compaction, Recipe  # noqa: E402
 from agent_train.errors import LaunchError  # noqa: E402
-from agent_train.executor import AgentExecutor, as_tokenizer  # noqa: E402
-from agent_train.launcher import LaunchConfig, check_plan, image_flags, plan_launch  # noqa: E402
-from agent_train.openrlhf_segments import SEGMENTS_KEY  # noqa: E402
+from agent_train.openrlhf.executor import AgentExecutor, as_tokenizer  # noqa: E402
+from agent_train.openrlhf.launcher import LaunchConfig, check_plan, image_flags, plan_launch  # noqa: E402
+from agent_train.openrlhf.segments import SEGMENTS_KEY  # noqa: E402
 from agent_train.task import dataset_images, decode_task, encode_task, place_images  # noqa: E402
 from tests.agent_protocol.families.test_qwen3_vl import data_url, official  # noqa: E402
 

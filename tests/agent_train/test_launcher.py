@@ -103,7 +103,7 @@ def test_sizes_and_no_kl(tmp_path: Path, recipe: Recipe) -> None:
 
 def test_local_run_and_cluster_submission(tmp_path: Path, recipe: Recipe) -> None:
     local = plan_launch(config(tmp_path), recipe)
-    assert local.command[1:3] == ["-m", "agent_train.openrlhf_main"]  # OpenRLHF's train_ppo_ray, with segments
+    assert local.command[1:3] == ["-m", "agent_train.openrlhf.main"]  # OpenRLHF's train_ppo_ray, with segments
     assert local.env["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] == "0"
     text = format_command(local)
     assert text.startswith(f"AGENT_RECIPE={RECIPE} RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 ")
@@ -119,7 +119,7 @@ def test_local_run_and_cluster_submission(tmp_path: Path, recipe: Recipe) -> Non
         "env_vars": {"AGENT_RECIPE": str(RECIPE), "AGENT_ENGINE_TIMEOUT_S": "300.0"},
         "working_dir": str(tmp_path),
     }
-    assert remote.command[cut + 1 :] == ["python3", "-m", "agent_train.openrlhf_main", *remote.train_args]
+    assert remote.command[cut + 1 :] == ["python3", "-m", "agent_train.openrlhf.main", *remote.train_args]
     check_plan(remote)
 
 

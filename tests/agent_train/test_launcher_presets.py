@@ -13,7 +13,7 @@ import structlog
 
 from agent_runtime.recipe import Recipe, load_recipe
 from agent_train import LaunchConfig, LaunchError, check_plan, plan_launch
-from agent_train.openrlhf_presets import ALGORITHMS
+from agent_train.openrlhf.presets import ALGORITHMS
 from tests.support.train_app import load_train_app
 
 ROOT = Path(__file__).resolve().parents[2]

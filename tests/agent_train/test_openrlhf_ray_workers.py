@@ -1,6 +1,6 @@
 """The segment extension in real Ray workers, and what happens where it is missing.
 
-A local Ray is started the way `agent_train.openrlhf_main` leaves the process before OpenRLHF's ``ray.init``:
+A local Ray is started the way `agent_train.openrlhf.main` leaves the process before OpenRLHF's ``ray.init``:
 ``RAY_RUNTIME_ENV_HOOK`` set (and ``RAY_ENABLE_UV_RUN_RUNTIME_ENV=0``, which `scripts/check` and CI set for
 ``uv run``). A plain actor, an actor that actor creates (a nested one, as OpenRLHF's trainer creates its model
 actors) and a plain task each report whether the extension is installed in their process.
@@ -22,16 +22,16 @@ import pytest
 ray = pytest.importorskip("ray")
 pytest.importorskip("openrlhf")
 
-from agent_train import openrlhf_main  # noqa: E402
-from agent_train.openrlhf_segments import SEGMENTS_KEY, SegmentedRecord  # noqa: E402
+from agent_train.openrlhf import main  # noqa: E402
+from agent_train.openrlhf.segments import SEGMENTS_KEY, SegmentedRecord  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def hooked_ray() -> Iterator[None]:
-    """A local Ray started as `openrlhf_main` leaves things for OpenRLHF's ``ray.init``."""
+    """A local Ray started as `agent_train.openrlhf.main` leaves things for OpenRLHF's ``ray.init``."""
     saved = {name: os.environ.get(name) for name in ("RAY_RUNTIME_ENV_HOOK", "RAY_ENABLE_UV_RUN_RUNTIME_ENV")}
     os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
-    os.environ["RAY_RUNTIME_ENV_HOOK"] = openrlhf_main.RUNTIME_ENV_HOOK
+    os.environ["RAY_RUNTIME_ENV_HOOK"] = main.RUNTIME_ENV_HOOK
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
@@ -43,7 +43,7 @@ def hooked_ray() -> Iterator[None]:
 
 
 def report() -> dict[str, Any]:
-    from agent_train import openrlhf_segments as segments
+    from agent_train.openrlhf import segments
 
     return {"pid": os.getpid(), "installed": segments.installed()}
 
@@ -81,7 +81,7 @@ class Trainer:
         import openrlhf.trainer.ppo_utils.samples_generator  # noqa: F401
 
     def take_out_the_extension(self) -> bool:
-        from agent_train import openrlhf_segments as segments
+        from agent_train.openrlhf import segments
 
         segments.uninstall()
         return segments.installed()
@@ -109,4 +109,4 @@ def test_a_compacted_episode_stops_a_trainer_without_the_extension(outer: Any) -
     assert ray.get(trainer.receive.remote(outer, False), timeout=600) == 0  # a plain episode needs no extension
     with pytest.raises(Exception, match="without agent-train's segment extension") as raised:
         ray.get(trainer.receive.remote(outer, True), timeout=600)
-    assert "agent_train.openrlhf_main" in str(raised.value)
+    assert "agent_train.openrlhf.main" in str(raised.value)

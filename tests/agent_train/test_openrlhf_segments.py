@@ -27,10 +27,9 @@ from agent_protocol import HFTokenizer  # noqa: E402
 from agent_runtime import ScriptedEngine  # noqa: E402
 from agent_runtime.context_policy import CompactionPolicy  # noqa: E402
 from agent_runtime.recipe import Compaction  # noqa: E402
-from agent_train import openrlhf_segments  # noqa: E402
-from agent_train.executor import AgentExecutor  # noqa: E402
-from agent_train.local_rollout_engine import LocalRolloutEngine  # noqa: E402
-from agent_train.openrlhf_segments import OVERLONG_KEY, SEGMENTS_KEY  # noqa: E402
+from agent_train.openrlhf import segments  # noqa: E402
+from agent_train.openrlhf.executor import AgentExecutor  # noqa: E402
+from agent_train.openrlhf.segments import OVERLONG_KEY, SEGMENTS_KEY  # noqa: E402
 from tests.agent_runtime.test_session import answer, call  # noqa: E402
 from tests.agent_train.conftest import calculator_recipe  # noqa: E402
 from tests.agent_train.test_executor import OPENRLHF_KEYS, TASK, execute, openrlhf_params  # noqa: E402
@@ -40,6 +39,7 @@ from tests.agent_train.test_presets_openrlhf_advantages import (  # noqa: E402
     openrlhf_module,
     preset_args,
 )
+from tests.support.local_rollout_engine import LocalRolloutEngine  # noqa: E402
 
 SUMMARY = "I computed 17 * 23 = 391 with the calculator; left to do: answer.<|im_end|>"
 COMPACT2 = [call("17 * 23"), SUMMARY, answer("391")]
@@ -76,11 +76,11 @@ def outputs(tokenizer: HFTokenizer, hf_tokenizer: Any) -> list[list[dict[str, An
 @pytest.fixture
 def installed() -> Iterator[None]:
     openrlhf_module("openrlhf.trainer.ppo_utils.experience_maker")  # imported once with flash-attn stand-ins
-    openrlhf_segments.install()
+    segments.install()
     try:
         yield
     finally:
-        openrlhf_segments.uninstall()
+        segments.uninstall()
 
 
 MAKE_BATCH = "openrlhf.trainer.ppo_utils.experience_maker:RemoteExperienceMaker.make_experience_batch"
@@ -91,9 +91,7 @@ def episodes(outs: list[dict[str, Any]], *, unpatched: bool = False) -> list[Any
     """OpenRLHF's `Experience` of each episode (the extension's, when installed, unless `unpatched`), in order."""
     from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 
-    convert = (
-        openrlhf_segments._resolve(TO_EXPERIENCE) if unpatched else SamplesGenerator._process_response_into_experience
-    )
+    convert = segments._resolve(TO_EXPERIENCE) if unpatched else SamplesGenerator._process_response_into_experience
     return [convert(None, out, max_len=4096) for out in outs]
 
 
@@ -142,7 +140,7 @@ def reference(outputs: list[list[dict[str, Any]]], algorithm: str) -> list[tuple
     """Unpatched OpenRLHF: one sample per episode (its last segment); each episode's (advantage, return)."""
     maker = maker_for(preset_args(algorithm, micro_rollout_batch_size=3))
     batch = episodes([out for group in outputs for out in group], unpatched=True)
-    scored = openrlhf_segments._resolve(MAKE_BATCH)(maker, batch)  # OpenRLHF's own method
+    scored = segments._resolve(MAKE_BATCH)(maker, batch)  # OpenRLHF's own method
     assert len(scored) == 4 and sum(len(e.index) for e in scored) == len(batch)
     result = []
     for _, _, mask, advantages, returns in per_sample(scored):
@@ -220,7 +218,7 @@ def test_a_batch_without_compaction_is_openrlhfs_own(
 ) -> None:
     plain = [out for out in outputs[1]] * 2  # two prompts of plain episodes
     ours = maker_for(preset_args(algorithm)).make_experience_batch(episodes(plain))
-    theirs = openrlhf_segments._resolve(MAKE_BATCH)(maker_for(preset_args(algorithm)), episodes(plain, unpatched=True))
+    theirs = segments._resolve(MAKE_BATCH)(maker_for(preset_args(algorithm)), episodes(plain, unpatched=True))
     assert len(ours) == len(theirs)
     for a, b in zip(ours, theirs, strict=True):
         for name in ("sequences", "action_mask", "advantages", "returns", "rewards"):
@@ -272,13 +270,13 @@ def test_generation_still_sees_one_sample_per_episode(
 
 
 def test_the_pinned_internals_are_openrlhf_0_11_2s(installed: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    openrlhf_segments.check_pins()
-    for target, digest in openrlhf_segments.PINNED.items():
-        assert openrlhf_segments.source_digest(target) == digest, target
+    segments.check_pins()
+    for target, digest in segments.PINNED.items():
+        assert segments.source_digest(target) == digest, target
     from openrlhf.models.utils import compute_reward
     from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
-    original = openrlhf_segments._ORIGINAL
+    original = segments._ORIGINAL
     assert list(inspect.signature(compute_reward).parameters) == [
         "r", "kl_coef", "kl", "action_mask", "reward_clip_range",
     ]  # fmt: skip
@@ -288,29 +286,29 @@ def test_the_pinned_internals_are_openrlhf_0_11_2s(installed: None, monkeypatch:
     make = original["openrlhf.trainer.ppo_utils.experience_maker:RemoteExperienceMaker.make_experience_batch"]
     assert list(inspect.signature(make).parameters) == ["self", "rollout_samples"]
 
-    monkeypatch.setattr(openrlhf_segments, "installed_version", lambda name: "0.11.3")
-    with pytest.raises(openrlhf_segments.SegmentExtensionError, match=r"pinned to OpenRLHF 0\.11\.2, found 0\.11\.3"):
-        openrlhf_segments.check_pins()
+    monkeypatch.setattr(segments, "installed_version", lambda name: "0.11.3")
+    with pytest.raises(segments.SegmentExtensionError, match=r"pinned to OpenRLHF 0\.11\.2, found 0\.11\.3"):
+        segments.check_pins()
 
 
 def test_the_ray_hooks_install_it_in_every_worker() -> None:
-    env = openrlhf_segments.runtime_env_hook({"env_vars": {"A": "1"}})
-    assert env == {"env_vars": {"A": "1"}, "worker_process_setup_hook": "agent_train.openrlhf_segments.setup_worker"}
-    assert openrlhf_segments.runtime_env_hook(None)["worker_process_setup_hook"] == openrlhf_segments.SETUP_HOOK
+    env = segments.runtime_env_hook({"env_vars": {"A": "1"}})
+    assert env == {"env_vars": {"A": "1"}, "worker_process_setup_hook": "agent_train.openrlhf.segments.setup_worker"}
+    assert segments.runtime_env_hook(None)["worker_process_setup_hook"] == segments.SETUP_HOOK
 
 
 def test_the_entry_module_installs_then_runs_openrlhfs_main(monkeypatch: pytest.MonkeyPatch) -> None:
-    from agent_train import openrlhf_main
+    from agent_train.openrlhf import main
 
     calls: list[Any] = []
     monkeypatch.delenv("RAY_RUNTIME_ENV_HOOK", raising=False)
-    monkeypatch.setattr(openrlhf_main, "install", lambda: calls.append("install"))
-    monkeypatch.setattr(openrlhf_main.runpy, "run_module", lambda name, **kw: calls.append((name, kw)))
-    openrlhf_main.main()
+    monkeypatch.setattr(main, "install", lambda: calls.append("install"))
+    monkeypatch.setattr(main.runpy, "run_module", lambda name, **kw: calls.append((name, kw)))
+    main.main()
     assert calls == ["install", ("openrlhf.cli.train_ppo_ray", {"run_name": "__main__", "alter_sys": True})]
     import os
 
-    assert os.environ["RAY_RUNTIME_ENV_HOOK"] == "agent_train.openrlhf_segments.runtime_env_hook"
+    assert os.environ["RAY_RUNTIME_ENV_HOOK"] == "agent_train.openrlhf.segments.runtime_env_hook"
 
 
 class LengthsPolicy:

@@ -34,13 +34,13 @@ from agent_protocol import HFTokenizer  # noqa: E402
 from agent_runtime import ScriptedEngine  # noqa: E402
 from agent_runtime.recipe import Recipe, load_recipe  # noqa: E402
 from agent_train import LaunchConfig, check_plan, plan_launch  # noqa: E402
-from agent_train.executor import AgentExecutor  # noqa: E402
 from agent_train.local.batch import pad_batch, token_logprobs  # noqa: E402
 from agent_train.local.rl import group_advantages  # noqa: E402
-from agent_train.local_rollout_engine import LocalRolloutEngine  # noqa: E402
-from agent_train.openrlhf_flash_attn import load_ring_attn_utils  # noqa: E402
+from agent_train.openrlhf.executor import AgentExecutor  # noqa: E402
+from agent_train.openrlhf.optional_flash_attn import load_ring_attn_utils  # noqa: E402
 from tests.agent_runtime.test_session import answer, call  # noqa: E402
 from tests.agent_train.test_executor import execute  # noqa: E402
+from tests.support.local_rollout_engine import LocalRolloutEngine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = 4
@@ -61,7 +61,7 @@ GROUP_PRESETS = {"reinforce_baseline", "rloo", "grpo", "dr_grpo", "dapo"}
 def openrlhf_module(name: str) -> ModuleType:
     """An OpenRLHF module that imports `openrlhf.models`, whose ring-attention helpers import flash-attn at module
     level: a CUDA-only wheel the workspace excludes and that the advantage and loss code never calls. The job's own
-    loader (`openrlhf_flash_attn.load_ring_attn_utils`) loads that module with stand-ins that raise when called."""
+    loader (`optional_flash_attn.load_ring_attn_utils`) loads that module with stand-ins that raise when called."""
     load_ring_attn_utils()
     return importlib.import_module(name)
 

@@ -24,8 +24,8 @@ from agent_protocol import HFTokenizer
 from agent_runtime import ScriptedEngine
 from agent_runtime.agent_program import AgentProgram, ProgramTask
 from agent_runtime.recipe import Recipe
-from agent_train.executor import AgentExecutor
-from agent_train.openrlhf_segments import SEGMENTS_KEY
+from agent_train.openrlhf.executor import AgentExecutor
+from agent_train.openrlhf.segments import SEGMENTS_KEY
 from agent_train.task import encode_task
 from examples.any_agent.agent import CALCULATOR_TOOL, calculator_agent
 from tests.agent_runtime.test_session import QUESTION

@@ -16,8 +16,8 @@ import pytest
 from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline, ToolCallReward
 from agent_protocol import Action, HFTokenizer
 from agent_runtime import Recipe, ScriptedEngine
-from agent_train.executor import AgentExecutor
 from agent_train.local.rollout import Rollouts
+from agent_train.openrlhf.executor import AgentExecutor
 from agent_train.task import encode_task
 from tests.agent_runtime.test_episode_base_exceptions import FAULTS
 from tests.agent_runtime.test_session import QUESTION, answer, call

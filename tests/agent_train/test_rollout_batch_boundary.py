@@ -17,13 +17,13 @@ from typing import Any
 
 from agent_protocol import HFTokenizer
 from agent_runtime import ScriptedEngine
-from agent_train.executor import AgentExecutor
 from agent_train.local.rollout import Rollouts
-from agent_train.local_rollout_engine import LocalRolloutEngine
+from agent_train.openrlhf.executor import AgentExecutor
 from agent_train.task import encode_task
 from tests.agent_runtime.test_session import QUESTION, answer, call
 from tests.agent_train.conftest import calculator_recipe
 from tests.agent_train.test_executor import openrlhf_params
+from tests.support.local_rollout_engine import LocalRolloutEngine
 
 DEGENERATE = "<tool_call>\n" + "[" * 1500 + "]" * 1500 + "\n</tool_call><|im_end|>"
 

@@ -35,11 +35,11 @@ import pytest
 from agent_demo.recipe import make_recipe
 from agent_demo.running_total import RESUME_TEMPLATE
 from agent_runtime import AgentRuntime, Recipe, RunResult, SamplingParams, read_trajectories
-from agent_train.executor import AgentExecutor
 from agent_train.local.demos import get_demo
-from agent_train.local_rollout_engine import LocalRolloutEngine
+from agent_train.openrlhf.executor import AgentExecutor
 from agent_train.task import encode_task, label_of
 from tests.agent_train.test_executor import openrlhf_params
+from tests.support.local_rollout_engine import LocalRolloutEngine
 from tests.support.serve_process import ServeProcess, free_port
 from tests.vllm_cpu.conftest import ENGINE_ARGS, LoopThread
 from tests.vllm_cpu.test_engine import LOGPROB_TOLERANCE

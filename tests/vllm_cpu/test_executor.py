@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from agent_train.executor import AgentExecutor
-from agent_train.local_rollout_engine import LocalRolloutEngine
+from agent_train.openrlhf.executor import AgentExecutor
 from agent_train.task import encode_task
 from tests.agent_runtime.test_session import QUESTION
 from tests.agent_train.conftest import calculator_recipe
 from tests.agent_train.test_executor import openrlhf_params
+from tests.support.local_rollout_engine import LocalRolloutEngine
 from tests.vllm_cpu.conftest import CONTEXT, LoopThread
 from tests.vllm_cpu.test_engine import LOGPROB_TOLERANCE
 

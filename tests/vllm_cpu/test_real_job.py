@@ -1,11 +1,11 @@
 """OpenRLHF's real job, started by the launcher's own command, on this machine's CPUs: every step checked.
 
-`apps/train --backend openrlhf --device cpu` runs `python -m agent_train.openrlhf_main`, which is OpenRLHF
-0.11.2's `train_ppo_ray` with the segment extension and the CPU bridges (`agent_train.openrlhf_cpu`): a local Ray
-given fake GPUs, DeepSpeed's CPU accelerator under ZeRO-3 for the actor and the reference model, vLLM's CPU build
-as the rollout engine driven by our `AgentExecutor`, the weights synced to vLLM over gloo after every step, and a
-saved model. Nothing here stands in for a part of the job: the processes are the real ones, and what they checked
-at each step is read from the file they wrote (`agent_train.openrlhf_checks`).
+`apps/train --backend openrlhf --device cpu` runs `python -m agent_train.openrlhf.main`, which is OpenRLHF 0.11.2's
+`train_ppo_ray` with the segment extension and the CPU bridges (`agent_train.openrlhf.cpu_bridges`): a local Ray given
+fake GPUs, DeepSpeed's CPU accelerator under ZeRO-3 for the actor and the reference model, vLLM's CPU build as the
+rollout engine driven by our `AgentExecutor`, the weights synced to vLLM over gloo after every step, and a saved model.
+Nothing here stands in for a part of the job: the processes are the real ones, and what they checked at each step is
+read from the file they wrote (`agent_train.openrlhf.cpu_checks`).
 
 Two runs of GRPO (hybrid layout, reference model for the KL loss), three steps each, from the demo agents' SFT
 models (`conftest.calculator_sft_model`, `compaction_sft_model`):
@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from agent_train.openrlhf_checks import MAX_LOGPROB_GAP, CheckReport, verdict
+from agent_train.openrlhf.cpu_checks import MAX_LOGPROB_GAP, CheckReport, verdict
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 3  # OpenRLHF's warmup gives the first step a learning rate of 0: the third samples after a real update

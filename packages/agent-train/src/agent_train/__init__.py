@@ -1,26 +1,28 @@
 """agent-train: the OpenRLHF glue. A recipe's agent, trained with OpenRLHF, is byte for byte the agent
 `apps/serve` runs.
 
-- `AgentExecutor` (`agent_train.executor`): the recipe's `AgentSession`, driven by `AgentRuntime` against
+- `AgentExecutor` (`agent_train.openrlhf.executor`): the recipe's `AgentSession`, driven by `AgentRuntime` against
   OpenRLHF's vLLM rollout engine, returning the dict OpenRLHF trains on. `AGENT_FUNC_PATH` is the file to pass as
   ``--train.agent_func_path``; it reads the recipe from ``AGENT_RECIPE``.
-- `LocalRolloutEngine`: OpenRLHF's rollout-engine contract served by any `LLMEngine` (the `hf` engine on CPU), for
-  the local trainer and tests.
-- Launcher: `LaunchConfig` -> `plan_launch` -> `prepare_data` / `check_plan` (OpenRLHF's own parser) ->
-  `run_plan` (local Ray, or ``ray job submit``).
+- Launcher (`agent_train.openrlhf.launcher`): `LaunchConfig` -> `plan_launch` -> `prepare_data` / `check_plan`
+  (OpenRLHF's own parser) -> `run_plan` (local Ray, or ``ray job submit``).
 - Data: `prepare_recipe_dataset`, `prepare_jsonl_dataset` (OpenRLHF's prompt JSONL, errors name line and field).
 
-Importing this package is light: OpenRLHF, vLLM and torch are imported only by `agent_train.executor`,
-`agent_train.openrlhf_agent` and `agent_train.local_rollout_engine` (also reachable lazily from here).
+The OpenRLHF glue lives in `agent_train.openrlhf`; the local trainer in `agent_train.local`. Importing this package
+is light: OpenRLHF, vLLM and torch are imported only by `agent_train.openrlhf.executor` and
+`agent_train.openrlhf.agent_func` (the executor is also reachable lazily from here).
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from importlib.metadata import version as _version
 from typing import TYPE_CHECKING, Any
 
-from agent_train.dataset import (
+from agent_train.errors import DatasetError, LaunchError, TrainError
+from agent_train.openrlhf.arguments import CheckedArguments, build_parser, check_arguments
+from agent_train.openrlhf.dataset import (
     INPUT_KEY,
     LABEL_KEY,
     openrlhf_record,
@@ -30,8 +32,7 @@ from agent_train.dataset import (
     recipe_rows,
     write_dataset,
 )
-from agent_train.errors import DatasetError, LaunchError, TrainError
-from agent_train.launcher import (
+from agent_train.openrlhf.launcher import (
     AGENT_FUNC_PATH,
     ALGORITHMS,
     DEVICES,
@@ -44,14 +45,12 @@ from agent_train.launcher import (
     prepare_data,
     run_plan,
 )
-from agent_train.openrlhf_args import CheckedArguments, build_parser, check_arguments
-from agent_train.openrlhf_engine import OpenRLHFEngine
+from agent_train.openrlhf.rollout_engine import OpenRLHFEngine
 from agent_train.sample import ERROR_CODES, RolloutSample, extra_log_keys, extra_logs, mean_logs, sample_from_trajectory
 from agent_train.task import AgentTask, decode_task, encode_task, label_of
 
 if TYPE_CHECKING:
-    from agent_train.executor import AgentExecutor, Rollout, as_tokenizer
-    from agent_train.local_rollout_engine import LocalRolloutEngine
+    from agent_train.openrlhf.executor import AgentExecutor, Rollout, as_tokenizer
 
 __all__ = [
     "AGENT_FUNC_PATH",
@@ -68,7 +67,6 @@ __all__ = [
     "LaunchConfig",
     "LaunchError",
     "LaunchPlan",
-    "LocalRolloutEngine",
     "OpenRLHFEngine",
     "Rollout",
     "RolloutSample",
@@ -100,14 +98,21 @@ __all__ = [
 __version__ = _version("agent-train")
 
 _LAZY = {
-    "AgentExecutor": "agent_train.executor",
-    "Rollout": "agent_train.executor",
-    "as_tokenizer": "agent_train.executor",
-    "LocalRolloutEngine": "agent_train.local_rollout_engine",
+    "AgentExecutor": "agent_train.openrlhf.executor",
+    "Rollout": "agent_train.openrlhf.executor",
+    "as_tokenizer": "agent_train.openrlhf.executor",
 }
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name == "LocalRolloutEngine":  # deprecated: a test-only engine, moved out of the package
+        warnings.warn(
+            "agent_train.LocalRolloutEngine is deprecated: it is a test fake, now "
+            "tests.support.local_rollout_engine.LocalRolloutEngine in the repository",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return importlib.import_module("tests.support.local_rollout_engine").LocalRolloutEngine
     raise AttributeError(f"module 'agent_train' has no attribute {name!r}")

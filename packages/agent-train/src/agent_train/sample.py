@@ -11,7 +11,7 @@ Which tokens are trained: every segment, each as a record of its own (`segment_s
 is the one record of the whole episode. After a compaction, each earlier segment (ending with its summary turn)
 was generated under a context that no longer exists in the next one; OpenRLHF computes every token's logprob from
 the tokens before it in its sequence, so each segment is a sequence of its own, exact on its own, and every
-record carries the episode's reward (the advantage is the episode's, see `openrlhf_segments`).
+record carries the episode's reward (the advantage is the episode's, see `segments`).
 `sample_from_trajectory` is the last record alone, what plain OpenRLHF trains. `overlong` marks the records of an
 episode that `ended_by_budget` (SUPO's over-long rollouts, masked from the loss by default).
 

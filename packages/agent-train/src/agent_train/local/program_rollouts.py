@@ -19,8 +19,8 @@ from typing import Any
 import msgspec
 
 from agent_runtime import LLMEngine, Recipe, RecipeError
-from agent_train.executor import AgentExecutor
 from agent_train.local.rollout import RolloutRecord, Rollouts, segment_records
+from agent_train.openrlhf.executor import AgentExecutor
 from agent_train.task import encode_task
 
 __all__ = ["ProgramRollouts"]

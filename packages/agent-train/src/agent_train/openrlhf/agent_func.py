@@ -1,6 +1,6 @@
 """The file to pass as OpenRLHF's ``--train.agent_func_path``; users never copy glue code.
 
-    AGENT_RECIPE=recipes/calculator.py python -m agent_train.openrlhf_main \\
+    AGENT_RECIPE=recipes/calculator.py python -m agent_train.openrlhf.main \\
         --train.agent_func_path "$(python -c 'import agent_train; print(agent_train.AGENT_FUNC_PATH)')" ...
 
 OpenRLHF imports this file by path in every vLLM rollout actor and constructs `AgentExecutor()` with no
@@ -17,7 +17,7 @@ from functools import cache
 from typing import Final
 
 from agent_runtime.recipe import Recipe, RecipeError, load_recipe
-from agent_train.executor import AgentExecutor as RecipeAgentExecutor
+from agent_train.openrlhf.executor import AgentExecutor as RecipeAgentExecutor
 
 __all__ = ["RECIPE_ENV", "TIMEOUT_ENV", "AgentExecutor", "recipe_from_environment"]
 

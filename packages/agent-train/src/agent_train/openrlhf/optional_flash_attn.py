@@ -85,7 +85,9 @@ def load_ring_attn_utils() -> None:
     module = importlib.util.module_from_spec(module_spec)
     added = [name for name in _STAND_INS if name not in sys.modules]
     for name in added:
-        stand_in = types.ModuleType(name, "a stand-in: flash-attn is not installed (agent_train.openrlhf_flash_attn)")
+        stand_in = types.ModuleType(
+            name, "a stand-in: flash-attn is not installed (agent_train.openrlhf.optional_flash_attn)"
+        )
         for attribute in _STAND_INS[name]:
             setattr(stand_in, attribute, _missing(attribute))
         sys.modules[name] = stand_in

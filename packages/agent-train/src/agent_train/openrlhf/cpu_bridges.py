@@ -12,8 +12,8 @@ site-packages:
 - **The device mesh** (``init_device_mesh("cuda", ...)`` in OpenRLHF's DeepSpeed strategy) is built on ``"cpu"``.
   DeepSpeed's own CPU accelerator (picked when no GPU is found) gives its ``gloo`` backend.
 - **The weight-sync group** is always vLLM's ``PyNcclCommunicator`` in OpenRLHF, whatever ``--vllm.sync_backend``
-  says: here it is a gloo group (`openrlhf_weight_sync.GlooBroadcastGroup`), and vLLM's side is agent-train's
-  worker extension (`openrlhf_weight_sync.CpuWorkerExtension`), which receives on the CPU and loads the weights
+  says: here it is a gloo group (`cpu_weight_sync.GlooBroadcastGroup`), and vLLM's side is agent-train's
+  worker extension (`cpu_weight_sync.CpuWorkerExtension`), which receives on the CPU and loads the weights
   with vLLM's layer-wise reload (vLLM's CPU build repacks linear weights, so OpenRLHF's direct ``load_weights``
   does not apply).
 - **vLLM's engine arguments** (OpenRLHF hard-codes them in `create_vllm_engines`): a fixed KV cache
@@ -22,10 +22,10 @@ site-packages:
   compare vLLM's logprobs with the actor's.
 - **The optimizer** is torch's AdamW (DeepSpeed's ``torch_adam``), not DeepSpeed's fused Adam, which its CPU
   accelerator would compile at start-up.
-- **Ray's GPUs** are resources Ray is told about (`openrlhf_main` starts Ray with ``num_gpus``): OpenRLHF's
+- **Ray's GPUs** are resources Ray is told about (`main` starts Ray with ``num_gpus``): OpenRLHF's
   ``num_gpus=1`` actors and ``{"GPU": 1}`` bundles schedule as on a GPU node; nothing uses a GPU.
 
-Each bridged module's source is pinned (`PINNED_SOURCES`, like `openrlhf_segments.PINNED`): a different
+Each bridged module's source is pinned (`PINNED_SOURCES`, like `segments.PINNED`): a different
 OpenRLHF or vLLM is refused before anything starts, since a new CUDA call there would fail deep in a worker.
 `install()` runs in the driver and, through the same Ray worker setup hook as the segment extension, in every
 Ray worker, when ``AGENT_OPENRLHF_DEVICE=cpu`` (`DEVICE_ENV`). Torch, OpenRLHF and vLLM are imported inside the
@@ -140,7 +140,7 @@ def check_pins() -> None:
         if found.split("+")[0] != pinned:
             raise CpuBridgeError(
                 f"the CPU bridges are pinned to {package} {pinned}, found {found}: re-read the bridged modules "
-                "(agent_train/openrlhf_cpu.py, PINNED_SOURCES) before running the job on a CPU"
+                "(agent_train/openrlhf/cpu_bridges.py, PINNED_SOURCES) before running the job on a CPU"
             )
     changed = [module for module, digest in PINNED_SOURCES.items() if source_digest(module) != digest]
     if changed:
@@ -239,7 +239,7 @@ class _RolloutActorOnCpu:
         return _RolloutActorOnCpu(self._real, {**self._options, **options})
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        from agent_train.openrlhf_weight_sync import WORKER_EXTENSION
+        from agent_train.openrlhf.cpu_weight_sync import WORKER_EXTENSION
 
         kwargs.update(
             worker_extension_cls=WORKER_EXTENSION,
@@ -288,7 +288,7 @@ def install() -> None:
     if _INSTALLED:
         return
     check_pins()
-    from agent_train import openrlhf_checks, openrlhf_weight_sync
+    from agent_train.openrlhf import cpu_checks, cpu_weight_sync
 
     for name in CUDA_MODULES:
         module: Any = importlib.import_module(name)
@@ -299,10 +299,10 @@ def install() -> None:
     strategy.get_train_ds_config = _torch_adam(strategy.get_train_ds_config)
     actor: Any = importlib.import_module("openrlhf.trainer.ray.ppo_actor")
     actor.torch_dist_barrier_and_cuda_sync = _barrier_and_sync
-    actor.stateless_init_process_group = openrlhf_weight_sync.gloo_group_for_actor
+    actor.stateless_init_process_group = cpu_weight_sync.gloo_group_for_actor
     engines: Any = importlib.import_module("openrlhf.trainer.ray.vllm_engine")
     engines.RolloutRayActor = _RolloutActorOnCpu(engines.RolloutRayActor)
     samples: Any = importlib.import_module("openrlhf.trainer.ppo_utils.samples_generator")
     samples.SamplingParams = _sampling_params_with_logprobs(samples.SamplingParams)
-    openrlhf_checks.install()
+    cpu_checks.install()
     _INSTALLED.append(True)

@@ -8,7 +8,7 @@ The episode is not re-implemented here: `execute` wraps OpenRLHF's rollout engin
 the recipe's session with `AgentRuntime`, the same loop `apps/serve` runs, so prompt rendering, token-in-token-out
 transcripts, parsing, tools, rewards, budgets and compaction are the serving code's, byte for byte. The finished
 `Trajectory` becomes one record per segment (`segment_samples`, see `sample.py`), and OpenRLHF gets them as one
-dict (`openrlhf_segments.episode_record`): the last segment's, the earlier ones under ``agent_segments`` for the
+dict (`segments.episode_record`): the last segment's, the earlier ones under ``agent_segments`` for the
 segment extension the launcher installs, which trains every segment with the episode's advantage; an episode that
 ran out of budget without answering carries ``agent_overlong``. A plain episode's dict is OpenRLHF's own format,
 nothing added.
@@ -40,7 +40,7 @@ never enters the transcript. Either way no record holds a pad without its image 
 
 `rollout()` is the same episode for callers outside OpenRLHF (the local trainer): it takes any `LLMEngine` and
 returns the whole `Trajectory` with its segment records. OpenRLHF constructs its executor with no arguments;
-`agent_train/openrlhf_agent.py` is that no-argument class, reading the recipe from ``AGENT_RECIPE``.
+`agent_train/openrlhf/agent_func.py` is that no-argument class, reading the recipe from ``AGENT_RECIPE``.
 This module imports OpenRLHF (for the base class), hence torch; the package root does not import it.
 """
 
@@ -60,8 +60,8 @@ from agent_protocol.images import collapse_image_pads, read_image
 from agent_protocol.tokenizer import processor_vision_grid
 from agent_runtime import AgentRuntime, AssistantEvent, LLMEngine, SamplingParams, Trajectory
 from agent_runtime.recipe import Recipe, load_recipe
-from agent_train.openrlhf_engine import OpenRLHFEngine
-from agent_train.openrlhf_segments import episode_record
+from agent_train.openrlhf.rollout_engine import OpenRLHFEngine
+from agent_train.openrlhf.segments import episode_record
 from agent_train.sample import RolloutSample, segment_samples
 from agent_train.task import dataset_images, decode_task
 

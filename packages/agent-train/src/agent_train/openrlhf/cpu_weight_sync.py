@@ -12,7 +12,7 @@ CPU:
   ``empty_cache=True``), then loads them all with vLLM's layer-wise ``reload_weights``: vLLM's CPU build repacks
   linear weights after loading, which a direct ``load_weights`` of one tensor does not redo.
 
-Both sides report to `openrlhf_checks` (what was sent, what was received and whether the engine's weights took
+Both sides report to `cpu_checks` (what was sent, what was received and whether the engine's weights took
 it), which is how a CPU run proves the sync. This module imports torch inside its functions only.
 """
 
@@ -22,11 +22,11 @@ import datetime
 import importlib
 from typing import Any, Final
 
-from agent_train import openrlhf_checks
+from agent_train.openrlhf import cpu_checks
 
 __all__ = ["WORKER_EXTENSION", "CpuWorkerExtension", "GlooBroadcastGroup", "gloo_group_for_actor"]
 
-WORKER_EXTENSION: Final = "agent_train.openrlhf_weight_sync.CpuWorkerExtension"
+WORKER_EXTENSION: Final = "agent_train.openrlhf.cpu_weight_sync.CpuWorkerExtension"
 _TIMEOUT: Final = datetime.timedelta(minutes=10)
 
 
@@ -45,7 +45,7 @@ class GlooBroadcastGroup:
     def broadcast(self, tensor: Any, src: int = 0, stream: Any = None) -> None:
         """Broadcast `tensor` from `src` in place (`stream` is OpenRLHF's CUDA stream argument: unused)."""
         if self.rank == src:
-            openrlhf_checks.weight_sent(tensor)
+            cpu_checks.weight_sent(tensor)
         self.group.broadcast(tensor, src).wait()  # gloo's (tensor, root) overload
 
 
@@ -91,12 +91,12 @@ class CpuWorkerExtension:
     def _agent_load_pending(self) -> None:
         weights, self._agent_pending = self._agent_pending, []
         model = self.model_runner.get_model()
-        before = openrlhf_checks.model_digest(model) if openrlhf_checks.enabled() else ""
+        before = cpu_checks.model_digest(model) if cpu_checks.enabled() else ""
         dtype = self.model_config.dtype  # the dtype vLLM holds the model in
         self.model_runner.reload_weights(
             weights_iterator=iter([(name, w.to(dtype)) for name, w in weights]), is_checkpoint_format=True
         )
-        openrlhf_checks.weights_loaded(model, weights, before)
+        cpu_checks.weights_loaded(model, weights, before)
 
     def update_weight_cuda_ipc(self, *args: Any, **kwargs: Any) -> None:
         raise RuntimeError("--device cpu has no CUDA IPC: the actor must sync over the gloo group")

@@ -43,7 +43,7 @@ is not pushed to compact forever: their reward still counts in their group's bas
 loss finite when a whole step is over-long. On by default; ``AGENT_MASK_OVERLONG=0`` turns it off.
 
 Processes: the trainer (or, in async mode, the generator and training actors) needs the extension; the rollout
-actors only run the executor. `agent_train.openrlhf_main` installs it in the driver and, through
+actors only run the executor. `agent_train.openrlhf.main` installs it in the driver and, through
 ``RAY_RUNTIME_ENV_HOOK`` (`runtime_env_hook`), in every Ray worker as its `worker_process_setup_hook`
 (`setup_worker`). Caveat: OpenRLHF sizes its learning-rate schedule from prompts x `n_samples_per_prompt`; segments
 add samples, so a compacting run takes more optimizer steps per rollout than that schedule planned.
@@ -68,9 +68,9 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as installed_version
 from typing import Any, Final
 
-from agent_train import openrlhf_checks, openrlhf_cpu
 from agent_train.errors import TrainError
-from agent_train.openrlhf_flash_attn import load_ring_attn_utils
+from agent_train.openrlhf import cpu_bridges, cpu_checks
+from agent_train.openrlhf.optional_flash_attn import load_ring_attn_utils
 from agent_train.sample import RolloutSample
 
 __all__ = [
@@ -97,7 +97,7 @@ SEGMENTS_KEY: Final = "agent_segments"
 OVERLONG_KEY: Final = "agent_overlong"
 """The key set (to True) on the dict of an episode that ran out of budget without answering."""
 MASK_OVERLONG_ENV: Final = "AGENT_MASK_OVERLONG"
-SETUP_HOOK: Final = "agent_train.openrlhf_segments.setup_worker"
+SETUP_HOOK: Final = "agent_train.openrlhf.segments.setup_worker"
 
 _SAMPLES: Final = "openrlhf.trainer.ppo_utils.samples_generator"
 _MAKER: Final = "openrlhf.trainer.ppo_utils.experience_maker"
@@ -138,7 +138,7 @@ def _arrive(record: dict[str, Any]) -> SegmentedRecord:
         raise SegmentExtensionError(
             f"an episode with {len(record.get(SEGMENTS_KEY) or [])} earlier segment(s) (a compacted episode) reached "
             f"OpenRLHF in process {os.getpid()} without agent-train's segment extension, so only its last segment "
-            "would be trained. Start the job with `python -m agent_train.openrlhf_main` (as `apps/train --backend "
+            "would be trained. Start the job with `python -m agent_train.openrlhf.main` (as `apps/train --backend "
             "openrlhf` does), which installs the extension in every Ray worker; a Ray started elsewhere needs "
             f"`worker_process_setup_hook={SETUP_HOOK!r}` in its runtime env, and a driver under `uv run` needs "
             "RAY_ENABLE_UV_RUN_RUNTIME_ENV=0"
@@ -189,7 +189,7 @@ def check_pins() -> None:
     if found != OPENRLHF_VERSION:
         raise SegmentExtensionError(
             f"the segment extension is pinned to OpenRLHF {OPENRLHF_VERSION}, found {found}: re-read its internals "
-            "(agent_train/openrlhf_segments.py, PINNED) before training compacted episodes with it"
+            "(agent_train/openrlhf/segments.py, PINNED) before training compacted episodes with it"
         )
     changed = [target for target, digest in PINNED.items() if source_digest(target) != digest]
     if changed:
@@ -203,13 +203,13 @@ def installed() -> bool:
 
 def install() -> None:
     """Check the pins and patch OpenRLHF in this process (idempotent). With ``AGENT_OPENRLHF_DEVICE=cpu`` it
-    applies the CPU bridges too (`openrlhf_cpu`)."""
+    applies the CPU bridges too (`cpu_bridges`)."""
     if _ORIGINAL:
         return
     load_ring_attn_utils()  # OpenRLHF imports flash-attn at import time; without it, only its callers fail
     check_pins()
-    if openrlhf_cpu.cpu_requested():
-        openrlhf_cpu.install()
+    if cpu_bridges.cpu_requested():
+        cpu_bridges.install()
     samples = importlib.import_module(_SAMPLES)
     maker = importlib.import_module(_MAKER)
     _ORIGINAL[f"{_SAMPLES}:SamplesGenerator._process_response_into_experience"] = (
@@ -239,7 +239,7 @@ def uninstall() -> None:
 def setup_worker() -> None:
     """Ray's `worker_process_setup_hook`: install the extension in the worker before any actor code runs."""
     install()
-    openrlhf_checks.worker_started()
+    cpu_checks.worker_started()
 
 
 def runtime_env_hook(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
@@ -276,7 +276,7 @@ def _make_experience_batch(self: Any, rollout_samples: list[Any]) -> list[Any]:
             flat.append(sample)
             owners.append(position)
     overlong = [masking and bool(getattr(episode, _OVERLONG_ATTR, False)) for episode in episodes]
-    openrlhf_checks.samples_made(len(episodes), len(flat))
+    cpu_checks.samples_made(len(episodes), len(flat))
     if len(flat) == len(episodes) and not any(overlong):
         return _ORIGINAL[f"{_MAKER}:RemoteExperienceMaker.make_experience_batch"](self, episodes)  # type: ignore[no-any-return]
     experiences = self.make_experience(self.split_rollout_samples(flat))
@@ -387,8 +387,8 @@ def episode_advantages(
             experience.info["group_reward_std"] = stds[owner].clone()
         else:
             experience.info.pop("group_reward_std", None)
-    if openrlhf_checks.enabled():
-        openrlhf_checks.advantages_spread(_episode_spread(experiences, rows), str(args.algo.advantage.estimator))
+    if cpu_checks.enabled():
+        cpu_checks.advantages_spread(_episode_spread(experiences, rows), str(args.algo.advantage.estimator))
     return experiences
 
 

@@ -6,15 +6,15 @@
     check_plan(plan)                      # OpenRLHF's own argument parser and checks, before anything starts
     print(format_command(plan)); run_plan(plan)
 
-The command is `python -m agent_train.openrlhf_main`, which is OpenRLHF's `python -m openrlhf.cli.train_ppo_ray`
-with agent-train's segment extension installed in every process (`openrlhf_segments`: every segment of a compacted
+The command is `python -m agent_train.openrlhf.main`, which is OpenRLHF's `python -m openrlhf.cli.train_ppo_ray`
+with agent-train's segment extension installed in every process (`segments`: every segment of a compacted
 episode is a training sample with the episode's advantage; over-long episodes are masked unless `mask_overlong` is
 off, ``AGENT_MASK_OVERLONG=0``), with openrlhf 0.11's dotted flags:
 
-- the agent: ``--train.agent_func_path`` is agent-train's `openrlhf_agent.py`, and ``AGENT_RECIPE`` (set in the
+- the agent: ``--train.agent_func_path`` is agent-train's `agent_func.py`, and ``AGENT_RECIPE`` (set in the
   local environment, or in the Ray job's runtime environment) names the recipe; the data is the prepared JSONL
   (``--data.input_key agent_task --data.label_key label``, no chat template: the executor renders prompts);
-- the algorithm preset (`openrlhf_presets.ALGORITHMS`): ``ppo`` (GAE with a critic placed like the actor: on the
+- the algorithm preset (`presets.ALGORITHMS`): ``ppo`` (GAE with a critic placed like the actor: on the
   shared GPUs in hybrid mode, on GPUs of its own in async mode), ``reinforce``, ``reinforce_baseline``, ``rloo``,
   ``grpo``, ``dr_grpo`` or ``dapo``, with their KL form and coefficient from OpenRLHF's example scripts
   (`kl_coef` overrides it; 0 drops the KL and the reference model); the group presets need
@@ -31,9 +31,9 @@ off, ``AGENT_MASK_OVERLONG=0``), with openrlhf 0.11's dotted flags:
   OpenRLHF flag can be set or overridden.
 
 With ``device="cpu"`` (``apps/train --device cpu``) the same job runs on this machine's CPUs as a debug mode:
-``AGENT_OPENRLHF_DEVICE=cpu`` makes `openrlhf_main` apply the CPU bridges (`openrlhf_cpu`) and start Ray with fake
+``AGENT_OPENRLHF_DEVICE=cpu`` makes `main` apply the CPU bridges (`cpu_bridges`) and start Ray with fake
 GPUs, the weights sync over gloo (``--vllm.sync_backend gloo``), the sleep modes are left out, and every process
-records its checks in ``RUN_DIR/cpu_checks.jsonl`` (`openrlhf_checks`). Flags that call flash-attn (packing, ring
+records its checks in ``RUN_DIR/cpu_checks.jsonl`` (`cpu_checks`). Flags that call flash-attn (packing, ring
 attention, its kernel) are refused where flash-attn is not installed.
 
 With `ray_address` the command is wrapped in ``ray job submit --address ... --runtime-env-json ... --``;
@@ -59,15 +59,15 @@ import msgspec
 import structlog
 
 from agent_runtime.recipe import Recipe
-from agent_train.dataset import INPUT_KEY, LABEL_KEY, prepare_jsonl_dataset, prepare_recipe_dataset
 from agent_train.errors import LaunchError
-from agent_train.openrlhf_args import CheckedArguments, check_arguments
-from agent_train.openrlhf_checks import CHECKS_ENV
-from agent_train.openrlhf_cpu import DEVICE_ENV, CpuBridgeError
-from agent_train.openrlhf_cpu import check_pins as check_cpu_pins
-from agent_train.openrlhf_flash_attn import INSTALL_HINT, flash_attn_installed, needs_flash_attn
-from agent_train.openrlhf_presets import ALGORITHMS, IS_CORRECTION_FLAGS, Algorithm
-from agent_train.openrlhf_segments import MASK_OVERLONG_ENV
+from agent_train.openrlhf.arguments import CheckedArguments, check_arguments
+from agent_train.openrlhf.cpu_bridges import DEVICE_ENV, CpuBridgeError
+from agent_train.openrlhf.cpu_bridges import check_pins as check_cpu_pins
+from agent_train.openrlhf.cpu_checks import CHECKS_ENV
+from agent_train.openrlhf.dataset import INPUT_KEY, LABEL_KEY, prepare_jsonl_dataset, prepare_recipe_dataset
+from agent_train.openrlhf.optional_flash_attn import INSTALL_HINT, flash_attn_installed, needs_flash_attn
+from agent_train.openrlhf.presets import ALGORITHMS, IS_CORRECTION_FLAGS, Algorithm
+from agent_train.openrlhf.segments import MASK_OVERLONG_ENV
 from agent_train.task import IMAGE_KEY
 
 __all__ = [
@@ -96,9 +96,9 @@ Device = Literal["gpu", "cpu"]
 MODES: Final[tuple[str, ...]] = ("hybrid", "async")
 DEVICES: Final[tuple[str, ...]] = ("gpu", "cpu")
 CHECKS_FILE: Final = "cpu_checks.jsonl"
-TRAIN_MODULE: Final = "agent_train.openrlhf_main"
-AGENT_FUNC_PATH: Final = str(Path(__file__).resolve().with_name("openrlhf_agent.py"))
-"""The installed file to pass as ``--train.agent_func_path`` (see `openrlhf_agent.py`)."""
+TRAIN_MODULE: Final = "agent_train.openrlhf.main"
+AGENT_FUNC_PATH: Final = str(Path(__file__).resolve().with_name("agent_func.py"))
+"""The installed file to pass as ``--train.agent_func_path`` (see `agent_func.py`)."""
 
 
 class LaunchConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -149,7 +149,7 @@ class LaunchConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class LaunchPlan(msgspec.Struct, frozen=True, kw_only=True):
-    """A launch, fully decided: `train_args` are OpenRLHF's flags (after ``-m agent_train.openrlhf_main``), `command`
+    """A launch, fully decided: `train_args` are OpenRLHF's flags (after ``-m agent_train.openrlhf.main``), `command`
     the whole process to start, `env` the variables the run (and its Ray workers) need."""
 
     train_args: list[str]

@@ -1,7 +1,7 @@
 """What a ``--device cpu`` run proves, step by step: the checks its processes record and the verdict on them.
 
 Each process of the job appends one JSON line per event to the file ``AGENT_OPENRLHF_CHECKS`` names (`CHECKS_ENV`;
-`openrlhf_main` sets it to ``RUN_DIR/cpu_checks.jsonl``); lines are short and written with ``O_APPEND``, so
+`main` sets it to ``RUN_DIR/cpu_checks.jsonl``); lines are short and written with ``O_APPEND``, so
 processes do not interleave within a line:
 
 - ``worker``: a Ray worker started, with whether the segment extension and the CPU bridges are installed in it;
@@ -93,9 +93,9 @@ def worker_started() -> None:
     """Record a Ray worker's start, with what is installed in it."""
     if not enabled():
         return
-    from agent_train import openrlhf_cpu, openrlhf_segments
+    from agent_train.openrlhf import cpu_bridges, segments
 
-    record("worker", segments=openrlhf_segments.installed(), cpu=openrlhf_cpu.installed())
+    record("worker", segments=segments.installed(), cpu=cpu_bridges.installed())
 
 
 def weight_sent(tensor: Any) -> None:
