@@ -279,7 +279,6 @@ class HFEngine(HFBatching, LLMEngine):
             prompt = array.array("q", prompt_ids if isinstance(prompt_ids, list) else list(prompt_ids))
         except (TypeError, OverflowError) as e:
             raise ValueError(f"hf: prompt ids must be ints in the model's vocabulary of {self.vocab_size}: {e}") from e
-        _check_sampling(sampling)
         if not prompt:
             raise ValueError("hf: prompt_ids is empty; the model needs at least one token to continue")
         ids = torch.frombuffer(prompt, dtype=torch.long)  # a view of the array: no copy
@@ -356,15 +355,6 @@ def _image_processor(source: str, log: Any) -> Any:
     except Exception as e:  # no preprocessor_config.json, or one transformers cannot read
         log.warning("hf_image_processor_missing", error=f"{type(e).__name__}: {e}")
         return None
-
-
-def _check_sampling(sampling: SamplingParams) -> None:
-    if sampling.max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {sampling.max_new_tokens}")
-    if sampling.temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {sampling.temperature}")
-    if not 0 < sampling.top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}")
 
 
 def _model_eos_ids(model: Any) -> tuple[int, ...]:

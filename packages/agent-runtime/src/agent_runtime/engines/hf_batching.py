@@ -48,7 +48,7 @@ positions the cache reaches by the last token any row may still generate (the pr
 budget left) stays within it; otherwise it waits, first in line, for the next batch, and the requests behind it wait
 behind it (arrival order is kept). A request larger than the bound on its own runs alone. So no forward pass
 holds more than `max(max_batch_tokens, the largest lone request)` positions (`peak_batch_tokens` is the most one
-held; `deferred_requests` counts the waits). Memory per position is the prefix cache's figure above.
+held; `deferred_requests` counts the waits). Memory per position is the prefix cache's figure (`hf_decode`).
 
 Failures: if a batch fails, each request it had not answered is retried alone (without joining), so one bad request
 cannot fail its neighbours. The event loop only awaits a future, so it is never blocked, and the engine can be
