@@ -172,9 +172,12 @@ def hermes_call(call: ToolCall) -> str:
     return f'<tool_call>\n{{"name": "{call.name}", "arguments": {tojson(call.arguments)}}}\n</tool_call>'
 
 
-def hermes_calls(content: str | None, calls: Iterable[ToolCall]) -> str:
+def hermes_calls(content: str | None, calls: Sequence[ToolCall]) -> str:
     """The calls after a turn's `content`: each a Hermes block, after a newline unless it opens an empty turn."""
-    return "".join(("\n" if j > 0 or content else "") + hermes_call(call) for j, call in enumerate(calls))
+    if not calls:
+        return ""
+    blocks = [hermes_call(call) for call in calls]
+    return ("\n" if content else "") + "\n".join(blocks)
 
 
 def hermes_tool_response(msgs: list[Message], index: int) -> str:
@@ -183,7 +186,9 @@ def hermes_tool_response(msgs: list[Message], index: int) -> str:
     out: list[str] = []
     if index == 0 or msgs[index - 1].role != "tool":
         out.append(f"{IM_START}user")
-    out.append(f"\n<tool_response>\n{content_with_images(msgs[index])}\n</tool_response>")
+    message = msgs[index]
+    content = content_with_images(message) if message.images else message.content or ""
+    out.append(f"\n<tool_response>\n{content}\n</tool_response>")
     if index == len(msgs) - 1 or msgs[index + 1].role != "tool":
         out.append(f"{IM_END}\n")
     return "".join(out)
