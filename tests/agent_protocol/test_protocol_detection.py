@@ -1,4 +1,4 @@
-"""A model directory names its chat protocol: each of the 13 official templates maps to the registered protocol
+"""A model directory names its chat protocol: each of the 15 official templates maps to the registered protocol
 that renders it, wherever the directory keeps its template; a template-less config falls back on an unambiguous
 model_type; any other family is refused with the directory, what was found and the registered protocols."""
 
