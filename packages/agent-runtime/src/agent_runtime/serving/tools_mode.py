@@ -7,6 +7,12 @@ ids: only the new messages (tool results, a user message) are rendered as feedba
 model sees exactly the ids it sampled. Otherwise the conversation is rendered from scratch. Both are counted
 (`transcript_prefix_hits`, `transcript_rerenders`, `transcript_new` in `/metrics`).
 
+The client owns the conversation, so the recipe's context policy (`Recipe.context`) is asked where a follow-up
+grows the context: `Continue` appends the client's new messages, `NewSegment` renders the server's context anew
+from the messages the policy returned (the client keeps sending its whole conversation; the record keeps both
+segments), `End` is a 400 ``context_length_exceeded``. A `Summarize` is read as `Continue`: the server runs no
+turn the client did not ask for, so a compaction policy only compacts in agent mode.
+
 Only well-formed calls are returned as `tool_calls`; a call the model botched is recorded on the trajectory (one
 record per request, holding the whole conversation's transcript so far). Whatever the engine, the tokenizer or
 the protocol raises fails that request only: a 500 (or an error frame mid-stream) whose code says which
@@ -29,6 +35,7 @@ import structlog
 
 from agent_protocol import Action, Message, MessageError, ToolCall, ToolSpec
 from agent_runtime.boundary import boundary
+from agent_runtime.context_state import ContextState
 from agent_runtime.conversation import Conversation
 from agent_runtime.engine_call import EngineFailure, call_engine
 from agent_runtime.engines.base import Generation
@@ -109,7 +116,14 @@ class _Turn:
             new = messages[last + 1 :]
 
             async def follow_up() -> None:
-                conversation.append_feedback(await conversation.feedback_ids(new), new)
+                state = ContextState(
+                    backend.recipe.context, prompt=_prompt_of(messages), compactions=len(conversation.segments) - 1
+                )
+                grown = await state.add_feedback(conversation, new, summaries=False)
+                if grown.ended is not None:
+                    limit = backend.context_limit
+                    raise ApiError(400, f"{grown.ended.message}; the model's context holds {limit}",
+                                   param="messages", code="context_length_exceeded")  # fmt: skip
 
             await self._contained("the follow-up", follow_up)
             self.prepared = "prefix_hit"
@@ -240,6 +254,7 @@ class _Turn:
                 stop_reason=self.stop_reason(),
                 turns=conversation.turns,
                 tool_calls=len(self.calls),
+                compactions=len(conversation.segments) - 1 if conversation.segments else 0,
                 errors=conversation.errors,
                 timings={"generate_s": self.generate_s, "total_s": time.perf_counter() - self.started},
                 task={"mode": "tools", "prepared": self.prepared},
@@ -254,6 +269,12 @@ class _Turn:
         """Record that the client hung up before this turn was answered."""
         self.conversation.record_error("client_disconnected", "the client went away")
         self.failed = "client_disconnected"
+
+
+def _prompt_of(messages: Sequence[Message]) -> list[Message]:
+    """The conversation's prompt: its messages before the first assistant turn."""
+    first = next((i for i, m in enumerate(messages) if m.role == "assistant"), len(messages))
+    return list(messages[:first])
 
 
 async def _new_turn(
