@@ -74,6 +74,9 @@ class boundary:  # lower case: used as a function, `with boundary("parse") as ca
     exception: BaseException | None = None
     code: StageCode | EngineErrorCode = "internal_error"
     message: str = ""
+    passes: tuple[type[BaseException], ...] = ()
+    limit: int | None = PREVIEW
+    reraise: bool = False
 
     def __init__(
         self,
@@ -84,9 +87,12 @@ class boundary:  # lower case: used as a function, `with boundary("parse") as ca
         reraise: bool = False,
     ) -> None:
         self.stage = stage
-        self.passes = passes
-        self.limit = limit
-        self.reraise = reraise
+        if passes:  # the defaults stay the class's: a boundary per step costs one attribute
+            self.passes = passes
+        if limit != PREVIEW:
+            self.limit = limit
+        if reraise:
+            self.reraise = reraise
 
     def __enter__(self) -> boundary:
         return self
