@@ -215,9 +215,7 @@ _TABLE: Final[list[Family]] = [
                 template="llama3.1_instruct",
             ),
             Member(
-                name="llama3.2",
-                marks=("<|start_header_id|>", "ipython", "strftime_now"),
-                template="llama3.2_instruct",
+                name="llama3.2", marks=("<|start_header_id|>", "ipython", "strftime_now"), template="llama3.2_instruct"
             ),
         ),
         readme=ReadmeRow(
@@ -234,9 +232,7 @@ _TABLE: Final[list[Family]] = [
         module="deepseek_v31",
         members=(
             Member(
-                name="deepseek-v3.1",
-                marks=("<｜Assistant｜>", "<｜tool▁sep｜>", "</think>"),
-                template="deepseek_v3.1",
+                name="deepseek-v3.1", marks=("<｜Assistant｜>", "<｜tool▁sep｜>", "</think>"), template="deepseek_v3.1"
             ),
         ),
         readme=ReadmeRow(
@@ -252,12 +248,7 @@ _TABLE: Final[list[Family]] = [
     Family(
         module="glm45",
         members=(
-            Member(
-                name="glm-4.5",
-                marks=("[gMASK]<sop>", "<arg_key>"),
-                model_types=("glm4_moe",),
-                template="glm4.5",
-            ),
+            Member(name="glm-4.5", marks=("[gMASK]<sop>", "<arg_key>"), model_types=("glm4_moe",), template="glm4.5"),
         ),
         readme=ReadmeRow(
             golden="24 / 24",
@@ -273,12 +264,7 @@ _TABLE: Final[list[Family]] = [
     Family(
         module="gpt_oss",
         members=(
-            Member(
-                name="gpt-oss",
-                marks=("<|channel|>", "<|call|>"),
-                model_types=("gpt_oss",),
-                template="gpt_oss",
-            ),
+            Member(name="gpt-oss", marks=("<|channel|>", "<|call|>"), model_types=("gpt_oss",), template="gpt_oss"),
         ),
         readme=ReadmeRow(
             golden="12 / 12",
