@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 
 from agent_train.local.batch import pad_batch, token_logprobs, values_on_targets  # noqa: E402
 from agent_train.local.rl import group_advantages, policy_loss, rl_update  # noqa: E402
-from agent_train.local.rollout import RolloutRecord, loss_mask_from_ranges  # noqa: E402
+from agent_train.local.rollout import RolloutRecord  # noqa: E402
+from tests.support.loss_masks import loss_mask_from_ranges  # noqa: E402
 
 
 def test_grpo_normalizes_within_each_group() -> None:

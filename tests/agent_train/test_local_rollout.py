@@ -18,10 +18,11 @@ from agent_protocol import HFTokenizer  # noqa: E402
 from agent_runtime.engines.hf import HFEngine  # noqa: E402
 from agent_train.demo.model import DemoModelSpec, build_demo_model  # noqa: E402
 from agent_train.local.batch import pad_batch, token_logprobs  # noqa: E402
-from agent_train.local.rollout import Rollouts, loss_mask_from_ranges  # noqa: E402
+from agent_train.local.rollout import Rollouts  # noqa: E402
 from agent_train.openrlhf.executor import AgentExecutor  # noqa: E402
 from agent_train.task import encode_task, label_of  # noqa: E402
 from tests.support.local_rollout_engine import LocalRolloutEngine  # noqa: E402
+from tests.support.loss_masks import loss_mask_from_ranges  # noqa: E402
 
 RECIPE = make_recipe()
 SMALL = DemoModelSpec(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=2, head_dim=32,

@@ -26,8 +26,9 @@ from agent_protocol import HFTokenizer
 from agent_runtime import AgentRuntime, Recipe, ScriptedEngine
 from agent_train.local.config import ESTIMATORS
 from agent_train.local.rl import episode_advantages, group_advantages, trained_records
-from agent_train.local.rollout import RolloutRecord, Rollouts, loss_mask_from_ranges
+from agent_train.local.rollout import RolloutRecord, Rollouts
 from agent_train.sample import segment_samples
+from tests.support.loss_masks import loss_mask_from_ranges
 
 
 def _rows(

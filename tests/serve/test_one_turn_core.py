@@ -31,7 +31,6 @@ from agent_env.tools.calculator import evaluate, format_number
 from agent_protocol import HFTokenizer, Message
 from agent_runtime import AgentRuntime, ScriptedEngine, Trajectory, read_trajectories
 from agent_runtime.recipe import Compaction, Recipe
-from agent_train.local.rollout import loss_mask_from_ranges
 from agent_train.openrlhf.executor import AgentExecutor
 from agent_train.openrlhf.rollout_engine import OpenRLHFEngine
 from agent_train.task import encode_task, label_of
@@ -39,6 +38,7 @@ from tests.serve.conftest import MODEL, ServerFactory
 from tests.support.calculator_policy import calculator_policy
 from tests.support.calculator_recipe import calculator_recipe
 from tests.support.local_rollout_engine import LocalRolloutEngine
+from tests.support.loss_masks import loss_mask_from_ranges
 
 QUESTION = "What is 123 * 45?"
 ROW = {"prompt": QUESTION, "answer": "5535"}

@@ -40,6 +40,7 @@ __all__ = [
     "BUDGET_STOPS",
     "ERROR_CODES",
     "RolloutSample",
+    "action_logprobs",
     "ended_by_budget",
     "extra_log_keys",
     "extra_logs",
@@ -144,8 +145,11 @@ def extra_logs(trajectory: Trajectory, rewards: RewardPipeline | None) -> dict[s
 
 def ended_by_budget(trajectory: Trajectory, *, truncated: bool) -> bool:
     """Whether the episode ran out of budget without answering: it stopped for one of `BUDGET_STOPS`, or its last
-    turn was cut by the length limit, and it gave no final answer. These are SUPO's over-long rollouts, which
-    the OpenRLHF segment extension can mask from the loss."""
+    turn was cut by the length limit, and it gave no final answer. The one definition of an "overlong" episode:
+    SUPO's over-long rollouts (and DAPO's truncated ones), which the OpenRLHF segment extension
+    (`RolloutSample.overlong`, ``agent_overlong``) and the local trainer (`RolloutRecord.overlong`) leave out of
+    the loss unless told not to; its reward still counts in its group's baseline. An episode that answered is
+    never overlong, whatever budget it used."""
     if trajectory.final_answer is not None:
         return False
     return trajectory.stop_reason in BUDGET_STOPS or truncated
@@ -187,6 +191,15 @@ def segment_samples(
     ]
 
 
+def action_logprobs(segment: TranscriptRecord) -> list[float]:
+    """One logprob per token of `segment`: the engine's for an action token (0.0 where it reported none), 0.0 for
+    every other token, as OpenRLHF's own executors give `rollout_log_probs`."""
+    return [
+        float(lp) if mask and lp is not None else 0.0
+        for lp, mask in zip(segment.logprobs, segment.loss_mask, strict=True)
+    ]
+
+
 def _record(
     trajectory: Trajectory,
     segment: TranscriptRecord,
@@ -196,12 +209,7 @@ def _record(
     with_logprobs: bool,
     truncated: bool,
 ) -> RolloutSample:
-    log_probs: list[float] | None = None
-    if with_logprobs:
-        log_probs = [
-            float(lp) if mask and lp is not None else 0.0
-            for lp, mask in zip(segment.logprobs, segment.loss_mask, strict=True)
-        ]
+    log_probs = action_logprobs(segment) if with_logprobs else None
     reward = float(trajectory.reward)
     return RolloutSample(
         prompt=prompt,

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from agent_runtime import LLMEngine, Recipe, RecipeError
-from agent_train.local.rollout import RolloutRecord, Rollouts, segment_records
+from agent_train.local.rollout import RolloutRecord, Rollouts, episode_records
 from agent_train.openrlhf.executor import AgentExecutor
 from agent_train.task import encode_task
 
@@ -46,6 +46,10 @@ class ProgramRollouts(Rollouts):
         rollout = await self.executor.rollout(
             encode_task(row), None, self.engine, max_length=self.max_length, sampling=sampling, with_logprobs=True
         )
-        return segment_records(
-            rollout.segments, group=group, episode=episode, stop_reason=rollout.trajectory.stop_reason
+        return episode_records(  # the program's segments are prefix breaks, not summaries: no summary ranges
+            rollout.trajectory,
+            group=group,
+            episode=episode,
+            truncated=rollout.sample.truncated,
+            logs=rollout.sample.extra_logs,  # the episode's, with the program's own counts
         )

@@ -5,18 +5,19 @@
     records = await rollouts.collect(rows, group_size=8, temperature=1.0, seed=step)
 
 Each prompt is run `group_size` times, all at once (the engine batches them), through the same runtime, session
-and `Conversation` that serving and OpenRLHF's executor run. A record is one segment of an episode as OpenRLHF's
-rows give it (`agent_train.sample.segment_samples`): ids, loss mask and the engine's logprobs, with the episode's
-reward. An episode that never compacted is one record, exactly the executor's; a compacted one is one record per
-context it ran in, each ending with its summary turn but the last, and every record carries the index of its
-episode, so that advantages are computed per episode and given to all of its segments (`agent_train.local.rl`).
-OpenRLHF's wire format (`observation_tokens`, `action_ranges`) is not a step on this path; the executor
-equivalence test shows that an OpenRLHF job gets the same ids, masks and rewards from the executor. So this path
-imports neither vLLM nor OpenRLHF.
+and `Conversation` that serving and OpenRLHF's executor run. A record (`episode_records`) is one segment of an
+episode read from its transcript record as the session wrote it: its token ids, its loss mask (1 exactly on the
+action tokens) and the engine's logprobs of those tokens, with the episode's reward and `extra_logs`. An episode
+that never compacted is one record; a compacted one is one record per context it ran in, each ending with its
+summary turn but the last, and every record carries the index of its episode, so that advantages are computed per
+episode and given to all of its segments (`agent_train.local.rl`). OpenRLHF's wire format (`RolloutSample`'s
+`observation_tokens` and `action_ranges`) is not a step on this path, so it imports neither vLLM nor OpenRLHF; the
+executor equivalence tests show that an OpenRLHF job gets the same ids, masks and rewards from the executor.
 
 A record also says which of its action tokens are the summary turn (`summary_ranges`: the last action of every
-segment but the last, and of the last when the episode ended on an empty summary) and why the episode stopped, so
-that the trainer can mask summaries (the ablation) or drop episodes the budget ended (`overlong`).
+segment but the last, and of the last when the episode ended on an empty summary) and whether the episode ran out
+of budget without answering (`overlong`: `agent_train.sample.ended_by_budget`, the episodes the OpenRLHF job
+masks too), so that the trainer can mask summaries (the ablation) or leave those episodes out of the loss.
 
 Seeds: episode `i` of a call samples with seed ``seed * 100_003 + i``, so a run is reproducible up to float
 rounding between batch shapes. This module knows runtimes and trajectories; nothing about losses.
@@ -33,17 +34,9 @@ import structlog
 
 from agent_env import describe_error, propagates
 from agent_runtime import AgentRuntime, AssistantEvent, LLMEngine, Recipe, Trajectory
-from agent_train.sample import RolloutSample, segment_samples
+from agent_train.sample import action_logprobs, ended_by_budget, extra_logs
 
-__all__ = [
-    "OVERLONG_STOP_REASONS",
-    "ROLLOUT_BATCHING",
-    "RolloutRecord",
-    "Rollouts",
-    "loss_mask_from_ranges",
-    "segment_records",
-    "summary_ranges",
-]
+__all__ = ["ROLLOUT_BATCHING", "RolloutRecord", "Rollouts", "episode_records", "summary_ranges"]
 
 #: How the local trainer's `HFEngine`s batch: requests that reach the engine within 50 ms start one batch (the wait
 #: ends sooner once no episode is still sending: `HFEngine`'s `batch_wait_full=False`), and a turn
@@ -53,16 +46,13 @@ __all__ = [
 #: trainer keeps joining at once.
 ROLLOUT_BATCHING: Final[dict[str, Any]] = {"batch_wait_s": 0.05, "join_ratio": 0.0, "join_wait_steps": 0}
 
-OVERLONG_STOP_REASONS: Final = frozenset({"context_exhausted"})
-"""How an episode ends when its token budget, not an answer, ended it: no room left for a turn, for a tool
-result, for a summary or for the compacted prompt (after the last allowed compaction, or without compaction)."""
-
 logger = structlog.get_logger(__name__)
 
 
 class RolloutRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """One segment of a sampled episode as OpenRLHF's rows give it, plus the indices of its prompt group, its
-    episode and the segment within the episode (0 for an episode that never compacted)."""
+    """One segment of a sampled episode (its transcript record's ids, loss mask and action logprobs), plus the
+    indices of its prompt group, its episode and the segment within the episode (0 for an episode that never
+    compacted). `overlong`: the episode ran out of budget without answering (`ended_by_budget`)."""
 
     group: int
     ids: list[int]
@@ -75,21 +65,7 @@ class RolloutRecord(msgspec.Struct, frozen=True, kw_only=True):
     segment: int = 0
     summary_ranges: list[tuple[int, int]] = msgspec.field(default_factory=list)
     stop_reason: str | None = None
-
-    @property
-    def overlong(self) -> bool:
-        """The episode's token budget ended it, not an answer (`OVERLONG_STOP_REASONS`)."""
-        return self.stop_reason in OVERLONG_STOP_REASONS
-
-
-def loss_mask_from_ranges(length: int, action_ranges: Sequence[Sequence[int]]) -> list[int]:
-    """OpenRLHF's half-open `action_ranges` as a 0/1 mask over `length` tokens."""
-    mask = [0] * length
-    for start, end in action_ranges:
-        if not 0 <= start <= end <= length:
-            raise ValueError(f"action range ({start}, {end}) is outside a sequence of {length} tokens")
-        mask[start:end] = [1] * (end - start)
-    return mask
+    overlong: bool = False
 
 
 def summary_ranges(trajectory: Trajectory) -> list[list[tuple[int, int]]]:
@@ -104,32 +80,37 @@ def summary_ranges(trajectory: Trajectory) -> list[list[tuple[int, int]]]:
     return ranges
 
 
-def segment_records(
-    samples: Sequence[RolloutSample],
+def episode_records(
+    trajectory: Trajectory,
     *,
     group: int,
     episode: int,
-    stop_reason: str | None,
+    truncated: bool,
+    logs: Mapping[str, float],
     summaries: Sequence[list[tuple[int, int]]] | None = None,
 ) -> list[RolloutRecord]:
-    """An episode's segment samples (`segment_samples`) as records, in order; `summaries` per segment, if any."""
-    if summaries is not None and len(summaries) != len(samples):
-        raise ValueError(f"{len(summaries)} summary range lists for {len(samples)} segments")
+    """The episode's segments as records, in order, read from its transcript records (`Trajectory.segments`), each
+    with the episode's reward, `truncated` (its last turn was cut by the length limit), `logs` (its `extra_logs`)
+    and `overlong`; `summaries` per segment, if any (`summary_ranges`)."""
+    if summaries is not None and len(summaries) != len(trajectory.segments):
+        raise ValueError(f"{len(summaries)} summary range lists for {len(trajectory.segments)} segments")
+    overlong = ended_by_budget(trajectory, truncated=truncated)
     return [
         RolloutRecord(
             group=group,
-            ids=list(sample.observation_tokens),
-            loss_mask=loss_mask_from_ranges(len(sample.observation_tokens), sample.action_ranges),
-            logprobs=list(sample.rollout_log_probs or [0.0] * len(sample.observation_tokens)),
-            reward=sample.reward,
-            truncated=sample.truncated,
-            extra_logs=sample.extra_logs,
+            ids=list(segment.ids),
+            loss_mask=list(segment.loss_mask),
+            logprobs=action_logprobs(segment),
+            reward=float(trajectory.reward),
+            truncated=truncated,
+            extra_logs=dict(logs),
             episode=episode,
             segment=index,
             summary_ranges=summaries[index] if summaries is not None else [],
-            stop_reason=stop_reason,
+            stop_reason=trajectory.stop_reason,
+            overlong=overlong,
         )
-        for index, sample in enumerate(samples)
+        for index, segment in enumerate(trajectory.segments)
     ]
 
 
@@ -193,18 +174,11 @@ class Rollouts:
         if not trajectory.segments:
             raise ValueError(f"the episode has no transcript ({trajectory.stop_reason})")
         turns = [event for event in result.events if isinstance(event, AssistantEvent)]
-        samples = segment_samples(
+        return episode_records(
             trajectory,
-            prompt=row["prompt"],
-            label=None,
-            rewards=self.recipe.rewards,
-            with_logprobs=True,
-            truncated=bool(turns) and turns[-1].finish_reason == "length",
-        )
-        return segment_records(
-            samples,
             group=group,
             episode=episode,
-            stop_reason=trajectory.stop_reason,
+            truncated=bool(turns) and turns[-1].finish_reason == "length",
+            logs=extra_logs(trajectory, self.recipe.rewards),
             summaries=summary_ranges(trajectory),
         )
