@@ -212,17 +212,7 @@ class AgentSession:
             raise ValueError("reset() needs a prompt: a string or at least one message")
         if self.system_prompt is not None and messages[0].role != "system":
             messages.insert(0, Message(role="system", content=self.system_prompt))
-        conversation = Conversation(
-            self.protocol,
-            self._tok(),
-            max_new_tokens=self.max_new_tokens,
-            max_context_tokens=self.max_context_tokens,
-            tools=self.environment.tools,
-            errors=self.errors,
-            max_images=self.max_images,
-            special_tokens_in_text=self.special_tokens_in_text,
-        )
-        self.started = True
+        tokenizer = self._tok()
         self.task = dict(task or {})
         shown = [image.url for message in messages for image in message.images]
         if shown and "images" not in self.task:  # the tools that look (crop) read the task's images
@@ -231,7 +221,17 @@ class AgentSession:
         self.context_state.prompt = self.prompt_messages
         with boundary("environment") as reset_failed:  # ends this episode (below), once its prompt is recorded
             await self.environment.reset(self.task)
-        conversation.tools = list(self.environment.tools)
+        conversation = Conversation(  # with the tools the environment has after its reset
+            self.protocol,
+            tokenizer,
+            max_new_tokens=self.max_new_tokens,
+            max_context_tokens=self.max_context_tokens,
+            tools=self.environment.tools,
+            errors=self.errors,
+            max_images=self.max_images,
+            special_tokens_in_text=self.special_tokens_in_text,
+        )
+        self.started = True
         ids = await conversation.open_segment(messages)  # raises for a prompt that cannot be rendered: caller input
         self.conversation = conversation
         if reset_failed.exception is not None:
