@@ -1,17 +1,19 @@
-"""The local trainer: the demo agent trained on one CPU machine, SFT on expert episodes then RL through the
-OpenRLHF agent executor with the `hf` engine. One idea per module:
+"""The local trainer: the demo agent trained on one CPU machine, SFT on expert episodes then RL on episodes the
+`hf` engine samples through `AgentRuntime` (the session serving and OpenRLHF's executor run), trained from the
+episodes' transcript records. One idea per module:
 
 - `config`: `LocalTrainConfig` and its presets (``default``, ``ci``);
 - `batch`: padded token batches and per-token logprobs;
 - `sft`: expert episodes through the recipe's session, and the cross-entropy step;
-- `rollout`: groups of episodes through `AgentExecutor.execute` and `LocalRolloutEngine`;
+- `rollout`: groups of episodes through `AgentRuntime`, one record per segment read from its transcript record;
+  `program_rollouts`: the same for an agent-program recipe, each episode run by `AgentExecutor.rollout` (the proxy);
 - `rl`: group-normalized advantages and the clipped policy-gradient step (optional KL to the SFT model);
 - `evaluate`: greedy held-out success through `AgentRuntime`;
 - `paired`: two saved models on the same held-out problems, fixed / broken and a sign test;
 - `metrics` (JSONL), `plot` (PNG), `checkpoint` (HF model directory + trainer state, resume);
 - `trainer`: `train_local`, the phases in order; `cli`: `main(argv)`, what `uv run apps/train` runs.
 
-Importing this package is light; `train_local` and `TrainResult` load torch, transformers and vLLM on first use.
+Importing this package is light; `train_local` and `TrainResult` load torch and transformers on first use.
 """
 
 from __future__ import annotations

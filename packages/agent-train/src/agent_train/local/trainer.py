@@ -11,11 +11,11 @@ of `train_local`.
 4. SFT: expert episodes from the scripted expert through the recipe's `AgentSession`, cross-entropy on their
    action tokens; held-out success every `sft_eval_every` steps and after SFT; the SFT model is saved (the KL
    reference);
-5. RL: each step samples `rl_prompts` training prompts `rl_group_size` times through `AgentExecutor.execute`
-   (OpenRLHF's executor contract), computes the `rl_estimator`'s advantages and takes a policy-gradient step on
-   the action tokens; with `rl_dynamic_filtering` (DAPO) the groups whose rewards are all equal are dropped and
-   new prompts are sampled to refill the step, for at most `rl_filter_rounds` rounds; held-out success every
-   `eval_every` steps and at the end;
+5. RL: each step samples `rl_prompts` training prompts `rl_group_size` times through `AgentRuntime` (`Rollouts`:
+   one record per segment, read from the episode's transcript records), computes the `rl_estimator`'s advantages
+   and takes a policy-gradient step on the action tokens; with `rl_dynamic_filtering` (DAPO) the groups whose
+   rewards are all equal are dropped and new prompts are sampled to refill the step, for at most
+   `rl_filter_rounds` rounds; held-out success every `eval_every` steps and at the end;
 6. the final model (a Hugging Face directory), the metrics JSONL, the learning-curve PNG and ``summary.json``.
 
 Run directory: ``metrics.jsonl``, ``learning_curve.png``, ``summary.json``, ``checkpoint/`` (latest, with
