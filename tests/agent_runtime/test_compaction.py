@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ from agent_runtime import (
     ScriptedEngine,
 )
 from tests.agent_runtime.test_session import QUESTION, answer, call
+from tests.support.adding_policy import adding_policy
+from tests.support.drop_tool_results import DropOldestToolResults
 
 SUMMARY = "I computed 17 * 23 with the calculator: 391. Left to do: answer."
 
@@ -116,3 +119,32 @@ def test_compactable_session_is_a_deprecated_spelling_of_the_policy(tokenizer: H
     )
     assert new_run.trajectory.segments == old_run.trajectory.segments and len(new_run.trajectory.segments) == 2
     assert new_run.trajectory.compactions == old_run.trajectory.compactions == 1
+
+
+def test_the_readme_shows_the_policy_the_four_way_test_runs() -> None:
+    """The agent-runtime README's policy of one's own is `tests/support/drop_tool_results.py`'s, line for line
+    (comments aside), so what the README shows is what `tests/serve/test_context_policy_four_ways.py` proves."""
+
+    def lines(text: str) -> list[str]:
+        return [line.split("  #")[0].rstrip() for line in text.splitlines()]
+
+    readme = lines((Path(__file__).resolve().parents[2] / "packages/agent-runtime/README.md").read_text("utf-8"))
+    source = lines(inspect.getsource(DropOldestToolResults))
+    assert any(readme[i : i + len(source)] == source for i in range(len(readme))), "the README's policy drifted"
+
+
+def test_a_policy_of_ones_own_starts_a_new_segment_from_its_messages(tokenizer: HFTokenizer) -> None:
+    """In process, with the scripted adder: two drops, three segments; the record keeps every tool result."""
+    session = AgentSession(
+        environment=lambda: FunctionCallEnvironment(tools=[CalculatorTool()]),
+        protocol="qwen3",
+        tokenizer=tokenizer,
+        max_new_tokens=64,
+        context=DropOldestToolResults(at_tokens=380),
+    )
+    engine = ScriptedEngine(tokenizer, policy=adding_policy(tokenizer))
+    result = asyncio.run(AgentRuntime(engine, session).run("Add 111, 222, 333 and 444 with the calculator."))
+    trajectory = result.trajectory
+    assert result.final_answer == "The answer is 1110." and trajectory.compactions == len(trajectory.segments) - 1 >= 1
+    assert [m.content for m in trajectory.messages if m.role == "tool"] == ["333", "666", "1110"]
+    assert "<tool_response>\n333\n" not in tokenizer.decode(trajectory.segments[-1].ids)  # dropped from the context

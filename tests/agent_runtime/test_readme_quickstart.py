@@ -1,6 +1,6 @@
-"""The agent-runtime README's complete inference loop runs as written: the seed's names
-(`CompactableSession(environment=..., protocol=...)`, `AgentRuntime(engine, session, max_context_tokens=96000)`)
-on a real `hf` engine. The only change made to the code block is the model path, which points at the tests' tiny
+"""The agent-runtime README's complete inference loop runs as written
+(`AgentSession(environment=..., protocol=..., context=CompactionPolicy())`,
+`AgentRuntime(engine, session, max_context_tokens=96000)`) on a real `hf` engine. The only change made to the code block is the model path, which points at the tests' tiny
 random-weight Qwen3 (the real tokenizer and chat template); a random model answers nonsense, so what is checked
 is that the loop runs to its final event, not what the answer says."""
 
@@ -28,7 +28,7 @@ def quickstart() -> str:
 def test_the_readme_inference_loop_runs_as_written(tiny_qwen3_dir: Path) -> None:
     pytest.importorskip("torch")
     code = quickstart()
-    assert "CompactableSession(" in code and "max_context_tokens=96000" in code and PLACEHOLDER in code
+    assert "context=CompactionPolicy()" in code and "max_context_tokens=96000" in code and PLACEHOLDER in code
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(code.replace(PLACEHOLDER, str(tiny_qwen3_dir)), str(README), "exec"), {"__name__": "readme"})

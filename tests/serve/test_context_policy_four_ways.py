@@ -16,32 +16,30 @@ is always kept), so each path's prompts come from its own rendering: any drift c
 
 from __future__ import annotations
 
-import asyncio
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 pytest.importorskip("vllm")
 
-from vllm import SamplingParams as VLLMSamplingParams
 
-from agent_env import CalculatorTool
-from agent_env.tools.calculator import evaluate, format_number
 from agent_protocol import HFTokenizer
 from agent_runtime import (
-    AgentRuntime,
     BudgetPolicy,
     ContextPolicy,
     Recipe,
     ScriptedEngine,
-    Trajectory,
-    read_trajectories,
 )
-from agent_train.task import encode_task, label_of
-from tests.serve.conftest import MODEL, ServerFactory
-from tests.serve.test_one_turn_core import AgentExecutor, LocalRolloutEngine, OpenRLHFEngine, said, tokens
+from tests.serve.conftest import ServerFactory
+from tests.serve.test_one_turn_core import (
+    engine_for,
+    in_process,
+    over_http_agent_mode,
+    over_http_tools_mode,
+    said,
+    through_openrlhf,
+    tokens,
+)
 from tests.support.adding_policy import adding_policy
 from tests.support.calculator_recipe import calculator_recipe
 from tests.support.drop_tool_results import DropOldestToolResults
@@ -56,84 +54,28 @@ def recipe_with(context: ContextPolicy) -> Recipe:
     return calculator_recipe(max_new_tokens=64, context=context)
 
 
-def engine_for(tokenizer: HFTokenizer) -> ScriptedEngine:
-    return ScriptedEngine(tokenizer, policy=adding_policy(tokenizer), logprob=-0.25)
-
-
-def in_process(recipe: Recipe, tokenizer: HFTokenizer) -> Trajectory:
-    runtime = AgentRuntime(engine_for(tokenizer), recipe.make_session(tokenizer))
-    return asyncio.run(runtime.run(QUESTION, task={"answer": ROW["answer"]})).trajectory
-
-
-def through_openrlhf(recipe: Recipe, tokenizer: HFTokenizer) -> tuple[Trajectory, dict[str, Any]]:
-    executor = AgentExecutor(recipe)
-    params = VLLMSamplingParams(temperature=0.0, max_tokens=recipe.max_new_tokens, logprobs=0)
-    context = recipe.max_context_tokens or 8192
-    end = tokenizer.token_to_id(recipe.chat_protocol().end_of_turn)
-    engine = OpenRLHFEngine(LocalRolloutEngine(engine_for(tokenizer)), tokenizer, params, context_length=context,
-                            stop_token_ids=(end,) if end is not None else ())  # fmt: skip
-    rollout = asyncio.run(
-        executor.rollout(encode_task(ROW), label_of(ROW), engine, max_length=context, with_logprobs=True)
-    )
-    wire = asyncio.run(
-        executor.execute(
-            encode_task(ROW), label_of(ROW), params, context, tokenizer, LocalRolloutEngine(engine_for(tokenizer))
-        )
-    )
-    return rollout.trajectory, wire
-
-
-def over_http_agent_mode(start_server: ServerFactory, recipe: Recipe, tokenizer: HFTokenizer, log: Path) -> Trajectory:
-    server = start_server(engine=engine_for(tokenizer), recipe=recipe, trajectory_log=str(log))
-    server.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}])
-    [record] = list(read_trajectories(log))
-    return record
-
-
-def over_http_tools_mode(start_server: ServerFactory, recipe: Recipe, tokenizer: HFTokenizer, log: Path) -> Trajectory:
-    """The client runs each call and sends its whole conversation back, none of it dropped."""
-    server = start_server(engine=engine_for(tokenizer), recipe=recipe, trajectory_log=str(log))
-    tool = CalculatorTool()
-    spec = {"type": "function", "function": {"name": tool.name, "description": tool.description,
-                                             "parameters": tool.parameters}}  # fmt: skip
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": recipe.system_prompt},
-        {"role": "user", "content": QUESTION},
-    ]
-    client = server.client()
-    for _ in range(6):
-        reply = client.chat.completions.create(model=MODEL, messages=messages, tools=[spec])  # type: ignore[arg-type]
-        message = reply.choices[0].message
-        if not message.tool_calls:
-            break
-        calls = [c.model_dump() for c in message.tool_calls]
-        messages.append({"role": "assistant", "content": message.content, "tool_calls": calls})
-        for call in message.tool_calls:
-            result = format_number(evaluate(json.loads(call.function.arguments)["expression"]))
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-    assert sum(m["role"] == "tool" for m in messages) == 3  # the client's history keeps every result
-    records = list(read_trajectories(log))
-    assert [r.task["prepared"] for r in records] == ["new", *["prefix_hit"] * (len(records) - 1)]
-    return records[-1]
+def adder(tokenizer: HFTokenizer) -> ScriptedEngine:
+    return engine_for(tokenizer, adding_policy)
 
 
 def test_a_policy_of_ones_own_is_one_token_stream_four_ways(
     start_server: ServerFactory, tokenizer: HFTokenizer, tmp_path: Path
 ) -> None:
     recipe = recipe_with(DROPPING)
-    reference = in_process(recipe, tokenizer)
+    reference = in_process(recipe, tokenizer, ROW, adding_policy)
     assert (reference.stop_reason, reference.final_answer, reference.reward) == (
         "final_answer", "The answer is 1110.", 1.0,
     )  # fmt: skip
     assert reference.tool_calls == 3 and reference.compactions == 2 and len(reference.segments) == 3
-    plain = in_process(recipe_with(BudgetPolicy()), tokenizer)  # the same agent without the policy: one segment
+    plain = in_process(recipe_with(BudgetPolicy()), tokenizer, ROW, adding_policy)  # no policy: one segment
     assert len(plain.segments) == 1 and said(plain.messages) == said(reference.messages)  # the record keeps it all
     last_prompt = tokenizer.decode(reference.segments[-1].ids)
     assert last_prompt.count(DROPPING.placeholder) == 2 and "<tool_response>\n333\n" not in last_prompt
 
-    executor, wire = through_openrlhf(recipe, tokenizer)
-    agent = over_http_agent_mode(start_server, recipe, tokenizer, tmp_path / "agent.jsonl")
-    tools = over_http_tools_mode(start_server, recipe, tokenizer, tmp_path / "tools.jsonl")
+    executor, wire = through_openrlhf(recipe, tokenizer, ROW, adding_policy)
+    agent = over_http_agent_mode(start_server, recipe, tmp_path / "agent.jsonl", QUESTION, adder(tokenizer))
+    tools = over_http_tools_mode(start_server, recipe, tmp_path / "tools.jsonl", QUESTION, adder(tokenizer))
+    assert sum(m.role == "tool" for m in tools.messages) == 3  # the record keeps every result the client sent
     for other in (executor, agent, tools):
         assert tokens(other) == tokens(reference)
         assert said(other.messages) == said(reference.messages)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,16 @@ from vllm import SamplingParams as VLLMSamplingParams
 
 from agent_env import CalculatorTool
 from agent_env.tools.calculator import evaluate, format_number
-from agent_protocol import HFTokenizer, Message
-from agent_runtime import AgentRuntime, ScriptedEngine, Trajectory, read_trajectories
-from agent_runtime.recipe import Compaction, Recipe
+from agent_protocol import HFTokenizer, Message, Tokenizer
+from agent_runtime import (
+    AgentRuntime,
+    CompactionPolicy,
+    LLMEngine,
+    Recipe,
+    ScriptedEngine,
+    Trajectory,
+    read_trajectories,
+)
 from agent_train.openrlhf.executor import AgentExecutor
 from agent_train.openrlhf.rollout_engine import OpenRLHFEngine
 from agent_train.task import encode_task, label_of
@@ -42,53 +50,69 @@ from tests.support.loss_masks import loss_mask_from_ranges
 
 QUESTION = "What is 123 * 45?"
 ROW = {"prompt": QUESTION, "answer": "5535"}
-COMPACTING = Compaction(compact_at_tokens=300, max_compactions=1)
+COMPACTING = CompactionPolicy(compact_at_tokens=300, max_compactions=1)
+
+Agent = Callable[[Tokenizer], Callable[[Sequence[int]], str]]
+"""A scripted agent: given the tokenizer, a `ScriptedEngine` policy (prompt ids -> the turn's text)."""
 
 
-def engine_for(tokenizer: HFTokenizer) -> ScriptedEngine:
-    return ScriptedEngine(tokenizer, policy=calculator_policy(tokenizer), logprob=-0.25)
+def engine_for(tokenizer: HFTokenizer, agent: Agent = calculator_policy) -> ScriptedEngine:
+    return ScriptedEngine(tokenizer, policy=agent(tokenizer), logprob=-0.25)
 
 
-def in_process(recipe: Recipe, tokenizer: HFTokenizer) -> Trajectory:
-    runtime = AgentRuntime(engine_for(tokenizer), recipe.make_session(tokenizer))
-    return asyncio.run(runtime.run(QUESTION, task={"answer": ROW["answer"]})).trajectory
+def in_process(
+    recipe: Recipe, tokenizer: HFTokenizer, row: dict[str, str] = ROW, agent: Agent = calculator_policy
+) -> Trajectory:
+    runtime = AgentRuntime(engine_for(tokenizer, agent), recipe.make_session(tokenizer))
+    return asyncio.run(runtime.run(row["prompt"], task={"answer": row["answer"]})).trajectory
 
 
-def through_openrlhf(recipe: Recipe, tokenizer: HFTokenizer) -> tuple[Trajectory, dict[str, Any]]:
+def through_openrlhf(
+    recipe: Recipe, tokenizer: HFTokenizer, row: dict[str, str] = ROW, agent: Agent = calculator_policy
+) -> tuple[Trajectory, dict[str, Any]]:
     """The executor's whole trajectory, and the dict OpenRLHF trains on, for the same episode."""
     executor = AgentExecutor(recipe)
     params = VLLMSamplingParams(temperature=0.0, max_tokens=recipe.max_new_tokens, logprobs=0)
     context = recipe.max_context_tokens or 8192
     end = tokenizer.token_to_id(recipe.chat_protocol().end_of_turn)
-    engine = OpenRLHFEngine(LocalRolloutEngine(engine_for(tokenizer)), tokenizer, params, context_length=context,
-                            stop_token_ids=(end,) if end is not None else ())  # fmt: skip
+    engine = OpenRLHFEngine(LocalRolloutEngine(engine_for(tokenizer, agent)), tokenizer, params,
+                            context_length=context, stop_token_ids=(end,) if end is not None else ())  # fmt: skip
     rollout = asyncio.run(
-        executor.rollout(encode_task(ROW), label_of(ROW), engine, max_length=context, with_logprobs=True)
+        executor.rollout(encode_task(row), label_of(row), engine, max_length=context, with_logprobs=True)
     )
     wire = asyncio.run(
         executor.execute(
-            encode_task(ROW), label_of(ROW), params, context, tokenizer, LocalRolloutEngine(engine_for(tokenizer))
+            encode_task(row),
+            label_of(row),
+            params,
+            context,
+            tokenizer,
+            LocalRolloutEngine(engine_for(tokenizer, agent)),
         )
     )
     return rollout.trajectory, wire
 
 
-def over_http_agent_mode(start_server: ServerFactory, recipe: Recipe, log: Path) -> Trajectory:
-    server = start_server(recipe=recipe, trajectory_log=str(log))
-    server.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}])
+def over_http_agent_mode(
+    start_server: ServerFactory, recipe: Recipe, log: Path, question: str = QUESTION, engine: LLMEngine | None = None
+) -> Trajectory:
+    server = start_server(engine=engine, recipe=recipe, trajectory_log=str(log))
+    server.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}])
     [record] = list(read_trajectories(log))
     return record
 
 
-def over_http_tools_mode(start_server: ServerFactory, recipe: Recipe, log: Path) -> Trajectory:
+def over_http_tools_mode(
+    start_server: ServerFactory, recipe: Recipe, log: Path, question: str = QUESTION, engine: LLMEngine | None = None
+) -> Trajectory:
     """The client drives: it sends the recipe's system prompt and tool, runs each call, sends the results back."""
-    server = start_server(recipe=recipe, trajectory_log=str(log))
+    server = start_server(engine=engine, recipe=recipe, trajectory_log=str(log))
     tool = CalculatorTool()
     spec = {"type": "function", "function": {"name": tool.name, "description": tool.description,
                                              "parameters": tool.parameters}}  # fmt: skip
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": recipe.system_prompt},
-        {"role": "user", "content": QUESTION},
+        {"role": "user", "content": question},
     ]
     client = server.client()
     for _ in range(6):
@@ -146,7 +170,7 @@ def test_one_episode_four_ways_is_one_token_stream(
 def test_a_compacted_episode_is_the_same_segments_in_process_through_openrlhf_and_over_http(
     start_server: ServerFactory, tokenizer: HFTokenizer, tmp_path: Path
 ) -> None:
-    recipe = calculator_recipe(compaction=COMPACTING)
+    recipe = calculator_recipe(context=COMPACTING)
     reference = in_process(recipe, tokenizer)
     assert reference.compactions == 1 and len(reference.segments) == 2, reference.stop_reason
     assert reference.stop_reason == "final_answer" and reference.reward == 1.0
