@@ -1,7 +1,7 @@
 """`AgentRuntime`: drives sessions with an engine and streams what happens as typed events.
 
     engine = make_engine("hf", model="path/to/model")
-    session = CompactableSession(environment=env, protocol=protocol)
+    session = AgentSession(protocol, env, context=CompactionPolicy())  # summarize when the context fills
     rt = AgentRuntime(engine, session, max_context_tokens=96000)
     async for event in rt.stream("What is 17 * 23?"):
         print(event)
