@@ -22,15 +22,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from agent_protocol import Action, Message
-from agent_runtime.context_policy import (
-    BudgetPolicy,
-    ContextPolicy,
-    ContextView,
-    Continue,
-    End,
-    NewSegment,
-    Summarize,
-)
+from agent_runtime.context_policy import BudgetPolicy, ContextPolicy, ContextView, Continue, End, NewSegment, Summarize
 from agent_runtime.conversation import Conversation
 
 __all__ = ["ContextState", "Grown"]
@@ -59,6 +51,8 @@ class ContextState:
     summaries: list[str] = field(default_factory=list)
     #: the budget of the summary turn asked for (None: the next generation is a turn)
     summary_budget: int | None = None
+    #: the episode's id, for the logs
+    episode_id: str = ""
 
     @property
     def summarizing(self) -> bool:
@@ -89,7 +83,9 @@ class ContextState:
                 return self._no_room(conversation, observed, ids)
             conversation.append_feedback(ids, messages)
             self.summary_budget = decision.max_new_tokens
-            logger.info("compaction_requested", turn=conversation.turns, context_tokens=len(conversation))
+            logger.bind(episode_id=self.episode_id, turn=conversation.turns).info(
+                "compaction_requested", context_tokens=len(conversation)
+            )
             return Grown(ids=ids)
         if isinstance(decision, End):
             conversation.add_messages(observed)  # the results are part of the record even when they are not shown
@@ -120,7 +116,7 @@ class ContextState:
         self.compactions += 1
         if decision.summary is not None:
             self.summaries.append(decision.summary)
-        logger.info(
+        logger.bind(episode_id=self.episode_id).info(
             "compacted",
             segment=len(conversation.segments),
             prompt_tokens=len(ids),

@@ -158,7 +158,7 @@ class AgentSession:
         self.step_rewards: list[StepReward] = []
         self.errors: list[EpisodeError] = []
         self.tool_calls = 0
-        self.context_state = ContextState(self.context)
+        self.context_state = ContextState(self.context, episode_id=self.episode_id)
         self.done = False
         self.started = False
         self.stop_reason: StopReason | None = None
