@@ -41,7 +41,7 @@ def entry(tokenizer: HFTokenizer, n: int) -> Conversation:
     transcript = TokenTranscript()
     transcript.append_prompt(list(range(n)))
     transcript.append_action([7, 8], [-0.5, -1.5])
-    conversation.segments.append(transcript)
+    conversation.restore([transcript], [])
     return conversation
 
 
@@ -98,16 +98,14 @@ def test_a_conversation_comes_back_as_it_was_stored(tokenizer: HFTokenizer) -> N
     second = TokenTranscript()
     second.append_prompt([1, 2, 3])
     second.append_action([9], [-1.0])
-    original.segments += [first, second]
     issue = ParseIssue(code="invalid_json", message="the call is not JSON")
-    original.messages += [
+    messages = [
         Message(role="user", content="Look: ", images=(ImagePart(url="data:image/png;x", offset=6),)),
         Message(role="assistant", content="", reasoning_content="I think.", tool_calls=(CALL,)),
         Message(role="tool", tool_call_id="call_1", name="calculator", content="2"),
         Message(role="assistant", tool_calls=(ToolCall(id="c2", name="x", raw="{", error=issue),)),
     ]
-    original.turns, original.generations, original.turn_closed, original.ended_by = 2, 3, False, None
-    original.render_s = 0.25
+    original.restore([first, second], messages, turns=2, generations=3, turn_closed=False, render_s=0.25)
     stored = StoredConversation.pack("c", original)
     assert stored is not None and stored.tokens == len(first) + len(second)
     restored = stored.restore(fresh(tokenizer))
@@ -133,7 +131,7 @@ def test_a_follow_up_is_packed_on_top_of_what_it_was_restored_from(tokenizer: HF
         restored = stored.restore(fresh(tokenizer))
         restored.transcript.append_observation([100 + i, 101])
         restored.transcript.append_action([7, 8, 9], [-0.25, -1.0, -2.0] if i % 2 else None)
-        restored.messages += [Message(role="tool", content=str(i)), Message(role="assistant", content="ok")]
+        restored.add_messages([Message(role="tool", content=str(i)), Message(role="assistant", content="ok")])
         assert store.put(f"k{i + 2}", "c", restored, previous=stored)
         again = store.take(f"k{i + 2}")
         assert again is not None and again.segments[0].ids is stored.segments[0].ids  # extended, not copied

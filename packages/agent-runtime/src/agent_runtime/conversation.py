@@ -193,11 +193,11 @@ class Conversation:
         segments: list[TokenTranscript],
         messages: list[Message],
         *,
-        turns: int,
-        generations: int,
-        turn_closed: bool,
-        ended_by: str | None,
-        render_s: float,
+        turns: int = 0,
+        generations: int = 0,
+        turn_closed: bool = True,
+        ended_by: str | None = None,
+        render_s: float = 0.0,
     ) -> None:
         """Continue a stored conversation (`TranscriptStore`): its transcript, messages and counters replace this
         new conversation's (built with the tools, budgets and error record of the request that continues it)."""
