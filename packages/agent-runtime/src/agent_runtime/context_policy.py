@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+import msgspec
+
 from agent_protocol import Action, Message
 
 __all__ = [
@@ -55,9 +57,8 @@ DEFAULT_COMPACTION_INSTRUCTION: Final = (
 DEFAULT_RESUME_TEMPLATE: Final = "Summary of your work on this task so far:\n{summary}\n\nContinue the task from here."
 
 
-@dataclass(frozen=True)
-class ContextView:
-    """What a policy is shown at a point where the context grows (built by the session, read-only)."""
+class ContextView(msgspec.Struct, frozen=True, kw_only=True):
+    """What a policy is shown at a point where the context grows (built per turn, so a Struct: cheap to make)."""
 
     #: tokens the current context would hold with the feedback (after a summary: the context as it is)
     tokens: int

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import msgspec
 import structlog
 
 from agent_protocol import Action, Message
@@ -30,12 +31,11 @@ __all__ = ["ContextState", "Grown"]
 logger = structlog.get_logger(__name__)
 
 
-@dataclass(frozen=True)
-class Grown:
+class Grown(msgspec.Struct, frozen=True, kw_only=True):
     """What growing the context did: the ids appended (a new segment's prompt when one was opened), or the
     `End` the episode must end with (nothing appended)."""
 
-    ids: list[int] = field(default_factory=list)
+    ids: list[int] = msgspec.field(default_factory=list)
     ended: End | None = None
     new_segment: bool = False
     summary: str | None = None
