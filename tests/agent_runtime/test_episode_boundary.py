@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from agent_env import (
@@ -30,11 +31,28 @@ from agent_env import (
     StepReward,
     ToolCallReward,
 )
-from agent_protocol import Action, HFTokenizer, MessageError, MessageLike, get_protocol
+from agent_protocol import Action, HFTokenizer, MessageError, MessageLike, coerce_messages, coerce_tools, get_protocol
 from agent_protocol.protocols.qwen3 import Qwen3Protocol
-from agent_runtime import AgentRuntime, AgentSession, CompactableSession, ErrorEvent, FinalEvent, ScriptedEngine
+from agent_runtime import (
+    AgentRuntime,
+    AgentSession,
+    CompactableSession,
+    ErrorEvent,
+    FinalEvent,
+    Generation,
+    LLMEngine,
+    SamplingParams,
+    ScriptedEngine,
+    read_trajectories,
+)
 from agent_runtime.boundary import Stage, boundary
 from agent_runtime.errors import EngineTimeout
+from agent_runtime.recipe import Recipe
+from agent_runtime.serving import ServeConfig
+from agent_runtime.serving.api_error import ApiError
+from agent_runtime.serving.backend import ServingBackend
+from agent_runtime.serving.openai_wire import decode_request
+from agent_runtime.serving.tools_mode import complete_tools
 
 QUESTION = "What is 17 * 23?"
 
@@ -332,3 +350,58 @@ def test_a_consumer_closing_a_generator_at_a_yield_inside_the_boundary_is_not_co
     with boundary("parse") as caught:
         foreign()
     assert caught.code == "parse_error"
+
+
+# -- tools mode: the same stages, the same codes, through the same boundary ---------------------------------
+
+
+class RaisingPrompt(Qwen3Protocol):
+    def render_prompt(self, messages: Sequence[MessageLike], **options: Any) -> str:
+        raise Boom("the prompt cannot be rendered")
+
+
+class Undecoded(LLMEngine):
+    """`ScriptedEngine`'s generations, handed over as ids to decode (not as exact text) by the tokenizer given."""
+
+    name = "undecoded"
+
+    def __init__(self, inner: ScriptedEngine, tokenizer: HFTokenizer) -> None:
+        self.inner, self.tokenizer = inner, tokenizer
+        self.context_length = inner.context_length
+        self.stop_token_ids = inner.stop_token_ids
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, images: Sequence[str] = ()
+    ) -> Generation:
+        generation = await self.inner.generate(prompt_ids, sampling)
+        return msgspec.structs.replace(generation, exact_text=False)
+
+
+TOOLS_FAULTS = {"render": "render_error", "decode": "decode_error", "parse": "parse_error"}
+
+
+@pytest.mark.parametrize("fault", sorted(TOOLS_FAULTS))
+def test_tools_mode_codes_each_stage_as_agent_mode_does(tokenizer: HFTokenizer, fault: str, tmp_path: Path) -> None:
+    protocol = {"render": RaisingPrompt, "parse": RaisingParse}.get(fault, Qwen3Protocol)("qwen3", _qwen3().mode)
+    served = RaisingDecode(tokenizer.backend, source="raising") if fault == "decode" else tokenizer
+    engine = Undecoded(ScriptedEngine(tokenizer, [call("17 * 23")]), served)
+    recipe = Recipe(name="stages", protocol=protocol, environment=_env, max_new_tokens=64)
+    log = tmp_path / "log.jsonl"
+    backend = ServingBackend(engine, recipe, ServeConfig(model_name="stages", trajectory_log=str(log)))
+    spec = {"type": "function", "function": {"name": "calculator", "parameters": CalculatorTool().parameters}}
+    body = {"model": "stages", "messages": [{"role": "user", "content": QUESTION}], "tools": [spec]}
+    request = decode_request(json.dumps(body).encode())
+
+    with pytest.raises(ApiError) as raised:
+        asyncio.run(complete_tools(backend, request, coerce_messages(request.messages), coerce_tools(request.tools)))
+
+    code = TOOLS_FAULTS[fault]
+    assert (raised.value.status, raised.value.code) == (500, code)
+    assert "Boom" in raised.value.message or "RecursionError" in raised.value.message, raised.value.message
+    records = list(read_trajectories(log)) if log.exists() else []
+    if fault == "render":  # refused before the engine: nothing was generated, nothing is recorded
+        assert records == []
+    else:  # the generated ids are kept, and the code that failed the request is its stop reason
+        (record,) = records
+        assert record.stop_reason == code and [e.code for e in record.errors] == [code]
+        assert sum(record.segments[0].loss_mask) == len(tokenizer.encode(call("17 * 23")))
