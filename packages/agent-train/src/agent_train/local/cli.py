@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="mask_overlong",
         action="store_false",
         default=None,
-        help="compaction: also train on episodes the token budget ended (by default they are left out of the loss)",
+        help="also train on episodes that ran out of context or steps without answering (left out by default)",
     )
     parser.add_argument(
         "--no-ablation",

@@ -71,7 +71,7 @@ class LocalTrainConfig(msgspec.Struct, frozen=True, kw_only=True):
     rl_filter_rounds: int = 3
     # compacted episodes train every segment with the episode's advantage (see `agent_train.local.rl`);
     # `rl_mask_summaries` gives the summary turns loss mask 0 (the ablation), `rl_mask_overlong` leaves out the
-    # episodes the token budget ended rather than an answer (SUPO's overlong masking)
+    # episodes that ran out of budget rather than answering (`agent_train.sample.ended_by_budget`, as OpenRLHF's)
     rl_mask_summaries: bool = False
     rl_mask_overlong: bool = True
     # held-out evaluation (greedy): every `sft_eval_every` SFT steps and every `eval_every` RL steps

@@ -33,9 +33,10 @@ one long sequence would. An episode that never compacted is one record whose adv
 `group_advantages` gives it, so uncompacted training is unchanged.
 
 `trained_records` applies the two loss masks of a compacting run: ``mask_summaries`` zeroes the summary turns'
-tokens (the ablation: summaries then get no gradient), ``mask_overlong`` drops the episodes whose token budget
-ended them, not an answer (SUPO's overlong masking: an episode cut off by the budget says nothing about whether
-its course would have worked). Both act on the loss only; the advantages are the groups' as sampled.
+tokens (the ablation: summaries then get no gradient), ``mask_overlong`` drops the episodes that ran out of budget
+without answering (`agent_train.sample.ended_by_budget`, the episodes the OpenRLHF job masks; SUPO's overlong
+masking: an episode cut off by the budget says nothing about whether its course would have worked). Both act on the
+loss only; the advantages are the groups' as sampled.
 
 DAPO's dynamic filtering is `informative_groups`: the groups whose rewards are not all equal (OpenRLHF's
 `SamplesGenerator._generate_vllm` drops a prompt whose mean score is outside ``dynamic_filtering_range``,
@@ -130,8 +131,9 @@ def trained_records(
     mask_summaries: bool = False,
     mask_overlong: bool = True,
 ) -> tuple[list[RolloutRecord], list[float]]:
-    """The records and advantages the loss sees: with `mask_overlong`, the segments of episodes the budget ended
-    are left out; with `mask_summaries`, each record's summary turn has loss mask 0 (see the module docstring)."""
+    """The records and advantages the loss sees: with `mask_overlong`, the segments of episodes that ran out of
+    budget without answering are left out; with `mask_summaries`, each record's summary turn has loss mask 0
+    (see the module docstring)."""
     if len(records) != len(advantages):
         raise ValueError(f"got {len(advantages)} advantages for {len(records)} records")
     kept: list[RolloutRecord] = []
