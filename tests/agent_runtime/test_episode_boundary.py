@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -356,7 +356,7 @@ def test_a_consumer_closing_a_generator_at_a_yield_inside_the_boundary_is_not_co
 
 
 class RaisingPrompt(Qwen3Protocol):
-    def render_prompt(self, messages: Sequence[MessageLike], **options: Any) -> str:
+    def render_prompt(self, messages: Iterable[MessageLike], **options: Any) -> str:
         raise Boom("the prompt cannot be rendered")
 
 
