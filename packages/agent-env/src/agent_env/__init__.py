@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_env._threads import run_coroutine_in_thread
 from agent_env.containment import describe_error, propagates
+from agent_env.deadlines import deadline
 from agent_env.environment import Environment, StepResult, StopReason
 from agent_env.environments import FunctionCallEnvironment, SingleTurnEnvironment
 from agent_env.errors import (
@@ -36,6 +37,7 @@ from agent_env.errors import (
     ToolDefinitionError,
     ToolError,
 )
+from agent_env.image_decoder import ImageTooLarge, checked_size, decode_image, decode_reference
 from agent_env.observation import (
     FAILURE_CODES,
     PARSE_CODES,
@@ -54,7 +56,7 @@ from agent_env.reward import (
 from agent_env.reward_pipeline import RewardBreakdown, RewardPipeline, StepReward
 from agent_env.rewards import FormatReward, JudgeGenerate, JudgeReward, MatchingReward, ToolCallReward
 from agent_env.tool import FunctionTool, ToolBase, ToolContext, tool
-from agent_env.tool_output import ImageLimits, ToolOutput
+from agent_env.tool_output import ImageLimits, ToolOutput, image_data_url
 from agent_env.tool_runner import ToolRunner
 from agent_env.tools import CalculatorTool, PythonTool, calculator, think
 
@@ -81,6 +83,7 @@ __all__ = [
     "FunctionCallEnvironment",
     "FunctionTool",
     "ImageLimits",
+    "ImageTooLarge",
     "JudgeGenerate",
     "JudgeReward",
     "LocalSearchTool",
@@ -114,9 +117,14 @@ __all__ = [
     "ToolRunner",
     "__version__",
     "calculator",
+    "checked_size",
     "crop",
+    "deadline",
+    "decode_image",
+    "decode_reference",
     "describe_error",
     "error_content",
+    "image_data_url",
     "plot_chart",
     "propagates",
     "run_coroutine_in_thread",

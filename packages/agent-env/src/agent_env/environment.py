@@ -31,7 +31,7 @@ from agent_env.observation import Observation
 from agent_env.tool import ToolBase, ToolContext
 from agent_env.tool_output import DEFAULT_IMAGE_LIMITS, ImageLimits
 from agent_env.tool_runner import DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_TOOL_TIMEOUT_S, ToolRunner
-from agent_protocol.types import Action, Message, ToolSpec
+from agent_protocol import Action, Message, ToolSpec
 
 __all__ = ["Environment", "StepResult", "StopReason"]
 

@@ -27,8 +27,7 @@ import importlib.util
 import io
 from typing import TYPE_CHECKING, Final
 
-from agent_protocol.image_format import ImageHeader, read_header
-from agent_protocol.images import read_image
+from agent_protocol import ImageHeader, read_header, read_image
 
 if TYPE_CHECKING:
     from PIL.Image import Image

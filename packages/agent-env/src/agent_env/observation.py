@@ -43,7 +43,7 @@ from typing import Final, Literal, get_args
 
 import msgspec
 
-from agent_protocol.types import ImagePart, Message, ParseIssue
+from agent_protocol import ImagePart, Message, ParseIssue
 
 __all__ = [
     "FAILURE_CODES",

@@ -29,7 +29,7 @@ import msgspec
 
 from agent_env.environment import StepResult
 from agent_env.observation import Observation
-from agent_protocol.types import Action, Message
+from agent_protocol import Action, Message
 
 __all__ = [
     "EpisodeRecord",

@@ -52,7 +52,7 @@ import msgspec
 from agent_env._threads import run_in_daemon_thread
 from agent_env.errors import ToolDefinitionError
 from agent_env.schema import check_arguments, convert_arguments, struct_schema
-from agent_protocol.types import ToolSpec
+from agent_protocol import ToolSpec
 
 __all__ = [
     "DEFAULT_MAX_HUNG_CALLS",

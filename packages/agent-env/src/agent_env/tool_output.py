@@ -33,8 +33,7 @@ from urllib.parse import unquote, urlparse
 import msgspec
 
 from agent_env.image_decoder import checked_size
-from agent_protocol.image_format import read_header
-from agent_protocol.images import check_image_url, image_size, read_image
+from agent_protocol import check_image_url, image_size, read_header, read_image
 
 __all__ = ["DEFAULT_IMAGE_LIMITS", "ImageLimits", "ToolOutput", "check_tool_images", "image_data_url"]
 

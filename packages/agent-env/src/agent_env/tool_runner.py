@@ -87,7 +87,7 @@ from agent_env.errors import ArgumentError, ContainedBaseException, ThreadLimitE
 from agent_env.observation import Observation, ObservationCode
 from agent_env.tool import EVENT_LOOP_MODES, ToolBase, ToolContext
 from agent_env.tool_output import DEFAULT_IMAGE_LIMITS, ImageLimits, ToolOutput, check_tool_images
-from agent_protocol.types import ToolCall, ToolSpec
+from agent_protocol import ToolCall, ToolSpec
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_CHARS",

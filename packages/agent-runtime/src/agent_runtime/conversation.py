@@ -48,15 +48,18 @@ import msgspec
 from agent_protocol import (
     Action,
     ChatProtocol,
+    ControlTokens,
+    ImageSpan,
     Message,
     MessageError,
     Tokenizer,
     TokenTranscript,
     ToolSpec,
     TranscriptRecord,
+    expand_image_pads,
+    image_grid,
+    image_spans,
 )
-from agent_protocol.control_tokens import ControlTokens
-from agent_protocol.images import ImageSpan, expand_image_pads, image_grid, image_spans
 from agent_runtime.boundary import Stage, boundary, stage_code
 from agent_runtime.encoding import encode_off_loop
 from agent_runtime.engines.base import Generation, PromptView, SamplingParams

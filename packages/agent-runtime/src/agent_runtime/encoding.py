@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agent_protocol import GIL_FREE_MIN_CHARS, Tokenizer
-from agent_protocol.control_tokens import ControlTokens
+from agent_protocol import GIL_FREE_MIN_CHARS, ControlTokens, Tokenizer
 
 __all__ = ["encode_off_loop"]
 

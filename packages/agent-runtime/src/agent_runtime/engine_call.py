@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import msgspec
 import structlog
 
-from agent_env.deadlines import deadline
+from agent_env import deadline
 from agent_runtime.boundary import boundary
 from agent_runtime.engines.base import Generation, LLMEngine, SamplingParams
 from agent_runtime.errors import EngineError, EngineErrorCode

@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Final, Literal, get_args
 
 from agent_env import ObservationCode
-from agent_env.environment import StopReason as EnvironmentStopReason
-from agent_protocol.types import IssueCode
+from agent_env import StopReason as EnvironmentStopReason
+from agent_protocol import IssueCode
 from agent_runtime.errors import EngineErrorCode
 
 __all__ = [

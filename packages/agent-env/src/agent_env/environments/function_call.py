@@ -27,7 +27,7 @@ from agent_env.observation import Observation
 from agent_env.tool import ToolBase
 from agent_env.tool_output import DEFAULT_IMAGE_LIMITS, ImageLimits
 from agent_env.tool_runner import DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_TOOL_TIMEOUT_S
-from agent_protocol.types import Action
+from agent_protocol import Action
 
 __all__ = ["FunctionCallEnvironment"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from agent_env.environment import Environment, StepResult
-from agent_protocol.types import Action
+from agent_protocol import Action
 
 __all__ = ["SingleTurnEnvironment"]
 

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final
 
 from agent_env.reward import EpisodeRecord, ResultRewardStrategy, RewardScore
-from agent_protocol.types import Message
+from agent_protocol import Message
 
 __all__ = ["DEFAULT_JUDGE_SYSTEM_PROMPT", "DEFAULT_JUDGE_TEMPLATE", "JudgeGenerate", "JudgeReward", "parse_judge_score"]
 

@@ -41,7 +41,7 @@ from agent_env.image_decoder import decode_image
 from agent_env.schema import convert_arguments, struct_schema
 from agent_env.tool import ToolBase, ToolContext
 from agent_env.tool_output import ToolOutput
-from agent_protocol.images import read_image
+from agent_protocol import read_image
 
 __all__ = ["ChartArguments", "ChartTool", "CropArguments", "CropTool", "crop", "plot_chart"]
 

@@ -18,8 +18,7 @@ from typing import Final, Literal, overload
 
 import msgspec
 
-from agent_protocol import ChatProtocol, MessageLike, Tokenizer, coerce_messages
-from agent_protocol.control_tokens import ControlTokens
+from agent_protocol import ChatProtocol, ControlTokens, MessageLike, Tokenizer, coerce_messages
 from agent_runtime.errors import ContextBudgetExceeded, EngineBadOutput, EngineError
 
 __all__ = [

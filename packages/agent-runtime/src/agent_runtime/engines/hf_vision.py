@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from agent_env.image_decoder import decode_reference
-from agent_protocol.images import image_spans
+from agent_env import decode_reference
+from agent_protocol import image_spans
 
 __all__ = ["ImageInputs", "VisionInputs", "is_vision_model"]
 

@@ -63,8 +63,7 @@ from typing import Any, Final
 import httpx
 import structlog
 
-from agent_protocol import Tokenizer, load_tokenizer
-from agent_protocol.images import collapse_image_pads, image_grid, read_image
+from agent_protocol import Tokenizer, collapse_image_pads, image_grid, load_tokenizer, read_image
 from agent_runtime.engines._upstream_answer import ACCEPT_ENCODING, AnswerBody, AnswerLimits, decode_answer, read_body
 from agent_runtime.engines.base import (
     Generation,

@@ -40,9 +40,8 @@ from typing import Any
 
 import structlog
 
-from agent_env.image_decoder import decode_reference
-from agent_protocol import HFTokenizer, Tokenizer, TransformersTokenizer, load_tokenizer
-from agent_protocol.images import collapse_image_pads
+from agent_env import decode_reference
+from agent_protocol import HFTokenizer, Tokenizer, TransformersTokenizer, collapse_image_pads, load_tokenizer
 from agent_runtime.engines.base import (
     Generation,
     LLMEngine,

@@ -33,8 +33,7 @@ import msgspec
 import structlog
 
 from agent_env import EpisodeRecord, RewardBreakdown
-from agent_protocol import Message, TokenTranscript, TranscriptRecord, coerce_messages
-from agent_protocol.control_tokens import ControlTokens
+from agent_protocol import ControlTokens, Message, TokenTranscript, TranscriptRecord, coerce_messages
 from agent_runtime.agent_program import ProgramCode, ProgramTask
 from agent_runtime.boundary import boundary
 from agent_runtime.engines.base import LLMEngine, SamplingParams

@@ -47,8 +47,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent_protocol import Message, MessageError, ToolSpec, coerce_messages, coerce_tools
-from agent_protocol.images import image_grid
+from agent_protocol import Message, MessageError, ToolSpec, coerce_messages, coerce_tools, image_grid
 from agent_runtime.boundary import boundary
 from agent_runtime.engines.base import LLMEngine
 from agent_runtime.recipe import Recipe

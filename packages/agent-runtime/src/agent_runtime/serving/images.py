@@ -38,10 +38,17 @@ from typing import Any, Final
 
 import structlog
 
-from agent_env.image_decoder import ImageTooLarge, checked_size
-from agent_env.tool_output import image_data_url
-from agent_protocol import ChatProtocol, Tokenizer
-from agent_protocol.images import VisionGrid, data_url_payload, decode_base64, image_grid, image_size, read_image
+from agent_env import ImageTooLarge, checked_size, image_data_url
+from agent_protocol import (
+    ChatProtocol,
+    Tokenizer,
+    VisionGrid,
+    data_url_payload,
+    decode_base64,
+    image_grid,
+    image_size,
+    read_image,
+)
 from agent_runtime.engines.base import LLMEngine
 from agent_runtime.serving.api_error import ApiError
 

@@ -41,8 +41,7 @@ from typing import Final
 
 import msgspec
 
-from agent_protocol import Message, Span, TokenTranscript, ToolSpec
-from agent_protocol.images import ImageSpan
+from agent_protocol import ImageSpan, Message, Span, TokenTranscript, ToolSpec
 from agent_runtime.conversation import Conversation
 
 __all__ = ["ENTRY_BYTES", "StoredConversation", "TranscriptStore", "conversation_key"]
