@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline
-from agent_runtime.recipe import Compaction, Recipe
+from agent_runtime import CompactionPolicy, Recipe
 
 SYSTEM_PROMPT = (
     "You are a careful assistant. Use the calculator tool for every arithmetic step, then reply with the final "
@@ -46,6 +46,6 @@ recipe = Recipe(
     system_prompt=SYSTEM_PROMPT,
     max_new_tokens=1024,
     max_context_tokens=8192,
-    compaction=Compaction(max_compactions=2),
+    context=CompactionPolicy(max_compactions=2),
     dataset=problems,
 )

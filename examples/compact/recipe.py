@@ -5,10 +5,10 @@
 
 The task: "Harbour logbook 'north-quay' has 10 pages. Read every page with `read_page` and report the total
 number of crates unloaded." Each page is a long stretch of log text (about 400 tokens) with one line that matters,
-``Crates unloaded: N``. Ten pages do not fit in `MAX_CONTEXT_TOKENS`, so the session (a `CompactableSession`,
-because `compaction` is set) asks the model for a summary whenever the next turn would pass `COMPACT_AT_TOKENS`,
-then restarts the context from the system prompt, the task and that summary, and the episode goes on. Each
-context is one segment of the trajectory; the reward (exact match of the total) is the episode's.
+``Crates unloaded: N``. Ten pages do not fit in `MAX_CONTEXT_TOKENS`, so the session (the recipe's `context`
+is a `CompactionPolicy`) asks the model for a summary whenever the next turn would pass `COMPACT_AT_TOKENS`, then
+restarts the context from the system prompt, the task and that summary, and the episode goes on. Each context is
+one segment of the trajectory; the reward (exact match of the total) is the episode's.
 
 Thinking is off (``enable_thinking=False``) so turns stay short and the pages are what fills the context.
 """
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from agent_env import FunctionCallEnvironment, MatchingReward, RewardPipeline, ToolError, tool
-from agent_runtime import Compaction, Recipe
+from agent_runtime import CompactionPolicy, Recipe
 
 MAX_CONTEXT_TOKENS: Final = 2048
 COMPACT_AT_TOKENS: Final = 1536
@@ -104,11 +104,11 @@ recipe = Recipe(
     system_prompt=SYSTEM_PROMPT,
     max_new_tokens=MAX_NEW_TOKENS,
     max_context_tokens=MAX_CONTEXT_TOKENS,
-    compaction=Compaction(
+    context=CompactionPolicy(
         compact_at_tokens=COMPACT_AT_TOKENS,
         max_compactions=8,
         summary_max_new_tokens=128,
-        instruction=COMPACTION_INSTRUCTION,
+        instruction_text=COMPACTION_INSTRUCTION,
     ),
     dataset=tasks,
 )

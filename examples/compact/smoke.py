@@ -45,6 +45,7 @@ from openai import AsyncOpenAI
 from agent_env import EpisodeRecord
 from agent_runtime import (
     CompactionEvent,
+    CompactionPolicy,
     FinalEvent,
     Recipe,
     ScriptedEngine,
@@ -152,9 +153,9 @@ class SmokeResult:
 def _engine_and_recipe() -> tuple[Recipe, Callable[[], ScriptedEngine]]:
     """The recipe, and a maker of engines that all play the same policy (one engine per path)."""
     recipe = load_recipe(RECIPE_PATH)
-    if recipe.compaction is None:
+    if not isinstance(recipe.context, CompactionPolicy):
         raise ValueError(f"recipe {recipe.name!r} does not compact")
-    policy = make_policy(recipe.compaction.instruction)
+    policy = make_policy(recipe.context.instruction_text)
     return recipe, lambda: scripted_engine(policy, logprob=-0.25)
 
 

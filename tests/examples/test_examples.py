@@ -20,7 +20,7 @@ import pytest
 
 from agent_env import EpisodeRecord
 from agent_protocol import list_protocols
-from agent_runtime import Recipe, load_recipe
+from agent_runtime import BudgetPolicy, CompactionPolicy, Recipe, load_recipe
 from examples._smoke import Prompt, qwen3_tokenizer, reply, runtime_for, scripted_engine, tool_call
 from examples.compact import smoke as compact_smoke_mode
 from examples.qwen3 import smoke as qwen3_smoke_mode
@@ -387,10 +387,10 @@ def test_compact_smoke_stops_its_server_and_says_whether_it_held(
 
 def test_compact_task_does_not_fit_without_compaction() -> None:
     recipe = load_recipe(EXAMPLES / "compact" / "recipe.py")
-    assert recipe.compaction is not None
-    plain = dataclasses.replace(recipe, compaction=None)
+    assert isinstance(recipe.context, CompactionPolicy)
+    plain = dataclasses.replace(recipe, context=BudgetPolicy())
     row = next(recipe.rows("test"))
-    engine = scripted_engine(compact_smoke_mode.make_policy(recipe.compaction.instruction))
+    engine = scripted_engine(compact_smoke_mode.make_policy(recipe.context.instruction_text))
     result = asyncio.run(runtime_for(plain, engine).run(row["prompt"], task=row))
     assert result.stop_reason == "context_exhausted"
     assert result.reward == 0.0

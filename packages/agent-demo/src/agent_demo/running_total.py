@@ -8,7 +8,7 @@ summaries. Its `Recipe` is `load_recipe("agent_demo.running_total")`.
 
 A solved episode: ``calculator("4 + 7")``, then ``"11 + 1"``, ... one call per number, each adding the next number
 to the tool's last result, then ``The answer is 45.``. Each step costs about 20 tokens of context and the recipe's
-context holds `MAX_CONTEXT_TOKENS`, so the session (a `CompactableSession`: the recipe sets `compaction`) asks for a
+context holds `MAX_CONTEXT_TOKENS`, so the session (the recipe's `context` is a `CompactionPolicy`) asks for a
 summary once the next turn would pass `COMPACT_AT_TOKENS`, and the episode continues in a new context from the
 question and the summary (`RESUME_TEMPLATE`). The summary that carries the episode on is ``Total 12. Left:
 38256.`` (``Left: none.`` when every number is added): the last result and the numbers after the last one added.
@@ -36,7 +36,7 @@ import msgspec
 
 from agent_demo.task import SPLITS, Split
 from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline
-from agent_runtime import Compaction, Recipe, SamplingParams
+from agent_runtime import BudgetPolicy, CompactionPolicy, Recipe, SamplingParams
 
 __all__ = [
     "COMPACTION_INSTRUCTION",
@@ -163,15 +163,15 @@ def make_recipe(*, compaction: bool = True) -> Recipe:
         rewards=RewardPipeline(result=[MatchingReward(mode="normalized", extract="answer_line", name="correct")]),
         max_new_tokens=MAX_NEW_TOKENS,
         max_context_tokens=MAX_CONTEXT_TOKENS,
-        compaction=Compaction(
+        context=CompactionPolicy(
             compact_at_tokens=COMPACT_AT_TOKENS,
             max_compactions=MAX_COMPACTIONS,
             summary_max_new_tokens=SUMMARY_MAX_NEW_TOKENS,
-            instruction=COMPACTION_INSTRUCTION,
+            instruction_text=COMPACTION_INSTRUCTION,
             resume_template=RESUME_TEMPLATE,
         )
         if compaction
-        else None,
+        else BudgetPolicy(),
         # the sampling cap bounds every generation, the summary's too: the session sets each turn's own budget
         sampling=SamplingParams(max_new_tokens=SUMMARY_MAX_NEW_TOKENS, temperature=0.0),
         dataset=_dataset,

@@ -1,7 +1,7 @@
 """The scripted expert of the compaction demo (`agent_demo.running_total`): a `ScriptedEngine` policy that adds
 the list up one calculator call at a time and, when the session asks for a summary, writes the one that carries
-the episode on. Its episodes, run through the recipe's own `CompactableSession`, are the SFT data, so the expert
-compacts exactly where the session's threshold asks a model to.
+the episode on. Its episodes, run through the recipe's own session (its `CompactionPolicy`), are the SFT data, so
+the expert compacts exactly where the session's threshold asks a model to.
 
     engine = ScriptedEngine(tokenizer, policy=RunningTotalExpert(tokenizer, protocol))
 
