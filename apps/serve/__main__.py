@@ -21,15 +21,20 @@ from typing import Any
 import structlog
 import uvicorn
 
-from agent_demo.recipe import make_recipe as demo_recipe
-from agent_demo.running_total import make_recipe as running_total_recipe
+from agent_demo import make_recipe as demo_recipe
+from agent_demo import running_total_recipe
 from agent_protocol import list_protocols
-from agent_runtime import LLMEngine, RuntimeAgentError
+from agent_runtime import (
+    LLMEngine,
+    Recipe,
+    RecipeError,
+    RuntimeAgentError,
+    ignore_pynvml_deprecation,
+    load_recipe,
+    recipe_for_model,
+)
 from agent_runtime.engines import make_engine
-from agent_runtime.model_recipe import recipe_for_model
-from agent_runtime.recipe import Recipe, RecipeError, load_recipe
 from agent_runtime.serving import ServeConfig, ServeConfigError, create_app
-from agent_runtime.torch_warnings import ignore_pynvml_deprecation
 
 # A model id (not a directory) without --recipe: the files its recipe is derived from, fetched from the Hub cache.
 MODEL_CONFIG_FILES = ["config.json", "generation_config.json", "tokenizer_config.json", "chat_template.*"]
@@ -229,7 +234,7 @@ def serving_recipe(args: argparse.Namespace) -> Recipe:
 
 def demo_model_dir(demo: str = "calculator") -> Path:
     """The demo model's directory, built first when missing (training it needs agent-train; apps sit above it)."""
-    from agent_train.demo.build import ensure_demo_model
+    from agent_train.demo import ensure_demo_model
 
     try:
         return ensure_demo_model(demo=demo)

@@ -9,7 +9,8 @@ own) decides what an episode does as its context grows. `Trajectory` is the reco
 
 from importlib.metadata import version as _version
 
-from agent_runtime.agent_program import AgentProgram, ProgramTask
+from agent_runtime.agent_program import PROGRAM_CODES, AgentProgram, ProgramTask
+from agent_runtime.boundary import StageError, boundary
 from agent_runtime.compaction import CompactableSession
 from agent_runtime.context_policy import (
     CONTINUE,
@@ -27,6 +28,7 @@ from agent_runtime.engines.base import FinishReason, Generation, LLMEngine, Samp
 from agent_runtime.engines.scripted import ScriptedEngine
 from agent_runtime.errors import (
     ContextBudgetExceeded,
+    EngineBadOutput,
     EngineError,
     EngineUnavailable,
     RuntimeAgentError,
@@ -42,20 +44,27 @@ from agent_runtime.events import (
     ToolResultEvent,
     event_to_dict,
 )
-from agent_runtime.recipe import Compaction, Recipe, RecipeError, load_recipe
+from agent_runtime.model_recipe import recipe_for_model
+from agent_runtime.outcomes import ERROR_CODES, EndingCode
+from agent_runtime.recipe import Compaction, Recipe, RecipeError, iter_jsonl, load_recipe
 from agent_runtime.runtime import AgentRuntime, RunResult
 from agent_runtime.session import AgentSession, StepOutcome, TurnRequest
+from agent_runtime.torch_warnings import ignore_pynvml_deprecation
 from agent_runtime.trajectory import (
     EpisodeError,
     Trajectory,
     TrajectoryReadError,
     TrajectoryWriter,
     Usage,
+    build_trajectory,
     read_trajectories,
+    usage_of,
 )
 
 __all__ = [
     "CONTINUE",
+    "ERROR_CODES",
+    "PROGRAM_CODES",
     "AgentProgram",
     "AgentRuntime",
     "AgentSession",
@@ -71,6 +80,8 @@ __all__ = [
     "ContextView",
     "Continue",
     "End",
+    "EndingCode",
+    "EngineBadOutput",
     "EngineError",
     "EngineUnavailable",
     "EpisodeError",
@@ -89,6 +100,7 @@ __all__ = [
     "SamplingParams",
     "ScriptedEngine",
     "SessionStateError",
+    "StageError",
     "StepOutcome",
     "Summarize",
     "ToolCallEvent",
@@ -99,9 +111,15 @@ __all__ = [
     "TurnRequest",
     "Usage",
     "__version__",
+    "boundary",
+    "build_trajectory",
     "event_to_dict",
+    "ignore_pynvml_deprecation",
+    "iter_jsonl",
     "load_recipe",
     "read_trajectories",
+    "recipe_for_model",
+    "usage_of",
 ]
 
 __version__ = _version("agent-runtime")

@@ -7,9 +7,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from agent_runtime.engines.base import FinishReason, Generation, LLMEngine, SamplingParams
+from agent_runtime.engines.base import (
+    FinishReason,
+    Generation,
+    LLMEngine,
+    SamplingParams,
+    plain_ids,
+    tokenizer_vocab_size,
+    validate_generation,
+)
 from agent_runtime.engines.registry import ENGINE_KINDS, make_engine
-from agent_runtime.engines.scripted import ScriptedEngine
+from agent_runtime.engines.scripted import Policy, ScriptedEngine
 
 if TYPE_CHECKING:
     from agent_runtime.engines.hf import HFEngine
@@ -23,10 +31,14 @@ __all__ = [
     "HFEngine",
     "LLMEngine",
     "OpenAIEngine",
+    "Policy",
     "SamplingParams",
     "ScriptedEngine",
     "VLLMEngine",
     "make_engine",
+    "plain_ids",
+    "tokenizer_vocab_size",
+    "validate_generation",
 ]
 
 _LAZY = {
