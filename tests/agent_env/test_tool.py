@@ -182,3 +182,26 @@ def test_an_optional_context_parameter_is_injected_too() -> None:
     context = ToolContext(state={})
     assert asyncio.run(note.call(note.parse_arguments({"text": "a"}), context)) == 1
     assert context.state["notes"] == ["a"]
+
+
+def test_a_subclass_naming_an_arguments_type_gets_its_schema_and_instances() -> None:
+    class Find(ToolBase):
+        name = "find_query"
+        arguments_type = Query
+
+        async def call(self, arguments: Query, context: ToolContext) -> str:
+            return arguments.text * arguments.limit
+
+    own_schema = {"type": "object", "properties": {"text": {"type": "string"}}}
+
+    class OwnSchema(Find):
+        parameters = own_schema
+
+    find = Find()
+    assert find.parameters == find_things.parameters
+    assert asyncio.run(find.call(find.parse_arguments({"text": "ab", "limit": 2}), ToolContext())) == "abab"
+    with pytest.raises(ArgumentError) as caught:
+        find.parse_arguments({"text": "x", "limit": "2"})
+    assert caught.value.field == "limit"
+    assert OwnSchema().parameters is own_schema
+    assert isinstance(OwnSchema().parse_arguments({"text": "x"}), Query)

@@ -108,6 +108,10 @@ class ToolBase(ABC):
     for a tool bound to it; ``"inline"``: in place, for bounded work that never awaits; see the module
     docstring) and `max_hung_calls` (calls still running after their
     timeout before new calls are refused with ``tool_unavailable``; None: only the process-wide cap).
+
+    A tool whose arguments are a msgspec Struct names it as `arguments_type`: the class then gets the Struct's
+    schema as `parameters` (unless it sets its own) and `parse_arguments` returns an instance of it (`strict`:
+    types exactly as the schema states them).
     """
 
     name: str
@@ -117,6 +121,14 @@ class ToolBase(ABC):
     max_output_chars: int | None = None
     event_loop: EventLoopMode = "isolated"
     max_hung_calls: int | None = DEFAULT_MAX_HUNG_CALLS
+    arguments_type: type[msgspec.Struct] | None = None
+    strict: bool = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        arguments_type = cls.__dict__.get("arguments_type")
+        if arguments_type is not None and "parameters" not in cls.__dict__:
+            cls.parameters = struct_schema(arguments_type)
 
     @property
     def spec(self) -> ToolSpec:
@@ -126,8 +138,10 @@ class ToolBase(ABC):
     def parse_arguments(self, arguments: dict[str, Any]) -> Any:
         """Check a model's arguments before the call; return what `call` receives.
 
-        Raises `ArgumentError` naming the field. The default checks `parameters` (see `schema.py`) and
-        passes the dict on unchanged."""
+        Raises `ArgumentError` naming the field. The default converts to `arguments_type` where the tool has
+        one; otherwise it checks `parameters` (see `schema.py`) and passes the dict on unchanged."""
+        if self.arguments_type is not None:
+            return convert_arguments(arguments, self.arguments_type, strict=self.strict)
         check_arguments(arguments, self.parameters)
         return arguments
 
@@ -208,9 +222,6 @@ class FunctionTool(ToolBase):
             return msgspec.defstruct(f"{self.name}_arguments", fields, kw_only=True, forbid_unknown_fields=True)
         except TypeError as e:
             raise ToolDefinitionError(f"{where}: {e}") from e
-
-    def parse_arguments(self, arguments: dict[str, Any]) -> msgspec.Struct:
-        return convert_arguments(arguments, self.arguments_type, strict=self.strict)
 
     async def call(self, arguments: Any, context: ToolContext) -> object:
         kwargs: dict[str, Any]

@@ -40,7 +40,6 @@ from typing import Annotated, Any, Final
 import msgspec
 
 from agent_env.errors import ToolError
-from agent_env.schema import convert_arguments, struct_schema
 from agent_env.tool import ToolBase, ToolContext
 
 __all__ = ["CalculatorError", "CalculatorTool", "calculator", "evaluate", "format_number"]
@@ -342,6 +341,7 @@ class CalculatorTool(ToolBase):
     in place, a call through the runner takes 14.0 us where a shared one took 17.7 (see `tool_runner.py`)."""
 
     event_loop = "inline"
+    arguments_type = CalculatorArguments
 
     def __init__(
         self,
@@ -357,14 +357,10 @@ class CalculatorTool(ToolBase):
             "Evaluate an arithmetic expression exactly: integers and decimals with + - * / ** and "
             "parentheses. Returns an integer, an exact decimal, or a fraction p/q with an approximation."
         )
-        self.parameters = struct_schema(CalculatorArguments)
         self.timeout_s = timeout_s
         self.max_length = max_length
         self.max_exponent = max_exponent
         self.max_bits = max_bits
-
-    def parse_arguments(self, arguments: dict[str, Any]) -> CalculatorArguments:
-        return convert_arguments(arguments, CalculatorArguments)
 
     async def call(self, arguments: CalculatorArguments, context: ToolContext) -> str:
         value = _evaluate(

@@ -38,7 +38,6 @@ import msgspec
 from agent_env._threads import run_in_daemon_thread
 from agent_env.errors import ArgumentError, ToolError
 from agent_env.image_decoder import decode_image
-from agent_env.schema import convert_arguments, struct_schema
 from agent_env.tool import ToolBase, ToolContext
 from agent_env.tool_output import ToolOutput
 from agent_protocol import read_image
@@ -76,6 +75,7 @@ class CropTool(ToolBase):
     """Crop a region of one of the task's images and show it enlarged. See the module docstring."""
 
     event_loop = "shared"  # the work runs on a daemon thread; the coroutine itself only awaits it
+    arguments_type = CropArguments
 
     def __init__(
         self,
@@ -97,14 +97,10 @@ class CropTool(ToolBase):
             "Zoom into one of the task's images: crop the box [left, top, right, bottom] (pixels of the original "
             "image) and return it enlarged, to read small details."
         )
-        self.parameters = struct_schema(CropArguments)
         self.images_key = images_key
         self.max_output_pixels = max_output_pixels
         self.max_input_pixels = max_input_pixels
         self.timeout_s = timeout_s
-
-    def parse_arguments(self, arguments: dict[str, Any]) -> CropArguments:
-        return convert_arguments(arguments, CropArguments)
 
     async def call(self, arguments: CropArguments, context: ToolContext) -> ToolOutput:
         source = self._source(context, arguments.image)
@@ -191,6 +187,7 @@ class ChartTool(ToolBase):
     """Draw a bar or line chart of the numbers the model passes. See the module docstring."""
 
     event_loop = "shared"  # the work runs on a daemon thread; the coroutine itself only awaits it
+    arguments_type = ChartArguments
 
     def __init__(
         self,
@@ -206,14 +203,13 @@ class ChartTool(ToolBase):
             raise ValueError(f"width, height and dpi must be positive, got {width}, {height}, {dpi}")
         self.name = name
         self.description = "Draw a bar or line chart of the given values (one per label) and return it as an image."
-        self.parameters = struct_schema(ChartArguments)
         self.width = width
         self.height = height
         self.dpi = dpi
         self.timeout_s = timeout_s
 
     def parse_arguments(self, arguments: dict[str, Any]) -> ChartArguments:
-        parsed = convert_arguments(arguments, ChartArguments)
+        parsed: ChartArguments = super().parse_arguments(arguments)
         if len(parsed.values) != len(parsed.labels):
             raise ArgumentError(
                 "values", f"has {len(parsed.values)} numbers for {len(parsed.labels)} labels; give one per label"

@@ -28,7 +28,6 @@ import structlog
 
 from agent_env._threads import run_in_daemon_thread
 from agent_env.errors import SearchIndexError
-from agent_env.schema import convert_arguments, struct_schema
 from agent_env.tool import ToolBase, ToolContext
 
 __all__ = ["Document", "LocalSearchTool", "SearchHit", "SearchIndex"]
@@ -130,6 +129,8 @@ class LocalSearchArguments(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
 class LocalSearchTool(ToolBase):
     """Search a shared `SearchIndex`. One tool object may serve every episode."""
 
+    arguments_type = LocalSearchArguments
+
     def __init__(
         self,
         index: SearchIndex,
@@ -141,12 +142,8 @@ class LocalSearchTool(ToolBase):
         self.index = index
         self.name = name
         self.description = "Search the local document collection and return the most relevant passages."
-        self.parameters = struct_schema(LocalSearchArguments)
         self.max_chars_per_document = max_chars_per_document
         self.timeout_s = timeout_s
-
-    def parse_arguments(self, arguments: dict[str, Any]) -> LocalSearchArguments:
-        return convert_arguments(arguments, LocalSearchArguments)
 
     async def call(self, arguments: LocalSearchArguments, context: ToolContext) -> str:
         hits = await run_in_daemon_thread(

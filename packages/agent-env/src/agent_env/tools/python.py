@@ -80,7 +80,6 @@ import msgspec
 import structlog
 
 from agent_env.errors import ToolError
-from agent_env.schema import convert_arguments, struct_schema
 from agent_env.tool import EventLoopMode, ToolBase, ToolContext
 from agent_env.tools._sandbox_cgroup import CallCgroup, CgroupPlaces, find_cgroups
 from agent_env.tools._sandbox_cleanup import remove_tree
@@ -174,6 +173,7 @@ class PythonTool(ToolBase):
     """
 
     event_loop: EventLoopMode = "shared"
+    arguments_type = PythonToolArguments
 
     def __init__(
         self,
@@ -209,7 +209,6 @@ class PythonTool(ToolBase):
             f"{max_processes} processes, no network, files only in its own temporary directory ({disk_mb} MB). "
             "Nothing persists between calls."
         )
-        self.parameters = struct_schema(PythonToolArguments)
         self.cpu_time_s = cpu_time_s
         self.wall_time_s = wall_time_s
         self.memory_mb = memory_mb
@@ -228,9 +227,6 @@ class PythonTool(ToolBase):
         self._slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary()
         )
-
-    def parse_arguments(self, arguments: dict[str, Any]) -> PythonToolArguments:
-        return convert_arguments(arguments, PythonToolArguments)
 
     async def call(self, arguments: PythonToolArguments, context: ToolContext) -> str:
         namespaces, landlock = await self._layers()
