@@ -45,7 +45,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, get_type_hints, overload
+from typing import Any, Final, Literal, TypedDict, Unpack, get_type_hints, overload
 
 import msgspec
 
@@ -61,6 +61,7 @@ __all__ = [
     "FunctionTool",
     "ToolBase",
     "ToolContext",
+    "ToolOptions",
     "tool",
 ]
 
@@ -239,64 +240,39 @@ class FunctionTool(ToolBase):
         return await run_in_daemon_thread(lambda: self.fn(**kwargs), name=f"tool-{self.name}")
 
 
-@overload
-def tool(
-    fn: Callable[..., Any],
-    /,
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    timeout_s: float | None = None,
-    max_output_chars: int | None = None,
-    strict: bool = True,
-    event_loop: EventLoopMode | None = None,
-    max_hung_calls: int | None = DEFAULT_MAX_HUNG_CALLS,
-) -> FunctionTool: ...
+class ToolOptions(TypedDict, total=False):
+    """The keyword options `tool` passes on to `FunctionTool` (defaults and meaning: there)."""
+
+    name: str | None
+    description: str | None
+    timeout_s: float | None
+    max_output_chars: int | None
+    strict: bool
+    event_loop: EventLoopMode | None
+    max_hung_calls: int | None
 
 
 @overload
-def tool(
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    timeout_s: float | None = None,
-    max_output_chars: int | None = None,
-    strict: bool = True,
-    event_loop: EventLoopMode | None = None,
-    max_hung_calls: int | None = DEFAULT_MAX_HUNG_CALLS,
-) -> Callable[[Callable[..., Any]], FunctionTool]: ...
+def tool(fn: Callable[..., Any], /, **options: Unpack[ToolOptions]) -> FunctionTool: ...
+
+
+@overload
+def tool(**options: Unpack[ToolOptions]) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 
 def tool(
-    fn: Callable[..., Any] | None = None,
-    /,
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    timeout_s: float | None = None,
-    max_output_chars: int | None = None,
-    strict: bool = True,
-    event_loop: EventLoopMode | None = None,
-    max_hung_calls: int | None = DEFAULT_MAX_HUNG_CALLS,
+    fn: Callable[..., Any] | None = None, /, **options: Unpack[ToolOptions]
 ) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Build a `FunctionTool` from a typed function: ``@tool`` or ``@tool(name=..., timeout_s=...)``.
 
-    `strict` (default True) validates types exactly as the schema states them (``"3"`` is not an integer).
+    The options (`ToolOptions`) are `FunctionTool`'s: `name`, `description`, `timeout_s`, `max_output_chars`,
+    `strict` (default True) validates types exactly as the schema states them (``"3"`` is not an integer),
     `event_loop` (default: ``"isolated"`` for an async function) and `max_hung_calls` (default 16): see
     `ToolBase`.
     """
 
     def build(function: Callable[..., Any]) -> FunctionTool:
-        return FunctionTool(
-            function,
-            name=name,
-            description=description,
-            timeout_s=timeout_s,
-            max_output_chars=max_output_chars,
-            strict=strict,
-            event_loop=event_loop,
-            max_hung_calls=max_hung_calls,
-        )
+        return FunctionTool(function, **options)
 
     return build(fn) if fn is not None else build
 
