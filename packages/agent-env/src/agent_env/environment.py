@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import msgspec
 import structlog
@@ -33,7 +33,7 @@ from agent_env.tool_output import DEFAULT_IMAGE_LIMITS, ImageLimits
 from agent_env.tool_runner import DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_TOOL_TIMEOUT_S, ToolRunner
 from agent_protocol import Action, Message, ToolSpec
 
-__all__ = ["Environment", "StepResult", "StopReason"]
+__all__ = ["Environment", "EnvironmentOptions", "StepResult", "StopReason"]
 
 logger = structlog.get_logger(__name__)
 
@@ -63,6 +63,19 @@ class StepResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     def messages(self) -> list[Message]:
         """The observations as tool messages."""
         return [observation.to_message() for observation in self.observations]
+
+
+class EnvironmentOptions(TypedDict, total=False):
+    """`Environment`'s keyword arguments, for a member that adds its own and passes these on unchanged
+    (``**options: Unpack[EnvironmentOptions]``). Defaults and meaning: `Environment`."""
+
+    tools: Sequence[ToolBase]
+    max_steps: int
+    tool_timeout_s: float
+    max_output_chars: int
+    max_calls_per_step: int
+    episode_id: str | None
+    image_limits: ImageLimits
 
 
 class Environment(ABC):

@@ -19,43 +19,25 @@ This module knows the protocol's `Action`; it knows nothing about chat formats o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
-from agent_env.environment import Environment, StepResult
+from agent_env.environment import Environment, EnvironmentOptions, StepResult
 from agent_env.observation import Observation
-from agent_env.tool import ToolBase
-from agent_env.tool_output import DEFAULT_IMAGE_LIMITS, ImageLimits
-from agent_env.tool_runner import DEFAULT_MAX_OUTPUT_CHARS, DEFAULT_TOOL_TIMEOUT_S
 from agent_protocol import Action
 
 __all__ = ["FunctionCallEnvironment"]
 
 
 class FunctionCallEnvironment(Environment):
-    """Tools plus a plain-text final answer. See the module docstring for the rule of a turn."""
+    """Tools plus a plain-text final answer. See the module docstring for the rule of a turn.
+
+    `on_turn_error` (``"feedback"`` or ``"end"``, see the module docstring); the other keyword arguments are
+    `Environment`'s (`EnvironmentOptions`)."""
 
     def __init__(
-        self,
-        *,
-        tools: Sequence[ToolBase] = (),
-        max_steps: int = 8,
-        tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
-        max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
-        max_calls_per_step: int = 16,
-        on_turn_error: Literal["feedback", "end"] = "feedback",
-        episode_id: str | None = None,
-        image_limits: ImageLimits = DEFAULT_IMAGE_LIMITS,
+        self, *, on_turn_error: Literal["feedback", "end"] = "feedback", **options: Unpack[EnvironmentOptions]
     ) -> None:
-        super().__init__(
-            tools=tools,
-            max_steps=max_steps,
-            tool_timeout_s=tool_timeout_s,
-            max_output_chars=max_output_chars,
-            max_calls_per_step=max_calls_per_step,
-            episode_id=episode_id,
-            image_limits=image_limits,
-        )
+        super().__init__(**options)
         if on_turn_error not in ("feedback", "end"):
             raise ValueError(f"on_turn_error must be 'feedback' or 'end', got {on_turn_error!r}")
         self.on_turn_error = on_turn_error
