@@ -12,7 +12,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 
 from agent_protocol.errors import MessageError
-from agent_protocol.types import Action, Message, MessageLike, ParseIssue, ToolSpecLike, coerce_messages
+from agent_protocol.types import (
+    Action,
+    Message,
+    MessageLike,
+    ParseIssue,
+    ToolSpec,
+    ToolSpecLike,
+    coerce_messages,
+    coerce_tools,
+)
 
 __all__ = ["ChatProtocol", "feedback_messages", "generated_message"]
 
@@ -43,7 +52,6 @@ class ChatProtocol(ABC):
         override this, and tell by `render_feedback(ended_by=...)` which one the model wrote."""
         return (self.end_of_turn,) if self.end_of_turn else self.stop_texts
 
-    @abstractmethod
     def render_messages(
         self,
         messages: Iterable[MessageLike],
@@ -51,7 +59,21 @@ class ChatProtocol(ABC):
         tools: Iterable[ToolSpecLike] | None = None,
         add_generation_prompt: bool = False,
     ) -> str:
-        """The conversation as the official chat template renders it, byte for byte."""
+        """The conversation as the official chat template renders it, byte for byte. Checks and coerces the
+        caller's messages (images only where the family renders them) and tools, then calls `render_coerced`;
+        a family implements that (or, as before, overrides this method whole)."""
+        msgs = coerce_messages(messages, images=self.accepts_images)
+        specs = None if tools is None else coerce_tools(tools)
+        return self.render_coerced(msgs, specs, add_generation_prompt=add_generation_prompt)
+
+    def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
+        """The family's rendering of already-checked messages and tool specs, called by `render_messages` (call
+        that, not this). `specs` is None when the caller passed no tools and a list (maybe empty) when it passed
+        some: the families whose template tells the two apart (Llama 3.x) read it, the others treat both alike."""
+        raise NotImplementedError(
+            f"{type(self).__name__} renders nothing: a family implements render_coerced (the template method "
+            "render_messages calls it with checked messages and tools) or overrides render_messages itself"
+        )
 
     @property
     @abstractmethod

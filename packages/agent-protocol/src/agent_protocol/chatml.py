@@ -13,13 +13,13 @@ parsing are each family's.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages
 from agent_protocol.errors import MessageError
 from agent_protocol.template_json import tojson, tojson_kept
-from agent_protocol.types import Message, MessageLike, ToolCall, ToolSpec, ToolSpecLike, coerce_messages, coerce_tools
+from agent_protocol.types import Message, MessageLike, ToolCall, ToolSpec
 
 __all__ = [
     "ENDOFTEXT",
@@ -84,17 +84,11 @@ class ChatMLProtocol(ChatProtocol):
     def generation_prompt(self) -> str:
         return GENERATION_PROMPT
 
-    def render_messages(
-        self,
-        messages: Iterable[MessageLike],
-        *,
-        tools: Iterable[ToolSpecLike] | None = None,
-        add_generation_prompt: bool = False,
-    ) -> str:
-        msgs = self._checked(coerce_messages(messages, images=self.accepts_images))
+    def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
+        msgs = self._checked(msgs)
         if not msgs and self.template is not None:
             raise MessageError("messages", f"the official {self.template} template cannot render an empty conversation")
-        out = [self._system_block(msgs, coerce_tools(tools))]
+        out = [self._system_block(msgs, specs or [])]
         out.extend(self._render_body(msgs, feedback=False))
         if add_generation_prompt:
             out.append(self.generation_prompt)

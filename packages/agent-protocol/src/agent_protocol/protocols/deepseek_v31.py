@@ -44,7 +44,7 @@ tokenization merges them (`>The`); V3.1's tokenizer adds both tags as tokens and
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 from agent_protocol.broken_call import raw_preview
@@ -53,16 +53,7 @@ from agent_protocol.errors import JsonLimitError, MessageError
 from agent_protocol.json_call import json_kind
 from agent_protocol.json_limits import loads_bounded
 from agent_protocol.template_json import tojson
-from agent_protocol.types import (
-    Action,
-    Message,
-    MessageLike,
-    ParseIssue,
-    ToolCall,
-    ToolSpecLike,
-    coerce_messages,
-    coerce_tools,
-)
+from agent_protocol.types import Action, Message, MessageLike, ParseIssue, ToolCall, ToolSpec
 
 __all__ = ["PROTOCOLS", "DeepSeekV31Protocol"]
 
@@ -103,15 +94,8 @@ class DeepSeekV31Protocol(ChatProtocol):
 
     # -- rendering ---------------------------------------------------------------------------------------
 
-    def render_messages(
-        self,
-        messages: Iterable[MessageLike],
-        *,
-        tools: Iterable[ToolSpecLike] | None = None,
-        add_generation_prompt: bool = False,
-    ) -> str:
-        msgs = coerce_messages(messages)
-        coerce_tools(tools)  # validated like every family's; the official template does not render them
+    def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
+        # `specs` were validated like every family's; the official template does not render them
         _check_renderable(msgs)
         system = "\n\n".join(m.content or "" for m in msgs if m.role == "system")
         body, last_is_user = _render_body(msgs)

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import ast
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Final
 
 from agent_protocol.broken_call import broken_call
@@ -65,16 +65,7 @@ from agent_protocol.errors import MessageError
 from agent_protocol.hermes_parser import split_reasoning
 from agent_protocol.json_limits import check_json_value, loads_bounded
 from agent_protocol.template_json import tojson, tojson_kept
-from agent_protocol.types import (
-    Action,
-    Message,
-    MessageLike,
-    ToolCall,
-    ToolSpec,
-    ToolSpecLike,
-    coerce_messages,
-    coerce_tools,
-)
+from agent_protocol.types import Action, Message, MessageLike, ToolCall, ToolSpec
 
 __all__ = ["PROTOCOLS", "Glm45Protocol"]
 
@@ -125,15 +116,8 @@ class Glm45Protocol(ChatProtocol):
 
     # -- rendering ---------------------------------------------------------------------------------------
 
-    def render_messages(
-        self,
-        messages: Iterable[MessageLike],
-        *,
-        tools: Iterable[ToolSpecLike] | None = None,
-        add_generation_prompt: bool = False,
-    ) -> str:
-        msgs = coerce_messages(messages)
-        out = [PREFIX, _tools_block(coerce_tools(tools))]
+    def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
+        out = [PREFIX, _tools_block(specs or [])]
         last_user = max((i for i, m in enumerate(msgs) if m.role == "user"), default=-1)
         for index, msg in enumerate(msgs):
             if msg.role == "assistant":

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import date
 from typing import Any, Final, Literal, NamedTuple
 
@@ -67,9 +67,7 @@ from agent_protocol.types import (
     ParseIssue,
     ToolCall,
     ToolSpec,
-    ToolSpecLike,
     coerce_messages,
-    coerce_tools,
 )
 
 __all__ = ["PROTOCOLS", "GptOssProtocol", "ReasoningEffort"]
@@ -507,15 +505,8 @@ class GptOssProtocol(ChatProtocol):
             f"# Valid channels: analysis, commentary, final. Channel must be included for every message.{calls}{END}"
         )
 
-    def render_messages(
-        self,
-        messages: Iterable[MessageLike],
-        *,
-        tools: Iterable[ToolSpecLike] | None = None,
-        add_generation_prompt: bool = False,
-    ) -> str:
-        msgs = coerce_messages(messages)
-        specs = coerce_tools(tools)
+    def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
+        specs = specs or []
         if not msgs:
             raise MessageError("messages", "empty: the official gpt-oss template refuses a conversation with none")
         out = [self._system_block(bool(specs))]

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import date
 from typing import Any, Final
 
@@ -45,17 +45,7 @@ from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, genera
 from agent_protocol.errors import JsonLimitError, MessageError
 from agent_protocol.json_limits import MAX_JSON_DEPTH, check_json_value, loads_bounded
 from agent_protocol.template_json import tojson, tojson_kept
-from agent_protocol.types import (
-    Action,
-    Message,
-    MessageLike,
-    ParseIssue,
-    ToolCall,
-    ToolSpec,
-    ToolSpecLike,
-    coerce_messages,
-    coerce_tools,
-)
+from agent_protocol.types import Action, Message, MessageLike, ParseIssue, ToolCall, ToolSpec
 
 __all__ = ["PROTOCOLS", "Llama3Protocol", "parse_llama3_turn"]
 
@@ -123,15 +113,8 @@ class Llama3Protocol(ChatProtocol):
 
     # -- rendering ---------------------------------------------------------------------------------------
 
-    def render_messages(
-        self,
-        messages: Iterable[MessageLike],
-        *,
-        tools: Iterable[ToolSpecLike] | None = None,
-        add_generation_prompt: bool = False,
-    ) -> str:
-        msgs = coerce_messages(messages)
-        specs = None if tools is None else coerce_tools(tools)  # the template tells no tools from an empty list
+    def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
+        # `specs` None: no tools given, which the template tells from an empty list
         if not msgs:
             raise MessageError("messages", "the official Llama 3.x template cannot render an empty conversation")
         first = 1 if msgs[0].role == "system" else 0

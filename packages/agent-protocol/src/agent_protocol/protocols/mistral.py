@@ -44,7 +44,7 @@ import hashlib
 import json
 import string
 from abc import abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import date
 from typing import Any, Final
 
@@ -54,17 +54,7 @@ from agent_protocol.errors import JsonLimitError, MessageError
 from agent_protocol.json_call import arguments_object, json_kind
 from agent_protocol.json_limits import loads_bounded
 from agent_protocol.template_json import tojson, tojson_kept
-from agent_protocol.types import (
-    Action,
-    IssueCode,
-    Message,
-    MessageLike,
-    ToolCall,
-    ToolSpec,
-    ToolSpecLike,
-    coerce_messages,
-    coerce_tools,
-)
+from agent_protocol.types import Action, IssueCode, Message, MessageLike, ToolCall, ToolSpec
 
 __all__ = ["PROTOCOLS", "MistralProtocol", "MistralSmall32Protocol", "MistralV3Protocol", "mistral_call_id"]
 
@@ -129,20 +119,12 @@ class MistralProtocol(ChatProtocol):
     def generation_prompt(self) -> str:
         return ""
 
-    def render_messages(
-        self,
-        messages: Iterable[MessageLike],
-        *,
-        tools: Iterable[ToolSpecLike] | None = None,
-        add_generation_prompt: bool = False,
-    ) -> str:
-        msgs = coerce_messages(messages)
-        specs = coerce_tools(tools)
+    def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
         has_system = bool(msgs) and msgs[0].role == "system"
         loop = msgs[1:] if has_system else msgs
         offset = 1 if has_system else 0
         _check_alternation(loop, offset)
-        return BOS + self._render(loop, offset, system=msgs[0] if has_system else None, specs=specs, opening=True)
+        return BOS + self._render(loop, offset, system=msgs[0] if has_system else None, specs=specs or [], opening=True)
 
     def render_feedback(
         self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
