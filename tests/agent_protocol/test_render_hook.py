@@ -73,7 +73,7 @@ def test_an_old_style_family_that_overrides_render_messages_still_works() -> Non
 
 
 def test_a_family_that_renders_neither_way_is_told_both() -> None:
-    with pytest.raises(NotImplementedError, match="render_coerced.*render_messages"):
+    with pytest.raises(NotImplementedError, match=r"render_coerced.*render_messages"):
         _Minimal().render_messages([{"role": "user", "content": "hi"}])
 
 
