@@ -342,18 +342,25 @@ def _text(value: str, where: str) -> str:
     return value
 
 
-def _tool_call_from_dict(data: Any, where: str, position: int) -> ToolCall:
-    if isinstance(data, ToolCall):
-        return data
-    if not isinstance(data, Mapping):
-        raise MessageError(where, f"must be an object, got {type(data).__name__}")
-    function = data.get("function", data)  # OpenAI nests under "function"; accept the flat form too
+def _named_function(data: Mapping[str, Any], where: str) -> tuple[Mapping[str, Any], str, str]:
+    """The function object of a tool call or tool spec (OpenAI nests it under "function"; the flat form is
+    accepted too), where it sits, and its name, checked."""
+    function = data.get("function", data)
     fn_where = f"{where}.function" if "function" in data else where
     if not isinstance(function, Mapping):
         raise MessageError(fn_where, f"must be an object, got {type(function).__name__}")
     name = function.get("name")
     if not isinstance(name, str) or not name:
         raise MessageError(f"{fn_where}.name", "missing or not a non-empty string")
+    return function, fn_where, name
+
+
+def _tool_call_from_dict(data: Any, where: str, position: int) -> ToolCall:
+    if isinstance(data, ToolCall):
+        return data
+    if not isinstance(data, Mapping):
+        raise MessageError(where, f"must be an object, got {type(data).__name__}")
+    function, fn_where, name = _named_function(data, where)
     arguments = function.get("arguments", {})
     try:
         if isinstance(arguments, str):
@@ -373,13 +380,7 @@ def _tool_call_from_dict(data: Any, where: str, position: int) -> ToolCall:
 
 
 def _tool_spec_from_dict(data: Mapping[str, Any], where: str) -> ToolSpec:
-    function = data.get("function", data)
-    fn_where = f"{where}.function" if "function" in data else where
-    if not isinstance(function, Mapping):
-        raise MessageError(fn_where, f"must be an object, got {type(function).__name__}")
-    name = function.get("name")
-    if not isinstance(name, str) or not name:
-        raise MessageError(f"{fn_where}.name", "missing or not a non-empty string")
+    function, fn_where, name = _named_function(data, where)
     description = function.get("description", "")
     if not isinstance(description, str):
         raise MessageError(f"{fn_where}.description", f"must be a string, got {type(description).__name__}")
