@@ -199,11 +199,10 @@ class ToolRunner:
             tasks: dict[int, asyncio.Task[Observation]] = {}
             for index, call in enumerate(calls):
                 if index >= self.max_calls_per_step and call.error is None:
-                    answers[index] = Observation.failure(
-                        tool_call_id=call.id,
-                        name=call.name,
-                        code="too_many_calls",
-                        message=f"this turn made {len(calls)} calls; at most {self.max_calls_per_step} run",
+                    answers[index] = self._failure(
+                        call,
+                        "too_many_calls",
+                        f"this turn made {len(calls)} calls; at most {self.max_calls_per_step} run",
                         hint=f"Make at most {self.max_calls_per_step} tool calls in one turn.",
                     )
                     continue
@@ -223,13 +222,7 @@ class ToolRunner:
         try:
             arguments = target.parse_arguments(dict(call.arguments))
         except ArgumentError as e:
-            return Observation.failure(
-                tool_call_id=call.id,
-                name=call.name,
-                code="invalid_arguments",
-                message=_short(str(e)),
-                hint=_arguments_hint(target),
-            )
+            return self._failure(call, "invalid_arguments", _short(str(e)), hint=_arguments_hint(target))
         except Exception as e:
             _log(call, context).warning("tool_validation_raised", error=repr(e))
             return self._failure(call, "tool_error", f"argument check failed: {type(e).__name__}: {e}", started)
@@ -327,25 +320,20 @@ class ToolRunner:
         hint = f"Call one of: {', '.join(names)}." if names else "No tools are available; answer directly."
         if close:
             hint = f"Did you mean {close[0]!r}? " + hint
-        return Observation.failure(
-            tool_call_id=call.id,
-            name=call.name,
-            code="unknown_tool",
-            message=f"there is no tool named {call.name!r}",
-            hint=hint,
-        )
+        return self._failure(call, "unknown_tool", f"there is no tool named {call.name!r}", hint=hint)
 
     @staticmethod
     def _failure(
-        call: ToolCall, code: ObservationCode, message: str, started: float, *, hint: str | None = None
+        call: ToolCall, code: ObservationCode, message: str, started: float | None = None, *, hint: str | None = None
     ) -> Observation:
+        """The answer to `call` when it fails or is refused; `started` (its `perf_counter` start) where it ran."""
         return Observation.failure(
             tool_call_id=call.id,
             name=call.name,
             code=code,
             message=message,
             hint=hint,
-            elapsed_s=time.perf_counter() - started,
+            elapsed_s=0.0 if started is None else time.perf_counter() - started,
         )
 
 
