@@ -21,8 +21,7 @@ from typing import Any
 
 import structlog
 
-from agent_runtime.recipe import RecipeError, load_recipe
-from agent_runtime.torch_warnings import ignore_pynvml_deprecation
+from agent_runtime import RecipeError, ignore_pynvml_deprecation, load_recipe
 from agent_train import (
     ALGORITHMS,
     DEVICES,
@@ -272,13 +271,13 @@ def openrlhf_only_options(parser: argparse.ArgumentParser, args: argparse.Namesp
 
 
 def run_local(extra: list[str], verbose: bool = False, demo: str = "calculator") -> int:
-    from agent_train.local import cli  # torch, transformers and vLLM load from here on
+    from agent_train.local import run_cli  # torch, transformers and vLLM load from here on
 
     # every rollout logs at info level, and thousands of them would drown the trainer's progress bar and its
     # summary, so the local trainer logs warnings only unless --verbose
     if not verbose:
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    return cli.main(["--demo", demo, *extra] if demo != "calculator" else extra)
+    return run_cli(["--demo", demo, *extra] if demo != "calculator" else extra)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

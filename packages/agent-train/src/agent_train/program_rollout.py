@@ -21,8 +21,7 @@ from typing import Any
 
 import msgspec
 
-from agent_runtime import LLMEngine, Recipe, SamplingParams
-from agent_runtime.agent_program import PROGRAM_CODES, ProgramTask
+from agent_runtime import PROGRAM_CODES, LLMEngine, ProgramTask, Recipe, SamplingParams
 from agent_runtime.proxy import BREAK_REASONS, ProgramEpisode, run_program
 from agent_train.sample import RolloutSample, segment_samples
 from agent_train.task import AgentTask

@@ -33,8 +33,8 @@ import msgspec
 
 from agent_env import RewardPipeline
 from agent_protocol import TranscriptRecord
+from agent_runtime import ERROR_CODES as OUTCOME_ERROR_CODES
 from agent_runtime import Trajectory
-from agent_runtime.outcomes import ERROR_CODES as OUTCOME_ERROR_CODES
 
 __all__ = [
     "BUDGET_STOPS",

@@ -32,8 +32,7 @@ from typing import Any, Final
 
 import msgspec
 
-from agent_protocol import coerce_messages
-from agent_protocol.images import check_image_url
+from agent_protocol import check_image_url, coerce_messages
 
 __all__ = [
     "IMAGE_KEY",

@@ -25,7 +25,7 @@ import msgspec
 import structlog
 from tokenizers import Tokenizer
 
-from agent_demo.chat_template import DEMO_CHAT_TEMPLATE, chat_template
+from agent_demo import DEMO_CHAT_TEMPLATE, chat_template
 
 if TYPE_CHECKING:
     from transformers import Qwen3ForCausalLM

@@ -19,6 +19,7 @@ Importing this package is light; `train_local` and `TrainResult` load torch and 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from agent_train.local.config import PRESETS, LocalTrainConfig, preset
@@ -26,7 +27,7 @@ from agent_train.local.config import PRESETS, LocalTrainConfig, preset
 if TYPE_CHECKING:
     from agent_train.local.trainer import TrainResult, train_local
 
-__all__ = ["PRESETS", "LocalTrainConfig", "TrainResult", "preset", "train_local"]
+__all__ = ["PRESETS", "LocalTrainConfig", "TrainResult", "preset", "run_cli", "train_local"]
 
 _LAZY = {"train_local": "agent_train.local.trainer", "TrainResult": "agent_train.local.trainer"}
 
@@ -35,3 +36,11 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def run_cli(argv: Sequence[str] | None = None) -> int:
+    """The local trainer's command line (`agent_train.local.cli`), loaded on call: torch, transformers and vLLM
+    load from here on."""
+    from agent_train.local.cli import main
+
+    return main(argv)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from agent_runtime.torch_warnings import ignore_pynvml_deprecation
+from agent_runtime import ignore_pynvml_deprecation
 from agent_train.errors import TrainError
 from agent_train.local.config import ESTIMATORS, GROUP_ESTIMATORS, PRESETS, check_config
 from agent_train.local.demos import DEMOS, get_demo

@@ -22,14 +22,18 @@ from typing import Final
 import msgspec
 from tokenizers import Tokenizer
 
-from agent_demo import running_total, running_total_expert
-from agent_demo.expert import ExpertPolicy
-from agent_demo.recipe import make_recipe as calculator_recipe
-from agent_demo.tokenizer import train_demo_tokenizer
+from agent_demo import (
+    ExpertPolicy,
+    RunningTotalExpert,
+    running_total_recipe,
+    train_demo_tokenizer,
+    train_running_total_tokenizer,
+)
+from agent_demo import make_recipe as calculator_recipe
 from agent_protocol import ChatProtocol, ToolSpecLike
 from agent_protocol import Tokenizer as TextTokenizer
 from agent_runtime import Recipe
-from agent_runtime.engines.scripted import Policy
+from agent_runtime.engines import Policy
 from agent_train.local.config import PRESETS, LocalTrainConfig
 
 __all__ = ["DEMOS", "Demo", "get_demo"]
@@ -84,9 +88,9 @@ DEMOS: Final[dict[str, Demo]] = {
         summary="a running total over a list too long for the context, carried through summaries "
         "(agent_demo.running_total)",
         plot_title="compaction demo: a running total carried through summaries",
-        make_recipe=running_total.make_recipe,
-        train_tokenizer=running_total_expert.train_running_total_tokenizer,
-        expert=running_total_expert.RunningTotalExpert,
+        make_recipe=running_total_recipe,
+        train_tokenizer=train_running_total_tokenizer,
+        expert=RunningTotalExpert,
         presets={
             "default": _COMPACTION_DEFAULT,
             "ci": msgspec.structs.replace(

@@ -23,8 +23,7 @@ from typing import Any
 import msgspec
 import msgspec.structs
 
-from agent_runtime import AgentRuntime, LLMEngine, Recipe, Trajectory
-from agent_runtime.torch_warnings import ignore_pynvml_deprecation
+from agent_runtime import AgentRuntime, LLMEngine, Recipe, Trajectory, ignore_pynvml_deprecation
 
 __all__ = ["EvalResult", "evaluate", "main", "success_by", "summarize"]
 
@@ -81,8 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import asyncio
 
     ignore_pynvml_deprecation()
-    from agent_demo.recipe import make_recipe
-    from agent_runtime.engines.hf import HFEngine
+    from agent_demo import make_recipe
+    from agent_runtime.engines import HFEngine
 
     parser = argparse.ArgumentParser(
         prog="python -m agent_train.local.evaluate", description=main.__doc__.splitlines()[0] if main.__doc__ else None

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 if TYPE_CHECKING:
-    from agent_runtime.recipe import Recipe
+    from agent_runtime import Recipe
 
 __all__ = ["PairedComparison", "compare", "held_out_rows", "held_out_success", "main", "sign_test_p"]
 
@@ -74,7 +74,7 @@ def sign_test_p(fixed: int, broken: int) -> float:
 
 def held_out_rows(size: int) -> tuple[Recipe, list[dict[str, Any]]]:
     """The demo recipe and its first `size` held-out problems (a ValueError past the split's end)."""
-    from agent_demo.recipe import make_recipe
+    from agent_demo import make_recipe
 
     recipe = make_recipe()
     rows = [dict(row) for row in recipe.rows("test")]
@@ -87,7 +87,7 @@ def held_out_success(model_dir: str | Path, size: int, *, max_batch_size: int = 
     """Greedy episodes of a saved demo model on the first `size` held-out problems: success per problem."""
     import asyncio
 
-    from agent_runtime.engines.hf import HFEngine
+    from agent_runtime.engines import HFEngine
     from agent_train.local.evaluate import evaluate
     from agent_train.local.rollout import ROLLOUT_BATCHING
 
@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Compare two saved demo models on the same held-out problems: fixed, broken, sign test."""
     import argparse
 
-    from agent_runtime.torch_warnings import ignore_pynvml_deprecation
+    from agent_runtime import ignore_pynvml_deprecation
     from agent_train.demo.model import is_model_dir
 
     ignore_pynvml_deprecation()

@@ -71,7 +71,7 @@ def sampled_success(
     """Each of the first `size` held-out problems answered `samples` times at `temperature` by a saved demo
     model (sample `j` of problem `i` with seed ``seed + 7919 * j + i``); the success rate per problem."""
     from agent_runtime import AgentRuntime
-    from agent_runtime.engines.hf import HFEngine
+    from agent_runtime.engines import HFEngine
     from agent_train.local.rollout import ROLLOUT_BATCHING
 
     if samples < 1:
@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeds: problems improved, worsened, sign test."""
     import argparse
 
-    from agent_runtime.torch_warnings import ignore_pynvml_deprecation
+    from agent_runtime import ignore_pynvml_deprecation
     from agent_train.demo.model import is_model_dir
 
     ignore_pynvml_deprecation()

@@ -24,7 +24,7 @@ import torch
 
 from agent_protocol import Tokenizer
 from agent_runtime import AgentRuntime, Recipe, ScriptedEngine, Trajectory
-from agent_runtime.engines.scripted import Policy
+from agent_runtime.engines import Policy
 from agent_train.local.batch import pad_batch, token_logprobs
 
 __all__ = ["SFTExample", "expert_trajectories", "sample_batch", "sft_examples", "sft_step"]

@@ -44,7 +44,7 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 
 from agent_protocol import HFTokenizer
 from agent_runtime import BudgetPolicy, Recipe
-from agent_runtime.engines.hf import HFEngine
+from agent_runtime.engines import HFEngine
 from agent_train.demo.model import build_demo_model, load_demo_model, save_model_dir
 from agent_train.errors import TrainError
 from agent_train.local.checkpoint import Checkpoint, TrainerState, load_checkpoint, save_checkpoint

@@ -16,7 +16,7 @@ import os
 from functools import cache
 from typing import Final
 
-from agent_runtime.recipe import Recipe, RecipeError, load_recipe
+from agent_runtime import Recipe, RecipeError, load_recipe
 from agent_train.openrlhf.executor import AgentExecutor as RecipeAgentExecutor
 
 __all__ = ["RECIPE_ENV", "TIMEOUT_ENV", "AgentExecutor", "recipe_from_environment"]

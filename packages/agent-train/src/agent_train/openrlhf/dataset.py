@@ -26,7 +26,7 @@ import msgspec
 import structlog
 
 from agent_protocol import MessageError, coerce_messages
-from agent_runtime.recipe import Recipe, iter_jsonl
+from agent_runtime import Recipe, iter_jsonl
 from agent_train.errors import DatasetError
 from agent_train.task import encode_task, label_of
 

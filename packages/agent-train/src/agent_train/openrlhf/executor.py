@@ -55,11 +55,17 @@ import msgspec
 import structlog
 from openrlhf.utils.agent import AgentExecutorBase
 
-from agent_protocol import HFTokenizer, Tokenizer, TranscriptRecord, TransformersTokenizer, load_tokenizer
-from agent_protocol.images import collapse_image_pads, read_image
-from agent_protocol.tokenizer import processor_vision_grid
-from agent_runtime import AgentRuntime, AssistantEvent, LLMEngine, SamplingParams, Trajectory
-from agent_runtime.recipe import Recipe, load_recipe
+from agent_protocol import (
+    HFTokenizer,
+    Tokenizer,
+    TranscriptRecord,
+    TransformersTokenizer,
+    collapse_image_pads,
+    load_tokenizer,
+    processor_vision_grid,
+    read_image,
+)
+from agent_runtime import AgentRuntime, AssistantEvent, LLMEngine, Recipe, SamplingParams, Trajectory, load_recipe
 from agent_train.openrlhf.rollout_engine import OpenRLHFEngine
 from agent_train.openrlhf.segments import episode_record
 from agent_train.sample import RolloutSample, segment_samples

@@ -58,7 +58,7 @@ from typing import Final, Literal
 import msgspec
 import structlog
 
-from agent_runtime.recipe import Recipe
+from agent_runtime import Recipe
 from agent_train.errors import LaunchError
 from agent_train.openrlhf.arguments import CheckedArguments, check_arguments
 from agent_train.openrlhf.cpu_bridges import DEVICE_ENV, CpuBridgeError

@@ -36,12 +36,10 @@ from typing import Any, Final
 
 import msgspec
 
-from agent_env.image_decoder import decode_image
-from agent_protocol import Tokenizer
-from agent_protocol.images import read_image
-from agent_runtime import EngineError, Generation, LLMEngine, SamplingParams
-from agent_runtime.engines.base import plain_ids, tokenizer_vocab_size, validate_generation
-from agent_runtime.errors import EngineBadOutput
+from agent_env import decode_image
+from agent_protocol import Tokenizer, read_image
+from agent_runtime import EngineBadOutput, EngineError, Generation, LLMEngine, SamplingParams
+from agent_runtime.engines import plain_ids, tokenizer_vocab_size, validate_generation
 
 __all__ = ["OpenRLHFEngine", "generation_from_output", "turn_sampling_params"]
 
