@@ -36,7 +36,7 @@ from agent_protocol.protocols.qwen3 import Qwen3Protocol
 from agent_runtime import (
     AgentRuntime,
     AgentSession,
-    CompactableSession,
+    CompactionPolicy,
     ErrorEvent,
     FinalEvent,
     Generation,
@@ -235,11 +235,11 @@ def test_compaction_summary_turn_has_the_same_boundary(tokenizer: HFTokenizer, c
                 raise Boom("decode failed on the summary")
             return super().decode(ids, skip_special_tokens=skip_special_tokens)
 
-    session = CompactableSession(
+    session = AgentSession(
         protocol="qwen3",
         environment=_env,
         tokenizer=RaisingDecodeOnSummary(tokenizer.backend, source="raising"),
-        compact_at_tokens=1,  # ask for a summary after the first tool result
+        context=CompactionPolicy(compact_at_tokens=1),  # ask for a summary after the first tool result
         max_new_tokens=64,
     )
     engine = ScriptedEngine(tokenizer, [call("17 * 23"), answer("Summary: 17 * 23 = 391."), answer("391")])

@@ -12,8 +12,7 @@ import pytest
 
 from agent_env import CalculatorTool
 from agent_protocol import HFTokenizer, get_protocol
-from agent_runtime import read_trajectories
-from agent_runtime.recipe import Compaction
+from agent_runtime import CompactionPolicy, read_trajectories
 from tests.serve.conftest import MODEL, LiveServer, ServerFactory
 from tests.support.calculator_recipe import calculator_recipe
 
@@ -117,8 +116,8 @@ def test_sse_framing_is_openai_s(server: LiveServer) -> None:
 
 
 def test_streaming_shows_a_compaction_as_it_happens(start_server: ServerFactory) -> None:
-    compaction = Compaction(compact_at_tokens=250, max_compactions=1)
-    recipe = dataclasses.replace(calculator_recipe(max_new_tokens=64), compaction=compaction)
+    compaction = CompactionPolicy(compact_at_tokens=250, max_compactions=1)
+    recipe = dataclasses.replace(calculator_recipe(max_new_tokens=64), context=compaction)
     server = start_server(recipe=recipe)
     stream = server.client().chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "What is 9 * 9?"}], stream=True
