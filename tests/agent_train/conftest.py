@@ -9,7 +9,7 @@ import pytest
 
 from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline, ToolCallReward
 from agent_protocol import HFTokenizer
-from agent_runtime.recipe import Compaction, Recipe
+from agent_runtime import BudgetPolicy, ContextPolicy, Recipe
 
 
 @pytest.fixture(scope="session")
@@ -25,13 +25,13 @@ def hf_tokenizer(tiny_qwen3_dir: Path) -> Any:
     return AutoTokenizer.from_pretrained(tiny_qwen3_dir)
 
 
-def calculator_recipe(*, compaction: Compaction | None = None, max_new_tokens: int = 64, **kwargs: Any) -> Recipe:
+def calculator_recipe(*, context: ContextPolicy | None = None, max_new_tokens: int = 64, **kwargs: Any) -> Recipe:
     return Recipe(
         name="calc",
         protocol="qwen3",
         environment=lambda: FunctionCallEnvironment(tools=[CalculatorTool()], max_steps=4),
         rewards=RewardPipeline(result=[MatchingReward()], process=[ToolCallReward()]),
         max_new_tokens=max_new_tokens,
-        compaction=compaction,
+        context=context or BudgetPolicy(),
         **kwargs,
     )

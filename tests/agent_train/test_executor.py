@@ -14,8 +14,7 @@ import pytest
 from vllm import SamplingParams as VLLMSamplingParams
 
 from agent_protocol import HFTokenizer
-from agent_runtime import AgentRuntime, EngineError, LLMEngine, SamplingParams, ScriptedEngine
-from agent_runtime.recipe import Compaction
+from agent_runtime import AgentRuntime, CompactionPolicy, EngineError, LLMEngine, SamplingParams, ScriptedEngine
 from agent_train import AGENT_FUNC_PATH, extra_log_keys
 from agent_train.openrlhf.executor import AgentExecutor, as_tokenizer
 from agent_train.openrlhf.segments import SEGMENTS_KEY
@@ -186,7 +185,7 @@ def test_max_length_bounds_every_turn_and_the_episode(tokenizer: HFTokenizer, hf
 
 
 def test_compaction_returns_every_segment(tokenizer: HFTokenizer, hf_tokenizer: Any) -> None:
-    recipe = calculator_recipe(compaction=Compaction(compact_at_tokens=1))  # compact after the first tool turn
+    recipe = calculator_recipe(context=CompactionPolicy(compact_at_tokens=1))  # compact after the first tool turn
     summary = "I computed 17 * 23 = 391 with the calculator; left to do: answer.<|im_end|>"
     script = [call("17 * 23"), summary, answer("391")]
     rollout = asyncio.run(

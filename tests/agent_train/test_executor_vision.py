@@ -37,7 +37,7 @@ from agent_env import Environment, MatchingReward, Observation, RewardPipeline, 
 from agent_protocol import Action  # noqa: E402
 from agent_protocol.images import VisionGrid  # noqa: E402
 from agent_protocol.tokenizer import processor_vision_grid  # noqa: E402
-from agent_runtime.recipe import Compaction, Recipe  # noqa: E402
+from agent_runtime import CompactionPolicy, Recipe  # noqa: E402
 from agent_train.errors import LaunchError  # noqa: E402
 from agent_train.openrlhf.executor import AgentExecutor, as_tokenizer  # noqa: E402
 from agent_train.openrlhf.launcher import LaunchConfig, check_plan, image_flags, plan_launch  # noqa: E402
@@ -286,8 +286,8 @@ def test_each_compacted_segment_carries_its_own_images_and_tensors(processor: An
     episode = Episode(1)
     actions = [zoom(0), "The crop is grey.<|im_end|>", zoom(1), ANSWER]
     actor = ReplayActor(processor.tokenizer, actions)
-    compaction = Compaction(compact_at_tokens=1, max_compactions=1)
-    executor = AgentExecutor(vision_recipe(episode.tool_images, compaction=compaction))
+    compaction = CompactionPolicy(compact_at_tokens=1, max_compactions=1)
+    executor = AgentExecutor(vision_recipe(episode.tool_images, context=compaction))
     record = asyncio.run(
         executor.execute(episode.question, "grey", vllm_params(), MAX_LENGTH, processor, actor, images=episode.images)
     )

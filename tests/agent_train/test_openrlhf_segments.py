@@ -24,9 +24,11 @@ pytest.importorskip("vllm")
 pytest.importorskip("openrlhf")
 
 from agent_protocol import HFTokenizer  # noqa: E402
-from agent_runtime import ScriptedEngine  # noqa: E402
+from agent_runtime import (
+    CompactionPolicy,  # noqa: E402
+    ScriptedEngine,  # noqa: E402
+)
 from agent_runtime.context_policy import CompactionPolicy  # noqa: E402
-from agent_runtime.recipe import Compaction  # noqa: E402
 from agent_train.openrlhf import segments  # noqa: E402
 from agent_train.openrlhf.executor import AgentExecutor  # noqa: E402
 from agent_train.openrlhf.segments import OVERLONG_KEY, SEGMENTS_KEY  # noqa: E402
@@ -58,7 +60,7 @@ MAX_LENGTH = 500  # compaction at 375: a short first turn stays under it, a long
 
 
 def compacting_recipe() -> Any:
-    return calculator_recipe(compaction=Compaction(compact_at_tokens=1, max_compactions=2))
+    return calculator_recipe(context=CompactionPolicy(compact_at_tokens=1, max_compactions=2))
 
 
 @pytest.fixture(scope="module")
@@ -357,7 +359,7 @@ def test_every_sample_of_a_group_compacts_at_the_same_threshold(
     max_length = MAX_LENGTH
     reasonings = ["I should use the calculator.", "Let me think this through. " * 12, "Short."]
     engine = ScriptedEngine(tokenizer, policy=LengthsPolicy(tokenizer, reasonings))
-    actor = ActorStandIn(engine, AgentExecutor(calculator_recipe(compaction=Compaction(max_compactions=1))))
+    actor = ActorStandIn(engine, AgentExecutor(calculator_recipe(context=CompactionPolicy(max_compactions=1))))
     generate_responses = RolloutRayActor.__ray_metadata__.modified_class.generate_responses  # OpenRLHF's code
     outs = asyncio.run(
         generate_responses(actor, TASK, "391", openrlhf_params(logprobs=False), max_length, hf_tokenizer, 3)
