@@ -1,8 +1,8 @@
-"""The agent-runtime README's complete inference loop runs as written
-(`AgentSession(environment=..., protocol=..., context=CompactionPolicy())`,
-`AgentRuntime(engine, session, max_context_tokens=96000)`) on a real `hf` engine. The only change made to the code block is the model path, which points at the tests' tiny
-random-weight Qwen3 (the real tokenizer and chat template); a random model answers nonsense, so what is checked
-is that the loop runs to its final event, not what the answer says."""
+"""The agent-runtime README's complete inference loop runs as written (`AgentSession(environment=..., protocol=...,
+context=CompactionPolicy())`, `AgentRuntime(engine, session, max_context_tokens=96000)`) on a real `hf` engine. The
+only change made to the code block is the model path, which points at the tests' tiny random-weight Qwen3 (the real
+tokenizer and chat template); a random model answers nonsense, so what is checked is that the loop runs to its final
+event, not what the answer says."""
 
 from __future__ import annotations
 

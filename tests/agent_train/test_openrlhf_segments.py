@@ -24,11 +24,7 @@ pytest.importorskip("vllm")
 pytest.importorskip("openrlhf")
 
 from agent_protocol import HFTokenizer  # noqa: E402
-from agent_runtime import (
-    CompactionPolicy,  # noqa: E402
-    ScriptedEngine,  # noqa: E402
-)
-from agent_runtime.context_policy import CompactionPolicy  # noqa: E402
+from agent_runtime import CompactionPolicy, ScriptedEngine  # noqa: E402
 from agent_train.openrlhf import segments  # noqa: E402
 from agent_train.openrlhf.executor import AgentExecutor  # noqa: E402
 from agent_train.openrlhf.segments import OVERLONG_KEY, SEGMENTS_KEY  # noqa: E402
