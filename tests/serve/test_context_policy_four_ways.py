@@ -16,6 +16,7 @@ is always kept), so each path's prompts come from its own rendering: any drift c
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -24,12 +25,7 @@ pytest.importorskip("vllm")
 
 
 from agent_protocol import HFTokenizer
-from agent_runtime import (
-    BudgetPolicy,
-    ContextPolicy,
-    Recipe,
-    ScriptedEngine,
-)
+from agent_runtime import AgentRuntime, BudgetPolicy, CompactionEvent, ContextPolicy, Recipe, ScriptedEngine
 from tests.serve.conftest import ServerFactory
 from tests.serve.test_one_turn_core import (
     engine_for,
@@ -69,6 +65,10 @@ def test_a_policy_of_ones_own_is_one_token_stream_four_ways(
     assert reference.tool_calls == 3 and reference.compactions == 2 and len(reference.segments) == 3
     plain = in_process(recipe_with(BudgetPolicy()), tokenizer, ROW, adding_policy)  # no policy: one segment
     assert len(plain.segments) == 1 and said(plain.messages) == said(reference.messages)  # the record keeps it all
+    runtime = AgentRuntime(adder(tokenizer), recipe.make_session(tokenizer))
+    events = asyncio.run(runtime.run(QUESTION, task={"answer": ROW["answer"]}, keep_events=True)).events
+    opened = [(e.segment, e.summary) for e in events if isinstance(e, CompactionEvent)]
+    assert opened == [(1, ""), (2, "")], "every segment the policy opens is an event (no summary: a rewrite)"
     last_prompt = tokenizer.decode(reference.segments[-1].ids)
     assert last_prompt.count(DROPPING.placeholder) == 2 and "<tool_response>\n333\n" not in last_prompt
 

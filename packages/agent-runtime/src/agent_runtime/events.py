@@ -48,7 +48,8 @@ class ToolResultEvent(msgspec.Struct, frozen=True, kw_only=True, tag="tool_resul
 
 
 class CompactionEvent(msgspec.Struct, frozen=True, kw_only=True, tag="compaction"):
-    """The model summarized the episode; a new context segment starts from `summary`."""
+    """A new context segment starts: from the model's `summary` (compaction), or, with `summary` empty, from the
+    messages the context policy rewrote at a turn's feedback (after that turn's tool results)."""
 
     segment: int
     summary: str

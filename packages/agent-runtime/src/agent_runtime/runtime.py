@@ -250,4 +250,7 @@ def _step_events(session: AgentSession, outcome: StepOutcome, generation: Genera
         )
         for observation in outcome.observations
     )
+    if outcome.new_segment:  # the context policy rewrote the context at this feedback: a segment with no summary
+        segment = len(session.conversation.segments) - 1 if session.conversation else 0
+        events.append(CompactionEvent(segment=segment, summary="", prompt_tokens=len(outcome.feedback_ids)))
     return events

@@ -85,6 +85,8 @@ class StepOutcome(msgspec.Struct, frozen=True, kw_only=True):
     truncated: bool = False
     feedback_ids: list[int] = msgspec.field(default_factory=list)
     compaction: str | None = None  # the summary, when this step was a summary turn and the context was compacted
+    #: the context policy started a new segment from messages it rewrote, at this turn's feedback (no summary turn)
+    new_segment: bool = False
     error: EpisodeError | None = None  # set when an exception ended the episode in this step (see `contain`)
 
 
@@ -319,16 +321,13 @@ class AgentSession:
             await self._fail_with("environment_error", "the environment answered nothing and did not end the episode")
             return StepOutcome(turn=turn, action=action, step_reward=step_reward, done=True, truncated=truncated)
         self._stage = "render"  # the context policy's instruction and the feedback's render
-        feedback_ids = await self._append_feedback(feedback, turn)
+        grown = await self.context_state.add_feedback(self._conv(), feedback)  # what the context policy decides
+        feedback_ids = await self._grown(grown)
         self._stage = "idle"
         return StepOutcome(
             turn=turn, action=action, observations=observations, step_reward=step_reward,
-            done=self.done, truncated=truncated, feedback_ids=feedback_ids,
+            done=self.done, truncated=truncated, feedback_ids=feedback_ids, new_segment=grown.new_segment,
         )  # fmt: skip
-
-    async def _append_feedback(self, observed: list[Message], turn: int) -> list[int]:
-        """Render a turn's feedback and do what the context policy decides (`ContextState.add_feedback`)."""
-        return await self._grown(await self.context_state.add_feedback(self._conv(), observed))
 
     async def _resume_from_summary(self, generation: Generation) -> StepOutcome:
         """A summary turn: the context policy reads it (a compaction goes on from it in a new segment)."""

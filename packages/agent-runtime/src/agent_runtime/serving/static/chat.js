@@ -172,7 +172,11 @@
         break;
       }
       case "compaction":
-        card("compaction", `context compacted (segment ${event.segment})`, event.summary);
+        card(
+          "compaction",
+          `context compacted (segment ${event.segment})`,
+          event.summary || "the context policy rewrote the context (no summary)",
+        );
         break;
       default:
         break; // "final": the answer arrives as content; "error": the stream's error frame follows
