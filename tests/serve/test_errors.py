@@ -13,7 +13,16 @@ import httpx
 import openai
 import pytest
 
-from agent_env import Environment, StepResult
+from agent_env import (
+    Environment,
+    EpisodeRecord,
+    MatchingReward,
+    RewardPipeline,
+    StepRecord,
+    StepResult,
+    StepReward,
+    ToolCallReward,
+)
 from agent_protocol import Action, HFTokenizer
 from agent_runtime import EngineError, ScriptedEngine, read_trajectories
 from tests.serve.conftest import MODEL, LiveServer, ServerFactory
@@ -220,6 +229,30 @@ def test_an_environment_failure_is_a_500_and_the_server_goes_on(
     assert "the environment broke" in caught.value.body["message"]
     health = httpx.get(f"{server.url}/health")
     assert health.status_code == 200
+
+
+class RaisingProcessRewards(RewardPipeline):
+    """A reward pipeline that raises itself mid-episode (its strategies' failures it contains, as codes)."""
+
+    async def score_step(self, step: StepRecord, episode: EpisodeRecord) -> StepReward:
+        raise ZeroDivisionError("process reward divided by zero")
+
+
+def test_a_process_reward_failure_is_a_500_not_an_answer_cut_short(
+    start_server: ServerFactory, tokenizer: HFTokenizer, tmp_path: Any
+) -> None:
+    """The episode ends `reward_error` after its first tool call, with no answer: the client is told (a 500 naming
+    the code and the error), not answered 200 with an empty `length`-cut message; the record keeps the turn."""
+    rewards = RaisingProcessRewards(result=[MatchingReward()], process=[ToolCallReward()])
+    server = start_server(recipe=calculator_recipe(rewards=rewards), trajectory_log=str(tmp_path / "log.jsonl"))
+    with pytest.raises(openai.InternalServerError) as caught:
+        server.client().chat.completions.create(model=MODEL, messages=USER)
+    assert isinstance(caught.value.body, dict) and caught.value.body["code"] == "reward_error"
+    assert "process reward divided by zero" in caught.value.body["message"]
+    (record,) = read_trajectories(tmp_path / "log.jsonl")
+    assert record.stop_reason == "reward_error" and record.tool_calls == 1
+    answer = server.client().chat.completions.create(model=MODEL, messages=USER, tools=[CALCULATOR_TOOL])
+    assert answer.choices[0].message.tool_calls, "tools mode runs no reward: it goes on"
 
 
 def test_a_conversation_too_long_for_the_context_is_a_400(start_server: ServerFactory, tokenizer: HFTokenizer) -> None:

@@ -68,7 +68,7 @@ logger = structlog.get_logger(__name__)
 
 _FAILED_STOPS = {
     "engine_error", "engine_timeout", "engine_bad_output",  # the engine failed, ran out of time, answered garbage
-    "environment_error", "decode_error", "parse_error", "render_error",  # a component raised inside a step
+    "environment_error", "decode_error", "parse_error", "render_error", "reward_error",  # a component raised in a step
     "internal_error",  # anything else that escaped the episode
 }  # fmt: skip
 
