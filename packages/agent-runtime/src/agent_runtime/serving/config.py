@@ -80,10 +80,10 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         if not self.model_name:
             raise ServeConfigError("model_name must not be empty", ("model_name",))
-        for name, (low, exclusive) in _BOUNDS.items():
-            value = getattr(self, name)
-            if not (value > low if exclusive else value >= low):  # NaN fails both
-                rule = f"greater than {low:g}" if exclusive else f"at least {low:g}"
+        for name, setting in _FLAGS.items():
+            low, value = setting.low, getattr(self, name)
+            if low is not None and not (value > low if setting.exclusive else value >= low):  # NaN fails both
+                rule = f"greater than {low:g}" if setting.exclusive else f"at least {low:g}"
                 raise ServeConfigError(f"{name} must be {rule}, got {value}", (name,))
         if self.max_buffered_request_bytes < self.max_request_bytes:
             raise ServeConfigError(
@@ -124,59 +124,54 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 @dataclass(frozen=True)
 class _Flag:
+    """A setting's flag, and its lower bound (`exclusive`: for seconds, which may be fractions but never 0)."""
+
     flag: str
     metavar: str | None
     help: str
+    low: float | None = None
+    exclusive: bool = False
 
-
-# The lower bound of each numeric setting: (bound, exclusive). Exclusive bounds are for seconds, which may be
-# fractions but never 0.
-_BOUNDS: Final[dict[str, tuple[float, bool]]] = {
-    "max_concurrency": (1, False),
-    "engine_timeout_s": (0, True),
-    "transcript_store_conversations": (0, False),
-    "transcript_store_tokens": (0, False),
-    "transcript_store_bytes": (0, False),
-    "max_request_bytes": (1, False),
-    "request_read_timeout_s": (0, True),
-    "max_buffered_request_bytes": (1, False),
-    "max_chars_per_token": (1, False),
-    "max_image_bytes": (1, False),
-    "max_image_pixels": (1, False),
-    "max_request_pixels": (1, False),
-    "max_images": (1, False),
-}
 
 _FLAGS: Final[dict[str, _Flag]] = {
     "max_concurrency": _Flag(
-        "--max-concurrency", "N", "chat completions in flight at once; more are answered 429 at once, never queued"
+        "--max-concurrency",
+        "N",
+        "chat completions in flight at once; more are answered 429 at once, never queued",
+        low=1,
     ),
     "engine_timeout_s": _Flag(
         "--engine-timeout",
         "SECONDS",
         "the longest one engine call may take, in all (every retry and the whole answer included, not per read); "
         "past it the request fails with a 500 `engine_timeout` and the episode is recorded",
+        low=0,
+        exclusive=True,
     ),
     "max_request_bytes": _Flag(
-        "--max-request-bytes", "BYTES", "the largest request body accepted; a larger one is answered 413"
+        "--max-request-bytes", "BYTES", "the largest request body accepted; a larger one is answered 413", low=1
     ),
     "request_read_timeout_s": _Flag(
         "--request-read-timeout",
         "SECONDS",
         "the longest a request body may take to arrive, in all; a client that stalls or trickles is answered 408. "
         "Bodies are read before a request counts against --max-concurrency",
+        low=0,
+        exclusive=True,
     ),
     "max_buffered_request_bytes": _Flag(
         "--max-buffered-request-bytes",
         "BYTES",
         "the bytes of request bodies held at once, across all requests being read; a body that would go past it is "
         "answered 429 with Retry-After; at least --max-request-bytes",
+        low=1,
     ),
     "max_chars_per_token": _Flag(
         "--max-chars-per-token",
         "CHARS",
         "a conversation longer than the context at this many characters per token is answered 400 before it is "
         "tokenized; generous (text averages about 4), raise it only for text of long runs of spaces or rule lines",
+        low=1,
     ),
     "max_image_bytes": _Flag(
         "--max-image-bytes",
@@ -184,32 +179,36 @@ _FLAGS: Final[dict[str, _Flag]] = {
         "the largest image a message may carry, decoded, on a vision-language model (400 beyond). Images arrive "
         "only as data:image/...;base64 URLs (remote URLs and server paths are refused); the body holding them must "
         "also fit --max-request-bytes (base64 is 4/3 of the bytes)",
+        low=1,
     ),
     "max_image_pixels": _Flag(
         "--max-image-pixels",
         "PIXELS",
         "the most pixels (width x height, read from every frame header and confirmed by decoding the image) one "
         "image may have; the server decodes each image it takes, one at a time, at most 4 bytes a pixel",
+        low=1,
     ),
     "max_request_pixels": _Flag(
-        "--max-request-pixels", "PIXELS", "the most pixels all the images of one request may have together"
+        "--max-request-pixels", "PIXELS", "the most pixels all the images of one request may have together", low=1
     ),
     "max_images": _Flag(
-        "--max-images", "N", "the most images one request may carry; a recipe's own max_images lowers it"
+        "--max-images", "N", "the most images one request may carry; a recipe's own max_images lowers it", low=1
     ),
     "transcript_store_conversations": _Flag(
         "--transcript-store-conversations",
         "N",
         "tools mode: the most conversations whose rendered tokens are kept, so a follow-up request renders only "
         "its new messages; 0 renders every follow-up from scratch",
+        low=0,
     ),
     "transcript_store_tokens": _Flag(
-        "--transcript-store-tokens", "TOKENS", "tools mode: the most tokens the transcript store holds, in all"
+        "--transcript-store-tokens", "TOKENS", "tools mode: the most tokens the transcript store holds, in all", low=0
     ),
     "transcript_store_bytes": _Flag(
         "--transcript-store-bytes",
         "BYTES",
         "tools mode: the most bytes the transcript store holds, in all (about 11 a token of text)",
+        low=0,
     ),
     "trajectory_log": _Flag(
         "--trajectory-log", "PATH", "append one trajectory record (JSONL) per chat completion to this file"
