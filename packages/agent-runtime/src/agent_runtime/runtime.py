@@ -221,13 +221,7 @@ def _step_events(session: AgentSession, outcome: StepOutcome, generation: Genera
     if outcome.error is not None:  # the step failed and ended the episode (recorded by the session)
         return [ErrorEvent(code=outcome.error.code, message=outcome.error.message)]
     if outcome.compaction is not None:
-        return [
-            CompactionEvent(
-                segment=len(session.conversation.segments) - 1 if session.conversation else 0,
-                summary=outcome.compaction,
-                prompt_tokens=len(outcome.feedback_ids),
-            )
-        ]
+        return [_new_segment(session, outcome, summary=outcome.compaction)]
     action = outcome.action
     events: list[Event] = [
         AssistantEvent(
@@ -251,6 +245,11 @@ def _step_events(session: AgentSession, outcome: StepOutcome, generation: Genera
         for observation in outcome.observations
     )
     if outcome.new_segment:  # the context policy rewrote the context at this feedback: a segment with no summary
-        segment = len(session.conversation.segments) - 1 if session.conversation else 0
-        events.append(CompactionEvent(segment=segment, summary="", prompt_tokens=len(outcome.feedback_ids)))
+        events.append(_new_segment(session, outcome, summary=""))
     return events
+
+
+def _new_segment(session: AgentSession, outcome: StepOutcome, *, summary: str) -> CompactionEvent:
+    """The event of the segment `outcome` opened (its prompt is the step's feedback ids)."""
+    segment = len(session.conversation.segments) - 1 if session.conversation else 0
+    return CompactionEvent(segment=segment, summary=summary, prompt_tokens=len(outcome.feedback_ids))
