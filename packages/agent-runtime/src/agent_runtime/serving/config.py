@@ -31,6 +31,8 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     - `api_key`: when set, `/v1/*` and `/metrics` need ``Authorization: Bearer <api_key>`` (else 401).
     - `max_concurrency`: chat completions in flight at once; one more is answered 429 at once.
     - `trajectory_log`: a JSONL file that gets one `Trajectory` per chat completion.
+    - `trajectories`: the trajectory files (a JSONL file or a directory of them) the viewer at ``/viewer`` browses;
+      None: the `trajectory_log`, if any.
     - `engine_timeout_s`: the longest one engine call may take, in all (not per read), before the request fails.
     - `max_request_bytes`: the largest request body accepted (413 beyond, checked on ``Content-Length`` and while
       the body streams in).
@@ -76,6 +78,7 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_image_pixels: int = 40_000_000
     max_request_pixels: int = 80_000_000
     max_images: int = 16
+    trajectories: str | None = None
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -212,5 +215,12 @@ _FLAGS: Final[dict[str, _Flag]] = {
     ),
     "trajectory_log": _Flag(
         "--trajectory-log", "PATH", "append one trajectory record (JSONL) per chat completion to this file"
+    ),
+    "trajectories": _Flag(
+        "--trajectories",
+        "PATH",
+        "browse the trajectory records (JSONL) in this file or directory in the web page's viewer (/viewer): tokens "
+        "coloured by loss mask, logprobs, segments, tool calls, rewards, errors. Without --model, only the viewer "
+        "is served and no model is loaded (default: the --trajectory-log, if any)",
     ),
 }
