@@ -225,6 +225,32 @@ def test_step_itself_never_raises_for_a_broken_environment(tokenizer: HFTokenize
     assert outcome == (True, "environment_error")
 
 
+def test_a_session_reset_after_a_contained_error_steps_cleanly(tokenizer: HFTokenizer) -> None:
+    """The step's boundary is made once per session: an error it held for one episode is not the next one's."""
+    made: list[FunctionCallEnvironment] = []
+
+    def environment() -> FunctionCallEnvironment:  # the first episode's environment raises, the second's works
+        kind = RaisingStep if not made else FunctionCallEnvironment
+        made.append(kind(tools=[CalculatorTool()], max_steps=4))
+        return made[-1]
+
+    async def episode(session: AgentSession, text: str) -> tuple[bool, str | None, list[str]]:
+        await session.reset(QUESTION)
+        request = await session.next_request()
+        assert request is not None
+        engine = ScriptedEngine(tokenizer, [text])
+        outcome = await session.step(await engine.generate(request.prompt_ids, request.sampling()))
+        return outcome.done, session.stop_reason, [error.code for error in session.errors]
+
+    async def main() -> list[tuple[bool, str | None, list[str]]]:
+        session = AgentSession(protocol=_qwen3(), environment=environment, tokenizer=tokenizer)
+        return [await episode(session, call("2 + 2")), await episode(session, call("2 + 2"))]
+
+    failed, clean = asyncio.run(main())
+    assert failed == (True, "environment_error", ["environment_error"])
+    assert clean == (False, None, [])
+
+
 def test_compaction_summary_turn_has_the_same_boundary(tokenizer: HFTokenizer, contained: dict[str, bool]) -> None:
     class RaisingDecodeOnSummary(HFTokenizer):
         calls = 0

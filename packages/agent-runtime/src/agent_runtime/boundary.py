@@ -68,7 +68,8 @@ class boundary:  # lower case: used as a function, `with boundary("parse") as ca
     when the error arrives. `limit`: the message's cut (None: whole). `reraise`: raise the coded error on as a
     `StageError` (for an inner boundary whose caller's boundary records it) instead of holding it in
     `exception`, `code` and `message`; such a boundary keeps no state, so one instance serves every call (the
-    conversation's, made once: entering a boundary costs what a ``with`` costs, not an allocation)."""
+    conversation's, made once: entering a boundary costs what a ``with`` costs, not an allocation). A holding
+    boundary can be entered again too (`AgentSession.step`'s, made once per session): entering clears what it held."""
 
     #: what was contained (a `StageError`'s cause, read through), None while nothing was
     exception: BaseException | None = None
@@ -95,6 +96,8 @@ class boundary:  # lower case: used as a function, `with boundary("parse") as ca
             self.reraise = reraise
 
     def __enter__(self) -> boundary:
+        if self.exception is not None:  # one boundary entered again (a session's, at each step) starts clean
+            self.exception = None
         return self
 
     def __exit__(

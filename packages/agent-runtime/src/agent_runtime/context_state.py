@@ -53,6 +53,11 @@ class ContextState:
     summary_budget: int | None = None
     #: the episode's id, for the logs
     episode_id: str = ""
+    #: the policy keeps `ContextPolicy.on_feedback` (always `Continue`): no view to build, no call to make
+    _plain: bool = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._plain = type(self.policy).on_feedback is ContextPolicy.on_feedback
 
     @property
     def summarizing(self) -> bool:
@@ -75,6 +80,11 @@ class ContextState:
         """Render `observed` as the feedback of the last turn and do what the policy decides. `summaries=False`
         (tools mode) reads a `Summarize` as `Continue`: nothing there runs a summary turn."""
         ids = await conversation.feedback_ids(observed)
+        if self._plain:  # the budget's answer, without building what it would not read
+            if not conversation.fits(len(ids)):
+                return self._no_room(conversation, observed, ids)
+            conversation.append_feedback(ids, observed)
+            return Grown(ids=ids)
         decision = self.policy.on_feedback(self.view(conversation, len(conversation) + len(ids), observed))
         if isinstance(decision, Summarize) and summaries:
             messages = [*observed, decision.instruction]

@@ -168,6 +168,7 @@ class AgentSession:
         self.breakdown: RewardBreakdown | None = None
         self.timings: dict[str, float] = {"environment_s": 0.0, "reward_s": 0.0, "render_s": 0.0}
         self._stage: Stage = "idle"
+        self._step_boundary = boundary(self._current_stage)  # entered at every step: made once
 
     @property
     def reward(self) -> float:
@@ -274,7 +275,7 @@ class AgentSession:
             raise SessionStateError("call reset() before step()")
         if self.done:
             raise SessionStateError(f"episode {self.episode_id} is over ({self.stop_reason}); call reset()")
-        with boundary(self._current_stage) as failed:
+        with self._step_boundary as failed:
             if self.context_state.summarizing:
                 return await self._resume_from_summary(generation)
             return await self._apply(generation)
