@@ -23,7 +23,7 @@ import uvicorn
 
 from agent_demo import make_recipe as demo_recipe
 from agent_demo import running_total_recipe
-from agent_protocol import list_protocols
+from agent_protocol import HFTokenizer, Tokenizer, TokenizerLoadError, list_protocols
 from agent_runtime import (
     LLMEngine,
     Recipe,
@@ -34,7 +34,13 @@ from agent_runtime import (
     recipe_for_model,
 )
 from agent_runtime.engines import make_engine
-from agent_runtime.serving import ServeConfig, ServeConfigError, create_app
+from agent_runtime.serving import (
+    ServeConfig,
+    ServeConfigError,
+    TrajectoryFilesError,
+    create_app,
+    create_viewer_app,
+)
 
 # A model id (not a directory) without --recipe: the files its recipe is derived from, fetched from the Hub cache.
 MODEL_CONFIG_FILES = ["config.json", "generation_config.json", "tokenizer_config.json", "chat_template.*"]
@@ -49,7 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=(
             "Serve a tool-using agent: POST /v1/chat/completions (OpenAI-compatible; without `tools` the server runs "
             "the whole episode with the recipe's tools, with `tools` it returns tool calls for the client to run), "
-            "GET /v1/models, GET /health, GET /metrics, and a web chat page at /."
+            "GET /v1/models, GET /health, GET /metrics, and a web chat page at /. `--trajectories PATH` without "
+            "--model opens a training run's or a server's trajectory logs in the viewer, with no model loaded."
         ),
     )
     parser.add_argument(
@@ -133,6 +140,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ServeConfig.add_arguments(parser)  # every server limit: its flag, default, bounds and help live there
     parser.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="with --trajectories and no --model: the tokenizer.json (or model directory) that decodes each token of "
+        "the records into its piece (default: the --demo model's, when it is built; else tokens show their ids)",
+    )
+    parser.add_argument(
         "--served-model-name", help="the model id clients send (default: the model directory's name or the model id)"
     )
     parser.add_argument(
@@ -201,6 +214,30 @@ def configure_logging(log_format: str, level: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.captureWarnings(True)
+
+
+def viewer_tokenizer(args: argparse.Namespace) -> Tokenizer | None:
+    """The tokenizer that decodes the viewed records' tokens: --tokenizer, else the demo model's when built."""
+    if args.tokenizer is not None:
+        return HFTokenizer.from_file(args.tokenizer)
+    from agent_train.demo import find_demo_model
+
+    built = find_demo_model(args.demo)
+    return HFTokenizer.from_file(built) if built is not None else None
+
+
+def serve_viewer(args: argparse.Namespace) -> int:
+    """`--trajectories PATH` without `--model`: the viewer alone, no model loaded."""
+    try:
+        app = create_viewer_app(args.trajectories, tokenizer=viewer_tokenizer(args))
+    except (TrajectoryFilesError, TokenizerLoadError) as e:
+        logger.error("startup_failed", error=str(e))
+        return 1
+    shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    url = f"http://{shown_host}:{args.port}"
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(app, args.host, args.port, url, banner=f"Trajectory viewer at {url}/  ({args.trajectories})"))
+    return 0
 
 
 def model_directory(model: str) -> Path:
@@ -287,7 +324,7 @@ def serve_config(args: argparse.Namespace, recipe: Recipe, model: str) -> ServeC
     )
 
 
-async def serve(app: Any, host: str, port: int, url: str) -> None:
+async def serve(app: Any, host: str, port: int, url: str, banner: str | None = None) -> None:
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, timeout_graceful_shutdown=10)
     )
@@ -295,7 +332,7 @@ async def serve(app: Any, host: str, port: int, url: str) -> None:
     while not server.started and not running.done():
         await asyncio.sleep(0.05)
     if server.started:
-        print(f"Serving at {url}  (web chat: {url}/  API: {url}/v1  health: {url}/health)", flush=True)
+        print(banner or f"Serving at {url}  (web chat: {url}/  API: {url}/v1  health: {url}/health)", flush=True)
     await running
 
 
@@ -303,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     ignore_pynvml_deprecation()
     args = parse_args(argv)
     configure_logging(args.log_format, args.log_level)
+    if args.trajectories is not None and args.model is None:
+        return serve_viewer(args)
     try:
         recipe = serving_recipe(args)
         model = args.model or str(demo_model_dir(args.demo))

@@ -7,7 +7,8 @@
 `POST /v1/chat/completions` without `tools` runs the recipe's whole episode server-side (agent mode); with `tools`
 it is one model turn that returns `tool_calls` for the client to run, token-in-token-out across follow-ups (tools
 mode). See `app.py` for the routes and errors, `openai_wire.py` for the wire format and its extensions
-(`agent_event` on stream chunks, `agent` on completions).
+(`agent_event` on stream chunks, `agent` on completions). `create_viewer_app(path)` serves the trajectory viewer
+alone over trajectory files (`trajectory_viewer.py`); a served agent has it at ``/viewer`` over its log.
 
 A separate import from `agent_runtime`: it needs the `serve` extra (Starlette, uvicorn); `import agent_runtime`
 never imports a web framework.
@@ -24,6 +25,8 @@ from agent_runtime.serving.openai_wire import (
     ChatCompletionChunk,
     ChatCompletionRequest,
 )
+from agent_runtime.serving.trajectory_files import TrajectoryFiles, TrajectoryFilesError, TrajectoryFilter
+from agent_runtime.serving.trajectory_viewer import create_viewer_app
 from agent_runtime.serving.transcript_store import StoredConversation, TranscriptStore, conversation_key
 
 __all__ = [
@@ -37,7 +40,11 @@ __all__ = [
     "ServerMetrics",
     "ServingBackend",
     "StoredConversation",
+    "TrajectoryFiles",
+    "TrajectoryFilesError",
+    "TrajectoryFilter",
     "TranscriptStore",
     "conversation_key",
     "create_app",
+    "create_viewer_app",
 ]

@@ -8,6 +8,8 @@ Routes:
 - ``GET /v1/models``, ``GET /v1/models/{id}``: the served model.
 - ``GET /health``: liveness and what is served. ``GET /metrics``: the counters (`ServerMetrics`) as JSON.
 - ``GET /``: the web chat page (``static/``: plain HTML and JavaScript, no build step).
+- ``GET /viewer``, ``GET /trajectories``, ``GET /trajectories/{id}``: the trajectory viewer over
+  `ServeConfig.trajectories` (else the `trajectory_log`), when either is set (`trajectory_viewer.py`).
 
 A chat completion is admitted in this order, so that nothing costly happens before it is known to be worth it:
 the key; the body, read whole under a size cap, a read deadline and a budget of body bytes held across all
@@ -63,6 +65,8 @@ from agent_runtime.serving.request_body import BodyBudget, request_body
 from agent_runtime.serving.sse import EventStream
 from agent_runtime.serving.text_budget import check_message_count, check_text_fits
 from agent_runtime.serving.tools_mode import complete_tools, stream_tools
+from agent_runtime.serving.trajectory_files import TrajectoryFiles
+from agent_runtime.serving.trajectory_viewer import viewer_routes
 
 __all__ = ["create_app"]
 
@@ -351,6 +355,10 @@ def create_app(
         Route("/metrics", metrics_view, methods=["GET"]),
         *_static_routes(),
     ]
+    browsed = backend.config.trajectories or backend.config.trajectory_log
+    if browsed is not None:  # the log may not exist before the first request
+        files = TrajectoryFiles(browsed, tokenizer=engine.tokenizer, allow_missing=True)
+        routes += viewer_routes(files, lambda request: _authorize(request, backend))
     app = Starlette(
         routes=routes,
         exception_handlers={ApiError: _api_error, HTTPException: _http_error},

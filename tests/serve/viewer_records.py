@@ -1,0 +1,111 @@
+"""Trajectory files for the viewer's tests, made the way users make them: the real server's `--trajectory-log`
+(calculator episodes on the real Qwen3 tokenizer through the real session, one that fails, a vision episode with
+an attached image and one whose tool returned images) and a compacted episode run by `AgentRuntime` with
+`CompactionPolicy`, written by `TrajectoryWriter`."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from pathlib import Path
+
+import httpx
+
+from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline
+from agent_protocol import HFTokenizer
+from agent_runtime import AgentRuntime, AgentSession, CompactionPolicy, ScriptedEngine, Trajectory, TrajectoryWriter
+from agent_runtime import read_trajectories as read_records
+from tests.agent_protocol.families.test_qwen3_vl import png
+from tests.agent_runtime.test_session import QUESTION, answer, call
+from tests.serve.conftest import MODEL, LiveServer, ServerFactory, calculator_question
+from tests.serve.test_serve_images import GRID, vision_policy, vision_recipe
+
+SUMMARY = "I computed 17 * 23 with the calculator: 391. Left to do: answer."
+
+
+def read_trajectories(path: Path) -> list[Trajectory]:
+    return list(read_records(path))
+
+
+def _wait_for(log: Path, count: int) -> None:
+    """The server writes an episode's record just after answering: wait for `count` lines."""
+    for _ in range(500):
+        if log.exists() and log.read_bytes().count(b"\n") >= count:
+            return
+        time.sleep(0.01)
+    raise RuntimeError(f"{log}: fewer than {count} records")
+
+
+def _chat(server: LiveServer, messages: list[dict[str, object]], model: str = MODEL) -> int:
+    response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": model, "messages": messages}, timeout=60)
+    return response.status_code
+
+
+def calculator_log(start_server: ServerFactory, log: Path, questions: int = 3) -> Path:
+    """`questions` calculator episodes and one that fails (the engine raises after the tool call)."""
+    server = start_server(trajectory_log=str(log))
+    for i in range(questions):
+        assert _chat(server, [{"role": "user", "content": calculator_question(i)[0]}]) == 200
+    assert _chat(server, [{"role": "user", "content": "What is 6 * 7? Then explode."}]) == 500
+    _wait_for(log, questions + 1)
+    return log
+
+
+def vision_log(start_server: ServerFactory, tokenizer: HFTokenizer, log: Path, folder: Path) -> Path:
+    """A question with an attached 300x200 PNG, and one asking the zoom tool (which returns images)."""
+    vision = HFTokenizer(tokenizer.backend, source=tokenizer.source, vision=GRID)
+    engine = ScriptedEngine(vision, policy=vision_policy(vision))
+    server = start_server(engine=engine, recipe=vision_recipe(folder), trajectory_log=str(log))
+    url = "data:image/png;base64," + base64.b64encode(png(300, 200)).decode()
+    content = [{"type": "text", "text": "What is in this picture?"}, {"type": "image_url", "image_url": {"url": url}}]
+    assert _chat(server, [{"role": "user", "content": content}], model="vision-agent") == 200
+    zoom = [{"type": "text", "text": "Zoom in, please."}, {"type": "image_url", "image_url": {"url": url}}]
+    assert _chat(server, [{"role": "user", "content": zoom}], model="vision-agent") == 200
+    _wait_for(log, 2)
+    return log
+
+
+def compacted_log(tokenizer: HFTokenizer, log: Path) -> Path:
+    """One episode compacted once: the tool turn, the summary turn, a new segment from the summary, the answer."""
+    environment = FunctionCallEnvironment(tools=[CalculatorTool()])
+    prompt = AgentSession(protocol="qwen3", environment=environment).protocol.render_prompt(
+        [{"role": "user", "content": QUESTION}], tools=[CalculatorTool().spec]
+    )
+    session = AgentSession(
+        environment=lambda: FunctionCallEnvironment(tools=[CalculatorTool()]),
+        protocol="qwen3",
+        rewards=RewardPipeline(result=[MatchingReward()]),
+        tokenizer=tokenizer,
+        max_new_tokens=64,
+        context=CompactionPolicy(compact_at_tokens=len(tokenizer.encode(prompt)) + 80),
+    )
+    engine = ScriptedEngine(tokenizer, [call("17 * 23"), f"{SUMMARY}<|im_end|>", answer("391")], logprob=-0.5)
+    result = asyncio.run(AgentRuntime(engine, session).run(QUESTION, task={"answer": "391"}))
+    if result.trajectory.compactions != 1:
+        raise RuntimeError(f"expected one compaction, got {result.trajectory.compactions}")
+    TrajectoryWriter(log).write(result.trajectory)
+    return log
+
+
+def copies(source: Path, target: Path, times: int, *, malformed_every: int = 0) -> Path:
+    """`source`'s records `times` over (a file larger than a page), a malformed line every `malformed_every`."""
+    lines = [line for line in source.read_bytes().splitlines() if line.strip()]
+    with open(target, "wb") as out:
+        for n in range(times):
+            for line in lines:
+                out.write(line + b"\n")
+            if malformed_every and n % malformed_every == 0:
+                out.write(b'{"episode_id": "broken", "segments": [1, 2\n' if n % 2 else b"not json at all\n")
+    return target
+
+
+def step_file(source: Path, target: Path, step: int) -> Path:
+    """`source`'s records as a checkpoint `step` would log them (the task names its step)."""
+    with open(target, "wb") as out:
+        for line in source.read_bytes().splitlines():
+            record = json.loads(line)
+            record["task"] = {**record.get("task", {}), "step": step}
+            out.write(json.dumps(record).encode() + b"\n")
+    return target
