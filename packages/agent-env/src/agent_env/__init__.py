@@ -21,6 +21,7 @@ import importlib
 from importlib.metadata import version as _version
 from typing import TYPE_CHECKING, Any
 
+from agent_env import tools
 from agent_env._threads import run_coroutine_in_thread
 from agent_env.containment import describe_error, propagates
 from agent_env.deadlines import deadline
@@ -134,20 +135,12 @@ __all__ = [
 
 __version__ = _version("agent-env")
 
-_LAZY = {
-    "MathReward": "agent_env.rewards.math",
-    "LocalSearchTool": "agent_env.tools.local_search",
-    "SearchIndex": "agent_env.tools.local_search",
-    "MCPBridge": "agent_env.tools.mcp_bridge",
-    "MCPTool": "agent_env.tools.mcp_bridge",
-    "ChartTool": "agent_env.tools.image_tools",
-    "CropTool": "agent_env.tools.image_tools",
-    "crop": "agent_env.tools.image_tools",
-    "plot_chart": "agent_env.tools.image_tools",
-}
+_LAZY = {"MathReward": "agent_env.rewards.math"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in tools.__all__:  # the tools imported on first use: `agent_env.tools` knows which, and imports them
+        return getattr(tools, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
