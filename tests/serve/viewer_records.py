@@ -9,6 +9,7 @@ import asyncio
 import base64
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -60,9 +61,9 @@ def vision_log(start_server: ServerFactory, tokenizer: HFTokenizer, log: Path, f
     server = start_server(engine=engine, recipe=vision_recipe(folder), trajectory_log=str(log))
     url = "data:image/png;base64," + base64.b64encode(png(300, 200)).decode()
     content = [{"type": "text", "text": "What is in this picture?"}, {"type": "image_url", "image_url": {"url": url}}]
-    assert _chat(server, [{"role": "user", "content": content}], model="vision-agent") == 200
+    assert _chat(server, [{"role": "user", "content": content}]) == 200
     zoom = [{"type": "text", "text": "Zoom in, please."}, {"type": "image_url", "image_url": {"url": url}}]
-    assert _chat(server, [{"role": "user", "content": zoom}], model="vision-agent") == 200
+    assert _chat(server, [{"role": "user", "content": zoom}]) == 200
     _wait_for(log, 2)
     return log
 
@@ -82,7 +83,10 @@ def compacted_log(tokenizer: HFTokenizer, log: Path) -> Path:
         context=CompactionPolicy(compact_at_tokens=len(tokenizer.encode(prompt)) + 80),
     )
     engine = ScriptedEngine(tokenizer, [call("17 * 23"), f"{SUMMARY}<|im_end|>", answer("391")], logprob=-0.5)
-    result = asyncio.run(AgentRuntime(engine, session).run(QUESTION, task={"answer": "391"}))
+    with ThreadPoolExecutor(1) as thread:  # in its own thread: Playwright's sync API holds this one's event loop
+        result = thread.submit(
+            asyncio.run, AgentRuntime(engine, session).run(QUESTION, task={"answer": "391"})
+        ).result()
     if result.trajectory.compactions != 1:
         raise RuntimeError(f"expected one compaction, got {result.trajectory.compactions}")
     TrajectoryWriter(log).write(result.trajectory)
