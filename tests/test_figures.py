@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from figures.check import check, write  # noqa: E402
+from figures.derived import refresh  # noqa: E402
 from figures.measure import MeasureError, format_cell, read_value, run, select  # noqa: E402
 from figures.registry import RegistryError, dumps, load, loads  # noqa: E402
 from figures.tables import find_tables, has_figure, split_row  # noqa: E402
@@ -281,3 +282,51 @@ def test_the_command_line(repo: Path) -> None:
     assert subprocess.run([*tool, "check"], capture_output=True, timeout=60).returncode == 0
     bad = subprocess.run([*tool, "run", "nothing"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "names no row" in bad.stderr
+
+
+HEADLINE = """
+<!-- figures: headline -->
+| run | after RL |
+|---|---|
+| seeds 0-1 | 72.0-98.0% |
+"""
+
+HEADLINE_ENTRY = """
+[tables.headline]
+file = "README.md"
+header = ["run", "after RL"]
+
+[[tables.headline.rows]]
+name = "range"
+label = "seeds 0-1"
+command = ""
+commit = "abc1234"
+measured = "2026-12-01"
+machine = "2 cores"
+note = "derived from the demo rows"
+
+[tables.headline.rows.values]
+"after RL" = "72.0-98.0%"
+
+[tables.headline.rows.parse]
+"after RL" = "row:demo.*#after RL"
+
+[tables.headline.rows.format]
+"after RL" = "={min(v[0]):.1f}-{max(v[0]):.1f}%"
+"""
+
+
+def test_a_derived_row_follows_its_sources(repo: Path) -> None:
+    (repo / "README.md").write_text(README + HEADLINE)
+    (repo / "docs" / "figures.toml").write_text(REGISTRY + HEADLINE_ENTRY)
+    assert problems(repo) == []
+    registry = load(repo / "docs" / "figures.toml")
+    run(registry, select(registry, ["demo"], runnable=True), repo, machine="box", echo=lambda line: None)
+    [stale] = [p for p in check(repo, registry) if "derived" in p]
+    assert "derived row headline.range, column `after RL`: '72.0-98.0%', but its source rows give '72.0-75.0%'" in stale
+    assert refresh(registry) == ["headline.range `after RL`: 72.0-98.0% -> 72.0-75.0%"]
+    row = registry.tables["headline"].rows[0]
+    assert (row.commit.split(", ")[-1], row.machine) == ("abc1234", "box; 2 cores")  # seed 1's commit stays
+    write(repo, registry)
+    assert "| seeds 0-1 | 72.0-75.0% |" in (repo / "README.md").read_text()
+    assert check(repo, registry) == []

@@ -3,7 +3,7 @@
     uv run scripts/figures list                        # every registered row: its command, commit, date, machine
     uv run scripts/figures check                       # README tables == registry (CI runs this, tests/test_figures.py)
     uv run scripts/figures run demo.seed0 compaction   # re-run rows, update the registry, rewrite the tables
-    uv run scripts/figures write                       # rewrite the README tables from the registry
+    uv run scripts/figures write                       # rewrite the README tables from the registry (and derived rows)
 
 Argument parsing and wiring only: `figures.check` compares and writes, `figures.measure` runs and reads.
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from figures.check import check, write
+from figures.derived import refresh
 from figures.measure import MeasureError, default_machine, refusals, run, select
 from figures.registry import RegistryError, load, save
 
@@ -73,6 +74,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if unknown:
                 print(f"scripts/figures: error: no table {unknown}; tables: {sorted(registry.tables)}", file=sys.stderr)
                 return 2
+            moved = refresh(registry)
+            for line in moved:
+                print(line)
+            if moved:
+                save(registry, path)
+                print(f"updated {args.registry} (derived rows)")
             for name in write(root, registry, args.tables or None):
                 print(f"rewrote {name}")
             return 0
@@ -88,9 +95,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         for line in run(registry, selected, root, machine=args.machine, after_each=lambda: save(registry, path)):
             print(line)
+        for line in refresh(registry):
+            print(line)
+        save(registry, path)
         print(f"updated {args.registry} ({len(selected)} rows)")
         if not args.no_write:
-            for name in write(root, registry, sorted({item.entry.id for item in selected})):
+            for name in write(root, registry):
                 print(f"rewrote {name}")
         return 0
     except (RegistryError, MeasureError, LookupError, OSError) as e:

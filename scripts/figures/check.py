@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from figures.derived import stale
 from figures.registry import Registry, TableEntry
 from figures.tables import Table, find_tables, has_figure, markers_in, rewrite_table
 
@@ -100,7 +101,7 @@ def check(root: Path, registry: Registry, files: list[str] | None = None) -> lis
     for i, ex in enumerate(registry.exempt):
         if i not in used_exempt and ex.file in files:
             problems.append(f"registry: exempt table {ex.header} in {ex.file} matches no table with figures")
-    return problems
+    return problems + stale(registry)
 
 
 def write(root: Path, registry: Registry, table_ids: list[str] | None = None) -> list[str]:

@@ -83,6 +83,7 @@ def refusals(selected: list[Selected]) -> list[str]:
             problems.append(f"{item.name} is pinned: {row.pinned}")
         elif not row.command:
             problems.append(f"{item.name} has no command ({row.note})")
+            continue
         for column, cell in row.values.items():
             if item.entry.spec(row, column) is None and has_figure(cell):
                 problems.append(f"{item.name}: column `{column}` ({cell!r}) has no parse spec to re-measure it")
@@ -143,10 +144,16 @@ def read_value(spec: str, output: str, root: Path, since: float | None = None) -
 def format_cell(spec: Spec, fmt: str, output: str, root: Path, since: float | None = None) -> str:
     """The cell `fmt` writes from the values `spec` reads: `str.format` with the values in order (`{0:.1%}`), or,
     for a format that starts with `=`, an f-string over `v`, the list of values (`={v[0] - v[1]:+d}`)."""
-    values = [read_value(s, output, root, since) for s in ([spec] if isinstance(spec, str) else spec)]
+    return apply_format(fmt, [read_value(s, output, root, since) for s in ([spec] if isinstance(spec, str) else spec)])
+
+
+def apply_format(fmt: str, values: list[Any]) -> str:
+    """`fmt` applied to `values`: `str.format` (`{0:.1%}`), or after `=` an f-string over `v` that may call `min`,
+    `max`, `sum`, `len` and `round` (`={min(v[0]):.1f}-{max(v[0]):.1f}%`)."""
     try:
         if fmt.startswith("="):  # the registry is the repository's own file, as trusted as the commands it runs
-            return str(eval(f"f{fmt[1:]!r}", {"__builtins__": {}}, {"v": values}))
+            names = {"v": values, "min": min, "max": max, "sum": sum, "len": len, "round": round}
+            return str(eval(f"f{fmt[1:]!r}", {"__builtins__": {}}, names))
         return fmt.format(*values)
     except Exception as e:
         raise MeasureError(f"format {fmt!r} does not fit the values {values}: {e}") from e
@@ -169,7 +176,9 @@ def _git(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def current_commit(root: Path) -> str:
     """HEAD's short hash, with `+changes` when the code (not the docs) differs from it."""
-    head = _git(root, "rev-parse", "--short", "HEAD").stdout.strip() or "unknown"
+    head = _git(root, "rev-parse", "--short", "HEAD").stdout.strip()
+    if not head:
+        return "unknown (not a git checkout)"
     dirty = _git(root, "diff", "--quiet", "HEAD", "--", "packages", "apps", "examples", "bench", "recipes")
     return head + ("+changes" if dirty.returncode else "")
 
