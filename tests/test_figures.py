@@ -21,6 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from figures.adopt import ADOPTED, adopt  # noqa: E402
 from figures.check import check, write  # noqa: E402
 from figures.derived import refresh  # noqa: E402
 from figures.measure import MeasureError, format_cell, read_value, run, select  # noqa: E402
@@ -330,3 +331,24 @@ def test_a_derived_row_follows_its_sources(repo: Path) -> None:
     write(repo, registry)
     assert "| seeds 0-1 | 72.0-75.0% |" in (repo / "README.md").read_text()
     assert check(repo, registry) == []
+
+
+def test_adopt_takes_a_reshaped_table_and_keeps_each_rows_command(repo: Path) -> None:
+    reshaped = README.replace("| seed | before | after RL | wall |", "| seed | before | after RL | wall | note |")
+    reshaped = reshaped.replace("|---|---|---|---|\n| 0 |", "|---|---|---|---|---|\n| seed 0 |")
+    reshaped = reshaped.replace("| 90 s |", "| 90 s | fresh |").replace("| 100 s |", "| 100 s | old |")
+    reshaped = reshaped.replace("| 100 s | old |", "| 100 s | old |\n| 2 | 0.0% | 50.0% | 95 s | new |")
+    (repo / "README.md").write_text(reshaped)
+    registry = load(repo / "docs" / "figures.toml")
+    assert any("header" in p for p in check(repo, registry))
+    changes = adopt(repo, registry, "demo")
+    assert "row `seed0` relabelled: '0' -> 'seed 0'" in changes and "new row `2` (2)" in changes
+    seed0, seed1, new = registry.tables["demo"].rows
+    assert (seed0.name, seed0.command, seed0.values["note"]) == ("seed0", "bash measure.sh {run_dir}", "fresh")
+    assert seed1.pinned and (new.command, new.note) == ("", ADOPTED)
+    # the new row has figures and no provenance yet: check says so, and nothing else
+    assert check(repo, registry) == [
+        "README.md:6: row `2` has figures but no commit, measured, machine in the registry"
+    ]
+    with pytest.raises(LookupError, match="no table marked"):
+        adopt(repo, registry, "missing", "README.md")

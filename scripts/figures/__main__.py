@@ -4,6 +4,7 @@
     uv run scripts/figures check                       # README tables == registry (CI runs this, tests/test_figures.py)
     uv run scripts/figures run demo.seed0 compaction   # re-run rows, update the registry, rewrite the tables
     uv run scripts/figures write                       # rewrite the README tables from the registry (and derived rows)
+    uv run scripts/figures adopt demo                  # after reshaping a table by hand: the registry takes its cells
 
 Argument parsing and wiring only: `figures.check` compares and writes, `figures.measure` runs and reads.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from figures.adopt import adopt
 from figures.check import check, write
 from figures.derived import refresh
 from figures.measure import MeasureError, default_machine, refusals, run, select
@@ -45,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     runner.add_argument("--machine", default=default_machine(), help="how the registry names this machine")
     runner.add_argument("--dry-run", action="store_true", help="print what would run and what is refused")
     runner.add_argument("--no-write", action="store_true", help="update the registry only, not the READMEs")
+    adopter = sub.add_parser("adopt", help="take a reshaped (or newly marked) README table into the registry as it is")
+    adopter.add_argument("table", metavar="TABLE")
+    adopter.add_argument("--file", help="the README holding a table the registry does not have yet")
     writer = sub.add_parser("write", help="rewrite the marked README tables from the registry")
     writer.add_argument("tables", nargs="*", metavar="TABLE")
     return parser
@@ -68,6 +73,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 row = item.row
                 state = f"pinned: {row.pinned}" if row.pinned else (row.command or f"no command: {row.note}")
                 print(f"{item.name}\n    {state}\n    {row.commit}, {row.measured}, {row.machine}")
+            return 0
+        if args.action == "adopt":
+            changes = adopt(root, registry, args.table, args.file)
+            save(registry, path)
+            print("\n".join(changes) or "nothing changed")
+            print(f"updated {args.registry}: now fill in what `check` asks for (commands, parse specs, provenance)")
             return 0
         if args.action == "write":
             unknown = [t for t in args.tables if t not in registry.tables]

@@ -46,6 +46,10 @@ def _compare(entry: TableEntry, table: Table, where: str) -> list[str]:
             + ")"
         )
         return problems
+    for row in entry.rows:
+        unknown = [field for field in ("commit", "measured", "machine") if not getattr(row, field)]
+        if unknown and any(has_figure(cell) for cell in row.values.values()):
+            problems.append(f"{where}: row `{row.name}` has figures but no {', '.join(unknown)} in the registry")
     for cells, row in zip(table.rows, entry.rows, strict=True):
         if len(cells) != len(entry.header):
             problems.append(f"{where}: row `{row.name}` has {len(cells)} cells, the header {len(entry.header)}")
