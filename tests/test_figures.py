@@ -8,6 +8,7 @@ time and expect `check` to name it, `write` to put the registry's cells back and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -25,7 +26,7 @@ from figures.adopt import ADOPTED, adopt  # noqa: E402
 from figures.check import check, write  # noqa: E402
 from figures.derived import refresh  # noqa: E402
 from figures.measure import MeasureError, format_cell, read_value, run, select  # noqa: E402
-from figures.registry import RegistryError, dumps, load, loads  # noqa: E402
+from figures.registry import RegistryError, dumps, load, loads, save_rows  # noqa: E402
 from figures.tables import find_tables, has_figure, split_row  # noqa: E402
 
 README = """# Fake
@@ -352,3 +353,19 @@ def test_adopt_takes_a_reshaped_table_and_keeps_each_rows_command(repo: Path) ->
     ]
     with pytest.raises(LookupError, match="no table marked"):
         adopt(repo, registry, "missing", "README.md")
+
+
+def test_two_runs_side_by_side_keep_each_others_rows(repo: Path) -> None:
+    """Each `run` saves its rows into the registry as it is on disk then, under a lock: two long runs started
+    together (two trainings at once) do not save over each other."""
+    path = repo / "docs" / "figures.toml"
+    first, second = load(path), load(path)
+    run(first, select(first, ["demo.seed0"]), repo, machine="first", echo=lambda line: None)
+    second.tables["demo"].rows[1].note = "measured by the second run"
+    save_rows(path, [("demo", first.tables["demo"].rows[0])])
+    save_rows(path, [("demo", second.tables["demo"].rows[1])])
+    seed0, seed1 = load(path).tables["demo"].rows
+    assert (seed0.machine, seed0.values["after RL"]) == ("first", "**75.0%**")
+    assert seed1.note == "measured by the second run"
+    with pytest.raises(RegistryError, match="is gone from the registry"):
+        save_rows(path, [("demo", dataclasses.replace(seed0, name="renamed"))])

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from figures.adopt import adopt
 from figures.check import check, write
 from figures.derived import refresh
-from figures.measure import MeasureError, default_machine, refusals, run, select
-from figures.registry import RegistryError, load, save
+from figures.measure import MeasureError, Selected, default_machine, refusals, run, select
+from figures.registry import RegistryError, Row, load, save, save_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 REGISTRY = "docs/figures.toml"
@@ -104,12 +104,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             for item in selected:
                 print(f"{item.name}: {item.row.command.replace('{run_dir}', item.row.run_dir)}")
             return 0
-        for line in run(registry, selected, root, machine=args.machine, after_each=lambda: save(registry, path)):
+        done: list[tuple[str, Row]] = []
+
+        def keep(item: Selected) -> None:  # each row saved as it is measured: a later failure loses nothing
+            done.append((item.entry.id, item.row))
+            save_rows(path, done)
+
+        for line in run(registry, selected, root, machine=args.machine, after_each=keep):
             print(line)
-        for line in refresh(registry):
-            print(line)
-        save(registry, path)
-        print(f"updated {args.registry} ({len(selected)} rows)")
+        derived: list[str] = []
+        registry = save_rows(path, done, then=lambda latest: derived.extend(refresh(latest)))
+        print("\n".join([*derived, f"updated {args.registry} ({len(selected)} rows)"]))
         if not args.no_write:
             for name in write(root, registry):
                 print(f"rewrote {name}")

@@ -218,7 +218,7 @@ def run(
     *,
     machine: str,
     echo: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
-    after_each: Callable[[], None] = lambda: None,
+    after_each: Callable[[Selected], object] = lambda item: None,
 ) -> list[str]:
     """Run the selected rows and update them in `registry`, calling `after_each` after each row (the CLI saves
     there, so a failing command loses no earlier row); returns `name `column`: old -> new` lines of what moved."""
@@ -241,5 +241,5 @@ def run(
                 moved.append(f"{item.name} `{column}`: {item.row.values[column]} -> {cell}")
         item.row.values = cells
         item.row.commit, item.row.measured, item.row.machine = commit, today, machine
-        after_each()
+        after_each(item)
     return moved

@@ -10,8 +10,11 @@ leading comment block), so `run` can update values and a diff shows what moved. 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import tomllib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -241,3 +244,32 @@ def save(registry: Registry, path: Path) -> None:
     text = dumps(registry)
     loads(text)  # what is written must read back
     path.write_text(text, encoding="utf-8")
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock beside the registry, so that two `run`s (two long trainings side by side) each add their
+    rows to what the other wrote instead of saving over it."""
+    with open(path, "rb") as handle:  # the registry file itself: written in place, the same inode stays locked
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def save_rows(path: Path, rows: list[tuple[str, Row]], then: Callable[[Registry], object] = lambda r: None) -> Registry:
+    """Put `rows` ((table id, row) pairs) into the registry as it is on disk now, call `then` on it, save it."""
+    with locked(path):
+        registry = load(path)
+        for table_id, row in rows:
+            entry = registry.tables.get(table_id)
+            index = next((i for i, old in enumerate(entry.rows) if old.name == row.name), None) if entry else None
+            if entry is None or index is None:
+                raise RegistryError(
+                    f"{path}: row {table_id}.{row.name} is gone from the registry; its figures: {row.values}"
+                )
+            entry.rows[index] = row
+        then(registry)
+        save(registry, path)
+    return registry
