@@ -29,6 +29,7 @@ from tests.serve.viewer_records import (
     calculator_log,
     compacted_log,
     copies,
+    masked_file,
     read_trajectories,
     step_file,
     vision_log,
@@ -45,7 +46,7 @@ def browser() -> Iterator[Browser]:
 
 @pytest.fixture(scope="module")
 def runs(start_server: ServerFactory, tokenizer: HFTokenizer, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """a_calc.jsonl, b_compacted.jsonl, c_vision.jsonl, d_steps/step_{10,20}.jsonl."""
+    """a_calc.jsonl, b_compacted.jsonl, c_vision.jsonl, d_steps/step_{10,20}.jsonl, e_masked.jsonl."""
     root = tmp_path_factory.mktemp("viewed")
     calc = calculator_log(start_server, root / "a_calc.jsonl")
     compacted_log(tokenizer, root / "b_compacted.jsonl")
@@ -53,6 +54,7 @@ def runs(start_server: ServerFactory, tokenizer: HFTokenizer, tmp_path_factory: 
     (root / "d_steps").mkdir()
     step_file(calc, root / "d_steps" / "step_10.jsonl", 10)
     step_file(calc, root / "d_steps" / "step_20.jsonl", 20)
+    masked_file(calc, root / "e_masked.jsonl")
     return root
 
 
@@ -128,6 +130,13 @@ def test_the_loss_mask_colouring_is_the_records_token_for_token(
     trained = sum(logged.segments[0].loss_mask)
     assert 0 < trained < len(tokens)
     expect(page.locator("#left .segment .tok.trained")).to_have_count(trained)
+    # a sampled turn the trainer leaves out: context-coloured though it has logprobs
+    masked = read_trajectories(runs / "e_masked.jsonl")[0]
+    open_file_record(page, "e_masked.jsonl")
+    expect(page.locator("#left .segment .tok.trained")).to_have_count(sum(masked.segments[0].loss_mask))
+    assert_colours_match(drawn_tokens(page, "left", 0), masked, 0)
+    open_file_record(page, "a_calc.jsonl")
+    expect(page.locator("#left h2")).to_contain_text("a_calc.jsonl")
     # hover: the token's id, piece and logprob
     first_trained = next(i for i, m in enumerate(logged.segments[0].loss_mask) if m)
     page.locator("#left .segment .tok").nth(first_trained).hover()
@@ -218,7 +227,7 @@ def test_the_same_task_under_two_checkpoints_side_by_side(browser: Browser, view
     page.locator("#list li .same-task").first.click()
     expect(page.locator("#task-filter")).to_be_visible()
     rows = page.locator("#list li")
-    expect(rows).to_have_count(3)  # a_calc, step 10, step 20
+    expect(rows).to_have_count(4)  # a_calc, step 10, step 20, e_masked
     expect(rows.nth(1)).to_contain_text("step 10")
     rows.nth(1).click()
     rows.nth(2).locator(".compare").click()

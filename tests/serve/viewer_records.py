@@ -113,3 +113,14 @@ def step_file(source: Path, target: Path, step: int) -> Path:
             record["task"] = {**record.get("task", {}), "step": step}
             out.write(json.dumps(record).encode() + b"\n")
     return target
+
+
+def masked_file(source: Path, target: Path) -> Path:
+    """`source`'s first record with its first action's loss mask zeroed and its logprobs kept: a sampled turn the
+    trainer leaves out (as an overlong or masked turn is), so colour by loss mask and colour by logprob differ."""
+    record = json.loads(source.read_bytes().splitlines()[0])
+    segment = record["segments"][0]
+    action = next(span for span in segment["spans"] if span["kind"] == "action")
+    segment["loss_mask"][action["start"] : action["end"]] = [0] * (action["end"] - action["start"])
+    target.write_bytes(json.dumps(record).encode() + b"\n")
+    return target
