@@ -198,11 +198,13 @@ def test_run_refuses_before_anything_runs(repo: Path) -> None:
     registry = load(repo / "docs" / "figures.toml")
     selected = select(registry, ["demo.seed0", "demo.seed1"], runnable=True)  # named exactly: kept, to refuse
     registry.tables["demo"].parse.pop("wall")
+    registry.tables["demo"].rows[1].run_dir = "runs/s0"
     with pytest.raises(MeasureError) as raised:
         run(registry, selected, repo, machine="m", echo=lambda line: None)
     message = str(raised.value)
     assert "demo.seed1 is pinned: an older state of the code" in message
     assert "demo.seed0: column `wall` ('90 s') has no parse spec" in message
+    assert "demo.seed1 and demo.seed0 write runs/s0 with different commands" in message
     assert not (repo / "runs").exists()
 
 

@@ -87,6 +87,13 @@ def refusals(selected: list[Selected]) -> list[str]:
         for column, cell in row.values.items():
             if item.entry.spec(row, column) is None and has_figure(cell):
                 problems.append(f"{item.name}: column `{column}` ({cell!r}) has no parse spec to re-measure it")
+    commands: dict[str, tuple[str, str]] = {}  # run_dir -> (command, row)
+    for item in selected:
+        if item.row.run_dir:
+            command = _subst(item.row.command, item.row)
+            first = commands.setdefault(item.row.run_dir, (command, item.name))
+            if first[0] != command:
+                problems.append(f"{item.name} and {first[1]} write {item.row.run_dir} with different commands")
     return problems
 
 
