@@ -187,6 +187,7 @@ def test_run_re_measures_a_row_and_rewrites_its_cells(repo: Path) -> None:
     ]
     row = registry.tables["demo"].rows[0]
     assert (row.machine, row.measured) == ("test box", time.strftime("%Y-%m-%d", time.gmtime()))
+    assert row.source == "scripts/figures run"
     write(repo, registry)
     text = (repo / "README.md").read_text()
     assert "| 0 | 12.5% | **75.0%** | 61 s |" in text

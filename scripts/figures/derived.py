@@ -84,6 +84,7 @@ def refresh(registry: Registry) -> list[str]:
             ]
             row.values = cells
             row.commit, row.measured, row.machine = _provenance(registry, entry, row)
+            row.source = "derived: its source rows' commits, latest date and machines"
     return moved
 
 

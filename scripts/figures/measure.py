@@ -36,6 +36,9 @@ from figures.tables import has_figure
 _SCALE = re.compile(r"^(?P<body>.*?)(?P<op>[/*])(?P<factor>\d+(?:\.\d+)?)$")
 
 
+RUN_SOURCE = "scripts/figures run"
+
+
 class MeasureError(RuntimeError):
     """A row cannot be run, its command failed, or a figure cannot be read from what it left."""
 
@@ -248,5 +251,6 @@ def run(
                 moved.append(f"{item.name} `{column}`: {item.row.values[column]} -> {cell}")
         item.row.values = cells
         item.row.commit, item.row.measured, item.row.machine = commit, today, machine
+        item.row.source = RUN_SOURCE
         after_each(item)
     return moved

@@ -21,7 +21,7 @@ from typing import Any
 
 Spec = str | list[str]
 
-_ROW_FIELDS = ("name", "label", "command", "run_dir", "commit", "measured", "machine", "pinned", "note")
+_ROW_FIELDS = ("name", "label", "command", "run_dir", "commit", "measured", "machine", "source", "pinned", "note")
 _REQUIRED_ROW = ("name", "label", "command", "commit", "measured", "machine")
 
 
@@ -49,6 +49,7 @@ class Row:
     machine: str
     values: dict[str, str]
     run_dir: str = ""
+    source: str = ""  # where commit, measured and machine come from: `scripts/figures run`, or how they were found
     pinned: str = ""
     note: str = ""
     parse: dict[str, Spec] = field(default_factory=dict)
