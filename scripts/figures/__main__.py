@@ -31,7 +31,7 @@ REGISTRY = "docs/figures.toml"
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="scripts/figures",
-        description=__doc__.split("\n\n")[0],
+        description=__doc__.split("\n\nArgument parsing")[0],
         epilog="NAME is TABLE (every row) or TABLE.ROW, shell patterns allowed (`compaction.seed*`); "
         "`list` prints them. The registry's header says which tables are registered and how a figure is parsed.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -43,8 +43,15 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("names", nargs="*", metavar="NAME")
     sub.add_parser("check", help="fail (exit 1) unless every README table with figures matches the registry")
     runner = sub.add_parser("run", help="re-run rows' commands, update their figures, commit, date, machine")
-    runner.add_argument("names", nargs="+", metavar="NAME")
-    runner.add_argument("--machine", default=default_machine(), help="how the registry names this machine")
+    runner.add_argument(
+        "names",
+        nargs="+",
+        metavar="NAME",
+        help="TABLE or TABLE.ROW, shell patterns allowed; a pattern leaves out pinned rows and rows without a command",
+    )
+    runner.add_argument(
+        "--machine", default=default_machine(), help="how the registry names this machine (default: %(default)s)"
+    )
     runner.add_argument("--dry-run", action="store_true", help="print what would run and what is refused")
     runner.add_argument("--no-write", action="store_true", help="update the registry only, not the READMEs")
     adopter = sub.add_parser("adopt", help="take a reshaped (or newly marked) README table into the registry as it is")
