@@ -372,3 +372,31 @@ def test_two_runs_side_by_side_keep_each_others_rows(repo: Path) -> None:
     assert seed1.note == "measured by the second run"
     with pytest.raises(RegistryError, match="is gone from the registry"):
         save_rows(path, [("demo", dataclasses.replace(seed0, name="renamed"))])
+
+
+def test_the_registrys_specs_read_what_the_evaluation_tools_print(tmp_path: Path) -> None:
+    """The ci-check and OpenRLHF rows read `agent_train.local.sampled` and `paired` output by regex: fed the lines
+    those tools print (`BEFORE -> AFTER, <summary>`), the registry's own specs and formats give the README's cells."""
+    from agent_train.local.paired import compare
+    from agent_train.local.sampled import compare_rates
+
+    registry = load(ROOT / "docs" / "figures.toml")
+    # 100 problems: 29 improved, 5 worsened, as the README's seed-0 row
+    before = [0.5] * 100
+    after = [0.75] * 29 + [0.25] * 5 + [0.5] * 66
+    sampled = f"a -> b, {compare_rates(before, after).summary()}"
+    entry = registry.tables["train-ci-check"]
+    row = entry.rows[0]
+    got = {c: format_cell(entry.spec(row, c), entry.fmt(row, c), sampled, tmp_path) for c in ["improved", "net"]}
+    assert got == {"improved": "29", "net": "+24"}
+    assert format_cell(entry.spec(row, "sign test p"), entry.fmt(row, "sign test p"), sampled, tmp_path) == "2e-05"
+    # OpenRLHF's CPU run: sampled then paired output, one after the other, as its command prints them
+    greedy = compare([True] * 137 + [False] * 63, [True] * 134 + [False] * 3 + [True] * 13 + [False] * 50)
+    output = sampled + "\n" + f"c -> d, {greedy.summary()}\n"
+    learns = registry.tables["openrlhf-cpu-learns"]
+    cells = {
+        r.name: [format_cell(learns.spec(r, c), learns.fmt(r, c), output, tmp_path) for c in learns.keys]
+        for r in learns.rows
+    }
+    assert cells["sampled"] == ["0.500", "0.560", "29 improved, 5 worsened, p = 2e-05"]
+    assert cells["greedy"] == ["68.5%", "73.5%", "13 fixed, 3 broken, p = 0.011"]
