@@ -176,6 +176,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             )
         if given is not None and (given < 0 or given != given):  # NaN too
             parser.error(f"{flag} must be >= 0")
+    if args.trajectories is not None and args.model is None and not Path(args.trajectories).exists():
+        parser.error(f"--trajectories {args.trajectories}: no such file or directory")
+    if args.tokenizer is not None and (args.trajectories is None or args.model is not None):
+        parser.error("--tokenizer decodes the records of --trajectories without --model (a served model uses its own)")
     try:
         ServeConfig.from_args(args, model_name="checked")
     except ServeConfigError as e:
@@ -236,7 +240,15 @@ def serve_viewer(args: argparse.Namespace) -> int:
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     url = f"http://{shown_host}:{args.port}"
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(app, args.host, args.port, url, banner=f"Trajectory viewer at {url}/  ({args.trajectories})"))
+        asyncio.run(
+            serve(
+                app,
+                args.host,
+                args.port,
+                url,
+                banner=f"Serving at {url}  (trajectory viewer of {args.trajectories}: {url}/)",
+            )
+        )
     return 0
 
 
