@@ -400,3 +400,33 @@ def test_the_registrys_specs_read_what_the_evaluation_tools_print(tmp_path: Path
     }
     assert cells["sampled"] == ["0.500", "0.560", "29 improved, 5 worsened, p = 2e-05"]
     assert cells["greedy"] == ["68.5%", "73.5%", "13 fixed, 3 broken, p = 0.011"]
+
+
+def test_the_registrys_json_specs_name_keys_the_runs_write() -> None:
+    """Every `summary.json` key a spec reads is one the command's program writes: the local trainer's figures
+    (`agent_train.local.cli`'s list) and `elapsed_s`, or a field of examples/any_agent's result."""
+    import ast
+
+    from agent_train.local.cli import _FIGURES
+
+    trainer = {f"figures.{key}" for key, _ in _FIGURES} | {"elapsed_s"}
+    tree = ast.parse((ROOT / "examples" / "any_agent" / "train.py").read_text(encoding="utf-8"))
+    result = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "AnyAgentResult")
+    any_agent = {n.target.id for n in result.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    registry = load(ROOT / "docs" / "figures.toml")
+    checked = 0
+    for entry in registry.tables.values():
+        for row in entry.rows:
+            for column in entry.keys:
+                spec = entry.spec(row, column)
+                for one in [] if spec is None else [spec] if isinstance(spec, str) else spec:
+                    if not one.startswith("json:{run_dir}/summary.json#"):
+                        continue
+                    key = one.split("#", 1)[1].rsplit("/", 1)[0]
+                    if "uv run apps/train" in row.command:
+                        assert key in trainer, (entry.id, row.name, key)
+                    else:
+                        assert "examples.any_agent.train" in row.command, (entry.id, row.name)
+                        assert key.split(".")[0] in any_agent, (entry.id, row.name, key)
+                    checked += 1
+    assert checked > 100
