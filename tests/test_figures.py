@@ -420,7 +420,7 @@ def test_the_registrys_json_specs_name_keys_the_runs_write() -> None:
             for column in entry.keys:
                 spec = entry.spec(row, column)
                 for one in [] if spec is None else [spec] if isinstance(spec, str) else spec:
-                    if not one.startswith("json:{run_dir}/summary.json#"):
+                    if not row.command or not one.startswith("json:{run_dir}/summary.json#"):
                         continue
                     key = one.split("#", 1)[1].rsplit("/", 1)[0]
                     if "uv run apps/train" in row.command:
