@@ -257,7 +257,7 @@
     const messages = element("div", "messages");
     record.messages.forEach((message) => messages.append(messageElement(message)));
     pane.append(messages);
-    pane.append(element("h3", null, "tokens"));
+    pane.append(element("h3", "tokens-heading", "tokens"));
     const legend = element("div", "legend");
     legend.append(element("span", "tok trained", "trained (loss mask 1)"), element("span", "tok context", "context (0)"),
       element("span", "tok summary", "summary turn"));
