@@ -235,6 +235,8 @@ def test_parse_specs(tmp_path: Path) -> None:
     out = "mean success 0.637 -> 0.755; improved 29, worsened 5"
     assert format_cell(["re:improved (\\d+)", "re:worsened (\\d+)"], "={v[0] - v[1]:+d}", out, tmp_path) == "+24"
     assert format_cell("json:s.json#a.b", "{0[1]:.1%}", "", tmp_path) == "50.0%"
+    assert format_cell(["json:s.json#a.b"], "={span([x * 100 for x in v[0]])}", "", tmp_path) == "25.0-75.0%"
+    assert format_cell(["json:s.json#a.b.0"], "={span([v[0], v[0]], '.2f', '')}", "", tmp_path) == "0.25"
     for spec, message in [
         ("json:s.json#a.c", "no `c`"),
         ("json:s.json", "json:PATH#KEY"),
@@ -317,7 +319,7 @@ note = "derived from the demo rows"
 "after RL" = "row:demo.*#after RL"
 
 [tables.headline.rows.format]
-"after RL" = "={min(v[0]):.1f}-{max(v[0]):.1f}%"
+"after RL" = "={span(v[0])}"
 """
 
 

@@ -2,9 +2,9 @@
 
 A derived row has `command = ""` and every figure's spec is `row:TABLE.ROW#COLUMN` (ROW a shell pattern:
 `train-demo.seed[012]`), which reads the first number of that column's cell in each matching row (`66.5%` is
-66.5) as one list; its format (`={min(v[0]):.1f}-{max(v[0]):.1f}%`) writes the cell. `refresh` recomputes every
-derived row after `run` measured its sources (its commit, date and machine become theirs); `stale` is `check`'s
-half: a derived cell that its sources no longer give is a problem.
+66.5) as one list; its format (`={span(v[0])}`: `59.5-66.5%`, `0.0%` when all agree) writes the cell.
+`refresh` recomputes every derived row after `run` measured its sources (its commit, date and machine become
+theirs); `stale` is `check`'s half: a derived cell that its sources no longer give is a problem.
 """
 
 from __future__ import annotations

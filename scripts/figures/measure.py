@@ -157,12 +157,18 @@ def format_cell(spec: Spec, fmt: str, output: str, root: Path, since: float | No
     return apply_format(fmt, [read_value(s, output, root, since) for s in ([spec] if isinstance(spec, str) else spec)])
 
 
+def span(numbers: list[float], spec: str = ".1f", unit: str = "%") -> str:
+    """A range as a README writes one: `59.5-66.5%`, or `0.0%` when every number is the same."""
+    low, high = min(numbers), max(numbers)
+    return f"{low:{spec}}{unit}" if low == high else f"{low:{spec}}-{high:{spec}}{unit}"
+
+
 def apply_format(fmt: str, values: list[Any]) -> str:
     """`fmt` applied to `values`: `str.format` (`{0:.1%}`), or after `=` an f-string over `v` that may call `min`,
-    `max`, `sum`, `len` and `round` (`={min(v[0]):.1f}-{max(v[0]):.1f}%`)."""
+    `max`, `sum`, `len`, `round` and `span` (`={span(v[0])}` writes `59.5-66.5%`)."""
     try:
         if fmt.startswith("="):  # the registry is the repository's own file, as trusted as the commands it runs
-            names = {"v": values, "min": min, "max": max, "sum": sum, "len": len, "round": round}
+            names = {"v": values, "min": min, "max": max, "sum": sum, "len": len, "round": round, "span": span}
             return str(eval(f"f{fmt[1:]!r}", {"__builtins__": {}}, names))
         return fmt.format(*values)
     except Exception as e:
