@@ -18,9 +18,8 @@ SCANNED = (
     "README.md",
     "packages/*/README.md",
     "apps/*/README.md",
-    "examples/README.md",
-    "examples/*/README.md",
-    "bench/*.md",
+    "examples/**/README.md",
+    "bench/**/*.md",
     "docs/*.md",
 )
 
