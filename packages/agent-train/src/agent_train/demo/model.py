@@ -17,7 +17,10 @@ nothing about the task or about training.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -130,7 +133,8 @@ def save_model_dir(model: Any, tokenizer: Tokenizer, path: str | Path) -> Path:
     # one "Writing model shards" bar per save would cut through the trainer's own progress bar
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     try:
-        model.save_pretrained(out, safe_serialization=True)
+        with _deepspeed_not_imported():
+            model.save_pretrained(out, safe_serialization=True)
     finally:
         if shown:
             hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
@@ -139,6 +143,26 @@ def save_model_dir(model: Any, tokenizer: Tokenizer, path: str | Path) -> Path:
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     (out / "chat_template.jinja").write_text(config["chat_template"], encoding="utf-8")
     return out
+
+
+@contextlib.contextmanager
+def _deepspeed_not_imported() -> Iterator[None]:
+    """While inside, `import deepspeed` fails and `importlib.util.find_spec("deepspeed")` is None (Python's own
+    rule for a ``None`` entry in `sys.modules`), unless DeepSpeed is already imported.
+
+    `save_pretrained` asks accelerate to unwrap the model from a distributed container, and accelerate imports
+    DeepSpeed whenever it is installed (it is, for OpenRLHF) to compare the model with `DeepSpeedEngine`. A demo
+    model is a plain module, never wrapped; the import takes seconds (tens under load) and prints DeepSpeed's
+    "Setting accelerator to CPU" warning on stdout, in a process that does not use DeepSpeed."""
+    if "deepspeed" in sys.modules:  # the caller uses DeepSpeed: let accelerate unwrap as it would
+        yield
+        return
+    sys.modules["deepspeed"] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if sys.modules.get("deepspeed", ...) is None:
+            del sys.modules["deepspeed"]
 
 
 def is_model_dir(path: str | Path) -> bool:
