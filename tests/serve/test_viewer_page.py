@@ -260,3 +260,26 @@ def test_a_large_file_loads_a_page_at_a_time_and_reports_malformed_lines(
         page.close()
     finally:
         server.stop()
+
+
+def test_the_chat_page_links_to_its_servers_log(browser: Browser, start_server: ServerFactory, tmp_path: Path) -> None:
+    server = start_server(trajectory_log=str(tmp_path / "served.jsonl"))
+    page = browser.new_page()
+    page.goto(server.url)
+    page.fill("#input", "What is 17 * 23?")
+    page.click("#send")
+    expect(page.locator(".msg.assistant")).to_have_text("The answer is 391.")
+    page.click("#viewer-link")
+    expect(page.locator("#source")).to_contain_text("served model calculator-agent · files:")
+    expect(page.locator("#chat-link")).to_be_visible()
+    row = page.locator("#list li")
+    expect(row).to_have_count(1)
+    expect(row).to_contain_text("What is 17 * 23?")
+    row.click()
+    expect(page.locator("#left .tool-call")).to_contain_text('calculator({"expression":"17 * 23"})')
+    page.close()
+    plain = browser.new_page()
+    plain.goto(start_server().url)  # no log: no link
+    expect(plain.locator("#model")).to_contain_text("calculator-agent")
+    expect(plain.locator("#viewer-link")).to_be_hidden()
+    plain.close()
