@@ -270,7 +270,7 @@ def test_the_chat_page_links_to_its_servers_log(browser: Browser, start_server: 
     page.click("#send")
     expect(page.locator(".msg.assistant")).to_have_text("The answer is 391.")
     page.click("#viewer-link")
-    expect(page.locator("#source")).to_contain_text("served model calculator-agent · files:")
+    expect(page.locator("#source")).to_contain_text("served model calculator-agent · its trajectory log")
     expect(page.locator("#chat-link")).to_be_visible()
     row = page.locator("#list li")
     expect(row).to_have_count(1)

@@ -260,7 +260,7 @@ async def health(request: Request) -> Response:
             "in_flight": backend.metrics.in_flight,
             "max_concurrency": backend.config.max_concurrency,
             "api_key_required": backend.config.api_key is not None,
-            "trajectories": backend.config.trajectories or backend.config.trajectory_log,  # what /viewer browses
+            "viewer": bool(backend.config.trajectories or backend.config.trajectory_log),  # /viewer is served
             "images": {
                 "accepted": backend.text_only is None,
                 "max_image_bytes": backend.config.max_image_bytes,

@@ -141,7 +141,7 @@
       imagesAccepted = Boolean(info.images && info.images.accepted);
       maxImageBytes = (info.images && info.images.max_image_bytes) || Infinity;
       attachButton.hidden = !imagesAccepted;
-      document.getElementById("viewer-link").hidden = !info.trajectories; // the trajectory viewer (viewer.js)
+      document.getElementById("viewer-link").hidden = !info.viewer; // the trajectory viewer (viewer.js)
     } catch (error) {
       modelLabel.textContent = `cannot reach the server: ${error}`;
     }

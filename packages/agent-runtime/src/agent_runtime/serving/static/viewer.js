@@ -297,7 +297,7 @@
   async function loadInfo() {
     try {
       const info = await getJSON("/health");
-      $("source").textContent = (info.model ? `served model ${info.model} · ` : "") + `files: ${info.trajectories}`;
+      $("source").textContent = info.model ? `served model ${info.model} · its trajectory log` : `files: ${info.trajectories}`;
       $("chat-link").hidden = !info.model;
     } catch (error) {
       $("source").textContent = `cannot reach the server: ${error.message}`;
