@@ -199,3 +199,20 @@ def test_a_served_agent_shows_its_own_log_behind_its_key(start_server: ServerFac
     assert [i["task"] for i in items] == ["What is 2 + 3?"]
     record = httpx.get(f"{server.url}/trajectories/{items[0]['id']}", headers=key, timeout=10).json()
     assert record["segments"][0]["pieces"] is not None  # the served model's tokenizer decodes the pieces
+
+
+def test_in_a_directory_the_last_file_is_read_on_and_earlier_ones_keep_their_numbers(
+    tmp_path: Path, runs: Path
+) -> None:
+    whole = (runs / "calc.jsonl").read_bytes().splitlines(keepends=True)
+    (tmp_path / "a.jsonl").write_bytes(whole[0])
+    (tmp_path / "b.jsonl").write_bytes(whole[1])
+    files = TrajectoryFiles(tmp_path)
+    first = files.page()
+    assert [i.file for i in first["items"]] == ["a.jsonl", "b.jsonl"] and first["done"]
+    with open(tmp_path / "a.jsonl", "ab") as a, open(tmp_path / "b.jsonl", "ab") as b:
+        a.write(whole[2])
+        b.write(whole[3])
+    page = files.page()
+    assert [(i.file, i.index) for i in page["items"]] == [("a.jsonl", 0), ("b.jsonl", 1), ("b.jsonl", 2)]
+    assert page["done"] and len({i.id for i in page["items"]}) == 3

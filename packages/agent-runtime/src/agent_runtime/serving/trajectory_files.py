@@ -6,7 +6,9 @@ that order; a page (`TrajectoryFiles.page`) starts at a record number and scans 
 that pass the filters, or until it has scanned `max_scan` records, whichever comes first, and says where to go on.
 Only the lines a page scans are read, each decoded into a small summary (`TrajectorySummary`); what stays in memory
 is a line's byte offset and its summary, never a file. A file that grows (a server still logging) is read on from
-where its index stopped; a line not yet ended by a newline is left for later. A line that is not a trajectory
+where its index stopped; a line not yet ended by a newline is left for later. In a directory, a file's records
+are numbered before the next file's, so once a later file has been read, what is appended to an earlier one is
+not read (restart the viewer to see it); the last file, a live log, is always read on. A line that is not a trajectory
 record is skipped and counted (`malformed`, with the first line numbers), never raised.
 
 `TrajectoryFiles.record` reads one record by its id (``<file number>:<byte offset>``, as a summary gives it, so a
@@ -152,10 +154,14 @@ class _FileIndex:
     lines: int = 0
     malformed: int = 0
     malformed_lines: list[int] = field(default_factory=list)
+    #: a later file has been read: this one's record numbers are fixed, what is appended to it now goes unread
+    sealed: bool = False
 
     def extend(self, records: int, first_index: int) -> int:
         """Read on until `records` more records are indexed or the file ends (for now); the number added."""
         added = 0
+        if self.sealed:
+            return 0
         try:
             size = self.path.stat().st_size
         except OSError:
@@ -245,7 +251,9 @@ class TrajectoryFiles:
         """Records from number `start` on, at most `max_scan` of them, reading files on as needed, `chunk` records
         at a time (a file is read to its end before the next one is looked at: its records' numbers come first)."""
         base = scanned = 0
-        for index in self._files:
+        for number, index in enumerate(self._files):
+            if number > 0 and not self._files[number - 1].sealed:  # the ones before were read to their end
+                self._files[number - 1].sealed = True
             position = max(start - base, 0)
             while scanned < max_scan:
                 if position >= len(index.summaries):
@@ -281,7 +289,7 @@ class TrajectoryFiles:
                     if len(items) == limit:
                         break
             indexed = sum(len(f.summaries) for f in self._files)
-            done = next_offset >= indexed and all(not f.path.exists() or f.read_to >= f.path.stat().st_size
+            done = next_offset >= indexed and all(f.sealed or not f.path.exists() or f.read_to >= f.path.stat().st_size
                                                   for f in self._files)  # fmt: skip
             return {
                 "items": items,
