@@ -176,6 +176,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             )
         if given is not None and (given < 0 or given != given):  # NaN too
             parser.error(f"{flag} must be >= 0")
+    if args.trajectories == "":
+        parser.error("--trajectories needs a path: a trajectory JSONL file or a directory of them")
     if args.trajectories is not None and args.model is None and not Path(args.trajectories).exists():
         parser.error(f"--trajectories {args.trajectories}: no such file or directory")
     if args.tokenizer is not None and (args.trajectories is None or args.model is not None):

@@ -31,6 +31,9 @@ def runs(start_server: ServerFactory, tokenizer: HFTokenizer, tmp_path_factory: 
     step_file(calc, root / "steps" / "step_10.jsonl", 10)
     step_file(calc, root / "steps" / "step_20.jsonl", 20)
     (root / "notes.txt").write_text("not a trajectory file")
+    (root / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n' * 50)  # a run's metrics: no trajectories
+    (root / ".hidden").mkdir()
+    copies(calc, root / ".hidden" / "copy.jsonl", 1)
     return root
 
 
@@ -55,9 +58,10 @@ def test_pages_cover_every_record_once_and_count_the_malformed_lines(viewer: Liv
         offset = page["next_offset"]
         if page["done"]:
             break
-    files = {f["name"]: f["records"] for f in page["files"]}
-    assert files == {"big/many.jsonl": 160, "calc.jsonl": 4, "compacted.jsonl": 1, "steps/step_10.jsonl": 4,
-                     "steps/step_20.jsonl": 4}  # fmt: skip
+    files = {f["name"]: (f["records"], f["foreign"]) for f in page["files"]}
+    assert files == {"big/many.jsonl": (160, False), "calc.jsonl": (4, False), "compacted.jsonl": (1, False),
+                     "metrics.jsonl": (0, True), "steps/step_10.jsonl": (4, False),
+                     "steps/step_20.jsonl": (4, False)}  # fmt: skip
     assert len(seen) == len(set(seen)) == 173 and pages == 5
     assert page["malformed"] == 4  # copies 0, 10, 20, 30: one bad line each
     assert {(m["file"], m["line"]) for m in page["malformed_lines"]} == {
@@ -89,11 +93,12 @@ def test_filters_by_reward_stop_reason_error_code_and_file(viewer: LiveServer) -
     assert ids(min_reward=0.5) == [i for i in ids() if i["reward"] >= 0.5]
     assert ids(max_reward=-1) == []
     compacted = ids(file=2)
+    assert ids(file=3) == []  # metrics.jsonl
     assert [i["compactions"] for i in compacted] == [1] and compacted[0]["file"] == "compacted.jsonl"
 
 
 def test_the_same_task_under_two_checkpoints(viewer: LiveServer) -> None:
-    first = get(viewer, "/trajectories", file=3, limit=1).json()["items"][0]
+    first = get(viewer, "/trajectories", file=4, limit=1).json()["items"][0]
     same = get(viewer, "/trajectories", task_key=first["task_key"], limit=500).json()["items"]
     checkpoints = {i["checkpoint"] for i in same}
     assert {"steps/step_10.jsonl step 10", "steps/step_20.jsonl step 20", "calc.jsonl"} <= checkpoints
@@ -167,6 +172,8 @@ def test_a_symlink_out_of_the_directory_is_not_read(tmp_path: Path, runs: Path) 
 def test_a_missing_path_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(TrajectoryFilesError, match="no such file or directory"):
         create_viewer_app(tmp_path / "nowhere.jsonl")
+    with pytest.raises(TrajectoryFilesError, match="path is empty"):
+        create_viewer_app("")
 
 
 def test_a_line_being_written_is_left_for_later(tmp_path: Path, runs: Path) -> None:

@@ -1,15 +1,18 @@
 """`TrajectoryFiles`: the trajectory JSONL files under one path, indexed lazily by byte offset, read a page at a time.
 
 A path is one JSONL file (a server's ``--trajectory-log``) or a directory, whose ``*.jsonl`` files (at any depth,
-sorted by their path, symlinks leading out of it left out) are read one after the other. Records are numbered in
-that order; a page (`TrajectoryFiles.page`) starts at a record number and scans on until it holds `limit` records
-that pass the filters, or until it has scanned `max_scan` records, whichever comes first, and says where to go on.
-Only the lines a page scans are read, each decoded into a small summary (`TrajectorySummary`); what stays in memory
-is a line's byte offset and its summary, never a file. A file that grows (a server still logging) is read on from
-where its index stopped; a line not yet ended by a newline is left for later. In a directory, a file's records
-are numbered before the next file's, so once a later file has been read, what is appended to an earlier one is
-not read (restart the viewer to see it); the last file, a live log, is always read on. A line that is not a trajectory
-record is skipped and counted (`malformed`, with the first line numbers), never raised.
+sorted by their path; hidden folders and symlinks leading out of it left out; listed again for new files at most
+every 2 s) are read one after the other. A file whose first line is a JSON object of another kind (a run's
+``metrics.jsonl``, a data set) is no trajectory file: listed as `foreign`, not read on, no line of it counted.
+Records are numbered in that order; a page (`TrajectoryFiles.page`) starts at a record number and scans on until
+it holds `limit` records that pass the filters, or until it has scanned `max_scan` records, whichever comes first,
+and says where to go on. Only the lines a page scans are read, each decoded into a small summary
+(`TrajectorySummary`); what stays in memory is a line's byte offset and its summary, never a file. A file that
+grows (a server still logging) is read on from where its index stopped; a line not yet ended by a newline is left
+for later. In a directory, a file's records are numbered before the next file's, so once a later file has been
+read, what is appended to an earlier one is not read (restart the viewer to see it); the last file, a live log, is
+always read on. A line that is not a trajectory record is skipped and counted (`malformed`, with the first line
+numbers), never raised.
 
 `TrajectoryFiles.record` reads one record by its id (``<file number>:<byte offset>``, as a summary gives it, so a
 request can only name a line this index found) and returns the view the web page draws (`trajectory_view`).
@@ -22,6 +25,7 @@ import bisect
 import hashlib
 import math
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +43,7 @@ MAX_PAGE: Final = 500
 MALFORMED_LINES_KEPT: Final = 20
 _TASK_LABEL_CHARS: Final = 160
 _MIN_CHUNK: Final = 16
+_LOOK_EVERY_S: Final = 2.0  # a directory is listed again (new files) at most this often
 
 
 class TrajectoryFilesError(ValueError):
@@ -133,6 +138,15 @@ def _task_text(head: _Head) -> str:
     return ""
 
 
+def _foreign(line: bytes) -> bool:
+    """Whether `line` is a JSON object of some other kind (no `episode_id` and `segments`): not a broken record."""
+    try:
+        value = msgspec.json.decode(line)
+    except msgspec.DecodeError:
+        return False
+    return isinstance(value, dict) and not ("episode_id" in value and "segments" in value)
+
+
 def _checkpoint(name: str, task: dict[str, Any]) -> str:
     for key in ("checkpoint", "step"):
         value = task.get(key)
@@ -156,6 +170,8 @@ class _FileIndex:
     malformed_lines: list[int] = field(default_factory=list)
     #: a later file has been read: this one's record numbers are fixed, what is appended to it now goes unread
     sealed: bool = False
+    #: its first line is a JSON object but no trajectory (a run's metrics, a data set): not read on
+    foreign: bool = False
 
     def extend(self, records: int, first_index: int) -> int:
         """Read on until `records` more records are indexed or the file ends (for now); the number added."""
@@ -180,6 +196,9 @@ class _FileIndex:
                 if not line.strip():
                     continue
                 summary = self._summary(line, start, first_index + added)
+                if summary is None and not self.offsets and not self.malformed and _foreign(line):
+                    self.foreign = self.sealed = True  # e.g. a run's metrics.jsonl: not a trajectory file
+                    break
                 if summary is None:
                     self.malformed += 1
                     if len(self.malformed_lines) < MALFORMED_LINES_KEPT:
@@ -221,6 +240,8 @@ class TrajectoryFiles:
     with `allow_missing` (a server's log before its first request); otherwise it is a `TrajectoryFilesError`."""
 
     def __init__(self, path: str | Path, *, tokenizer: Tokenizer | None = None, allow_missing: bool = False) -> None:
+        if not str(path):
+            raise TrajectoryFilesError("the trajectories' path is empty")
         self.root = Path(path).expanduser().resolve()
         if not self.root.exists() and not allow_missing:
             raise TrajectoryFilesError(f"{path}: no such file or directory")
@@ -231,13 +252,22 @@ class TrajectoryFiles:
         self._known: set[Path] = set()
         self._lock = threading.Lock()  # pages are read off the event loop, possibly two at once
         self._pieces: dict[int, str] = {}
+        self._looked = -math.inf
 
     def _discover(self) -> None:
         """Add the files that appeared since the last look (a directory's new files go after the known ones)."""
+        now = time.monotonic()
+        if self._files and now - self._looked < _LOOK_EVERY_S:
+            return
+        self._looked = now
         if self.root.is_file():
             found = [self.root]
         elif self.root.is_dir():
-            found = sorted(p.resolve() for p in self.root.rglob("*.jsonl") if p.is_file())
+            found = sorted(
+                p.resolve()
+                for p in self.root.rglob("*.jsonl")
+                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(self.root).parts)
+            )
             found = [p for p in found if p.is_relative_to(self.root)]  # a symlink out of the directory: left out
         else:
             found = []
@@ -296,7 +326,10 @@ class TrajectoryFiles:
                 "next_offset": next_offset,
                 "done": done,
                 "indexed": indexed,
-                "files": [{"number": f.number, "name": f.name, "records": len(f.summaries)} for f in self._files],
+                "files": [
+                    {"number": f.number, "name": f.name, "records": len(f.summaries), "foreign": f.foreign}
+                    for f in self._files
+                ],
                 "malformed": sum(f.malformed for f in self._files),
                 "malformed_lines": [{"file": f.name, "line": line} for f in self._files for line in f.malformed_lines][
                     :MALFORMED_LINES_KEPT

@@ -66,7 +66,8 @@
     const chosen = fileSelect.value;
     const options = [Object.assign(element("option", null, "all"), { value: "" })];
     for (const file of files) {
-      options.push(Object.assign(element("option", null, `${file.name} (${file.records})`), { value: String(file.number) }));
+      const label = file.foreign ? `${file.name} (not trajectories)` : `${file.name} (${file.records})`;
+      options.push(Object.assign(element("option", null, label), { value: String(file.number) }));
     }
     fileSelect.replaceChildren(...options);
     fileSelect.value = chosen;
