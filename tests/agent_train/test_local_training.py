@@ -1,6 +1,7 @@
 """The local trainer, end to end and for real: the ``ci`` preset trains the demo agent from nothing (tokenizer,
 model, SFT on expert episodes, RL through the OpenRLHF executor on the `hf` engine) and must measurably learn on
-held-out problems; a paused run resumes to the same end; the run directory holds what the README promises; and
+held-out problems; a second run at the same seed gives the same figures and metrics, bit for bit; a paused run
+resumes to the same end; the run directory holds what the README promises; and
 `apps/serve` with no --model serves the installed result, answering as the trainer's own evaluation does.
 
 These are outcome checks on a shortened run (the ``ci`` preset: 200 SFT steps, 20 RL steps, 100 held-out
@@ -122,6 +123,29 @@ def test_the_run_directory_holds_metrics_plot_summary_and_a_servable_model(ci_ru
     answers = held_out_success(ci_run.model_dir, config.eval_size, max_batch_size=config.max_batch_size)
     success = sum(answers) / config.eval_size
     assert abs(success - ci_run.figures["after_rl"]) <= 0.03  # batching may flip a near-tie or two
+
+
+TIMINGS = {"time_s", "generate_s", "update_s"}  # wall-clock fields: the only ones two runs may differ in
+
+
+def test_a_second_run_at_the_same_seed_gives_the_same_figures_and_metrics(ci_run: TrainResult, tmp_path: Path) -> None:
+    """Deterministic training (issue 39): rollouts and evaluations batch in episode order (`LockstepEngine`), never
+    by arrival time, so the same seed on the same machine gives the same run: every figure and every per-step
+    metric but the wall-clock ones. Before, thread timing decided which rows shared a batch, and the figures
+    moved by several points between two runs."""
+    again = train_local(msgspec.structs.replace(preset("ci"), seed=SEED), tmp_path, progress=False)
+    assert again.figures == ci_run.figures
+    first, second = (
+        [{k: v for k, v in r.items() if k not in TIMINGS} for r in read_metrics(run.files["metrics"])]
+        for run in (ci_run, again)
+    )
+    assert len(first) == len(second)
+    for one, two in zip(first, second, strict=True):
+        assert one == two
+    summaries = [json.loads(run.files["summary"].read_text()) for run in (ci_run, again)]
+    assert [{k: v for k, v in s.items() if k not in {"elapsed_s", "model_dir"}} for s in summaries] == [
+        {k: v for k, v in summaries[0].items() if k not in {"elapsed_s", "model_dir"}}
+    ] * 2
 
 
 def test_a_paused_run_resumes_where_it_stopped(tmp_path: Path) -> None:

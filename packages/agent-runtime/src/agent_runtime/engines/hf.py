@@ -15,6 +15,12 @@ Generation is a hand-written incremental decoding loop over the model's KV cache
 - prompt ids: copied once into an `array('q')` (a C loop) and range-checked with one vectorised min/max, not a
   Python scan per id; the model's input is built from that buffer without another per-id conversion.
 
+Fixed batches: `generate_batch(prompts, samplings)` runs exactly those requests, in that order, in batches of
+`max_batch_size` rows formed from them alone (no waiting window, no joining either way), so the rows that share a
+batch never depend on the timing of threads; one answer per prompt, an exception for a bad one. The local trainer's
+lockstep engine (`agent_train.local.lockstep`) sends its waves this way, for bit-for-bit repeatable runs; serving
+keeps `generate`'s arrival-time batching and joining, which answer a lone turn sooner.
+
 The engine is four parts, one module each: construction, `generate` and `close` here; scheduling and batching on
 one worker thread (`hf_batching`: batches, joining a running batch, the token bound, failures); the decode loop
 (`hf_decode`: prefill, decode steps, the prefix cache's layout) with its sampling (`hf_sampling`); the kept
@@ -67,12 +73,12 @@ import structlog
 from agent_protocol import HFTokenizer, Tokenizer, TransformersTokenizer, load_tokenizer
 from agent_runtime.engines.base import Generation, LLMEngine, SamplingParams
 from agent_runtime.engines.hf_attention import use_gqa_sdpa
-from agent_runtime.engines.hf_batching import JOIN_RATIO, JOIN_WAIT_STEPS, HFBatching, fail_requests
+from agent_runtime.engines.hf_batching import JOIN_RATIO, JOIN_WAIT_STEPS, FixedBatch, HFBatching, fail_requests
 from agent_runtime.engines.hf_decode import Request, new_cache
 from agent_runtime.engines.hf_head import TransposedHead
 from agent_runtime.engines.hf_prefix import PrefixCache
 from agent_runtime.engines.hf_vision import ImageInputs, VisionInputs, is_vision_model
-from agent_runtime.errors import EngineUnavailable
+from agent_runtime.errors import ContextBudgetExceeded, EngineError, EngineUnavailable
 
 try:
     import torch
@@ -175,8 +181,10 @@ class HFEngine(HFBatching, LLMEngine):
         self.abandoned_requests = 0  # requests that left their batch because their caller stopped waiting
         self._parameters = list(model.parameters())
         self._weights_seen: tuple[tuple[int, int], ...] | None = self._weights_version()
-        self._queue: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
-        self._pending: collections.deque[Request | None] = collections.deque()  # taken, not joined: next batch first
+        self._queue: queue.SimpleQueue[Request | FixedBatch | None] = queue.SimpleQueue()
+        self._pending: collections.deque[Request | FixedBatch | None] = (
+            collections.deque()
+        )  # taken, not joined: next batch first
         #: text requests taken while a batch runs, waiting to join it, with the step each was taken at (arrived
         #: before everything in `_pending`; they go first in the next batch if they do not join)
         self._waiting: collections.deque[tuple[Request, int]] = collections.deque()
@@ -275,6 +283,60 @@ class HFEngine(HFBatching, LLMEngine):
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, images: Sequence[str] = ()
     ) -> Generation:
+        request = await self._request(prompt_ids, sampling, images)
+        self._put(request)
+        # Runs once this loop has run everything ready now, the rest of a gather's sends included.
+        asyncio.get_running_loop().call_soon(self._sent)
+        try:
+            return await asyncio.wrap_future(request.future)
+        except asyncio.CancelledError:
+            request.abandoned = True  # a queued request is never run; a running one leaves its batch (module docs)
+            raise
+
+    async def generate_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        samplings: Sequence[SamplingParams],
+        *,
+        images: Sequence[Sequence[str]] | None = None,
+    ) -> list[Generation | Exception]:
+        """Generate for every prompt, in batches formed from these requests alone, in this order: the text requests
+        in runs of at most `max_batch_size` rows (and within `max_batch_tokens`), each image request alone, one
+        batch after another; nothing sent by `generate` joins them and they join nothing, whatever the timing of
+        the threads. So the same requests in the same order compute the same floats on the same machine, run after
+        run (`agent_train.local`'s lockstep engine: deterministic rollouts). One answer per prompt, in order: its
+        `Generation`, or the exception `generate` would have raised for it (bad input, a failed generation), so one
+        bad request fails only itself."""
+        if len(samplings) != len(prompts) or (images is not None and len(images) != len(prompts)):
+            raise ValueError(
+                f"hf: generate_batch needs one sampling (and one image list, if any) per prompt; got {len(prompts)} "
+                f"prompts, {len(samplings)} samplings, {'no' if images is None else len(images)} image lists"
+            )
+        answers: list[Generation | Exception | None] = [None] * len(prompts)
+        requests: list[tuple[int, Request]] = []
+        for index, (prompt, sampling) in enumerate(zip(prompts, samplings, strict=True)):
+            try:
+                requests.append((index, await self._request(prompt, sampling, images[index] if images else ())))
+            except (ValueError, ContextBudgetExceeded) as e:
+                answers[index] = e
+        if requests:
+            self._put(FixedBatch([request for _, request in requests]))
+            asyncio.get_running_loop().call_soon(self._sent)
+            futures = [asyncio.wrap_future(request.future) for _, request in requests]
+            try:
+                done = await asyncio.gather(*futures, return_exceptions=True)
+            except asyncio.CancelledError:
+                for _, request in requests:
+                    request.abandoned = True
+                raise
+            for (index, _), answer in zip(requests, done, strict=True):
+                if isinstance(answer, BaseException) and not isinstance(answer, Exception):
+                    raise answer
+                answers[index] = answer
+        return [answer if answer is not None else EngineError("hf: no answer") for answer in answers]
+
+    async def _request(self, prompt_ids: Sequence[int], sampling: SamplingParams, images: Sequence[str]) -> Request:
+        """A checked request for the worker (`generate`'s rules on ids, length and images), not sent yet."""
         try:  # one C loop over the ids; a PromptView is listed first (array's own iteration is slower)
             prompt = array.array("q", prompt_ids if isinstance(prompt_ids, list) else list(prompt_ids))
         except (TypeError, OverflowError) as e:
@@ -294,7 +356,10 @@ class HFEngine(HFBatching, LLMEngine):
             vision = await asyncio.to_thread(self.vision.prepare, prompt, list(images))
         elif self.vision is not None and self.vision.pad_id in prompt:
             raise ValueError("hf: the prompt holds image pad tokens but no images were given")
-        request = Request(prompt, sampling, budget, concurrent.futures.Future(), vision)
+        return Request(prompt, sampling, budget, concurrent.futures.Future(), vision)
+
+    def _put(self, item: Request | FixedBatch) -> None:
+        """Queue `item` for the worker (started on the first request); the caller schedules `_sent` after it."""
         with self._lock:
             if self._closed:
                 raise EngineUnavailable("hf: the engine is closed")
@@ -302,14 +367,7 @@ class HFEngine(HFBatching, LLMEngine):
                 self._worker = threading.Thread(target=self._serve, name="hf-engine", daemon=True)
                 self._worker.start()
             self._sending += 1  # before the put: the worker never sees the request while the count says quiet
-            self._queue.put(request)
-        # Runs once this loop has run everything ready now, the rest of a gather's sends included.
-        asyncio.get_running_loop().call_soon(self._sent)
-        try:
-            return await asyncio.wrap_future(request.future)
-        except asyncio.CancelledError:
-            request.abandoned = True  # a queued request is never run; a running one leaves its batch (module docs)
-            raise
+            self._queue.put(item)
 
     def _sent(self) -> None:
         with self._lock:

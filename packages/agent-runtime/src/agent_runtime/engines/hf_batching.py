@@ -75,13 +75,22 @@ import torch
 from agent_runtime.engines.hf_decode import Closed, HFDecodeLoop, Request, Row, fail_request, reused_count
 from agent_runtime.errors import EngineError, EngineUnavailable
 
-__all__ = ["JOIN_RATIO", "JOIN_WAIT_STEPS", "SENDING_POLL_S", "HFBatching", "fail_requests"]
+__all__ = ["JOIN_RATIO", "JOIN_WAIT_STEPS", "SENDING_POLL_S", "FixedBatch", "HFBatching", "fail_requests"]
 
 logger = structlog.get_logger(__name__)
 
 JOIN_RATIO = 1.0  # requests waiting to join a running batch join it once they are this many times its rows
 JOIN_WAIT_STEPS = 20  # ... or once the first of them has waited this many decode steps
 SENDING_POLL_S = 0.00025  # a forming batch checks this often whether any event loop is still sending
+
+
+@dataclass(frozen=True, slots=True)
+class FixedBatch:
+    """Requests sent together by `HFEngine.generate_batch`: they run in batches formed from them alone, in their
+    order (the text ones in runs of at most `max_batch_size` rows and within `max_batch_tokens`, an image request
+    alone), nothing joining them and they joining nothing, so timing never decides which rows share a batch."""
+
+    requests: list[Request]
 
 
 class HFBatching(HFDecodeLoop):
@@ -98,8 +107,8 @@ class HFBatching(HFDecodeLoop):
     _resumable: bool
     _parameters: list[Any]
     _weights_seen: tuple[tuple[int, int], ...] | None
-    _queue: queue.SimpleQueue[Request | None]
-    _pending: collections.deque[Request | None]
+    _queue: queue.SimpleQueue[Request | FixedBatch | None]
+    _pending: collections.deque[Request | FixedBatch | None]
     _waiting: collections.deque[tuple[Request, int]]
     _lock: threading.Lock
     _sending: int
@@ -111,6 +120,9 @@ class HFBatching(HFDecodeLoop):
             first = self._next(None)
             if first is None:
                 break
+            if isinstance(first, FixedBatch):
+                self._run_fixed(first)
+                continue
             batch = [first]
             footprint = self._footprint().plus(self, first) if first.vision is None else self._footprint()
             deadline = time.monotonic() + self.batch_wait_s
@@ -130,6 +142,9 @@ class HFBatching(HFDecodeLoop):
                 quiet = False
                 if item is None:
                     running = False
+                    break
+                if isinstance(item, FixedBatch):  # it runs after this batch, on its own
+                    self._pending.appendleft(item)
                     break
                 if item.future.cancelled():
                     continue
@@ -155,10 +170,11 @@ class HFBatching(HFDecodeLoop):
                 late = self._next(0)
             except (queue.Empty, IndexError):  # IndexError: close() and the worker both emptied `_pending`
                 return
-            if late is not None and late.future.set_running_or_notify_cancel():
-                fail_request(late.future, EngineUnavailable("hf: the engine was closed before this request ran"))
+            for request in late.requests if isinstance(late, FixedBatch) else [] if late is None else [late]:
+                if request.future.set_running_or_notify_cancel():
+                    fail_request(request.future, EngineUnavailable("hf: the engine was closed before this request ran"))
 
-    def _next(self, timeout: float | None) -> Request | None:
+    def _next(self, timeout: float | None) -> Request | FixedBatch | None:
         """The next request (or the close marker): one a running batch took but could not join first."""
         if self._pending:
             return self._pending.popleft()
@@ -178,7 +194,7 @@ class HFBatching(HFDecodeLoop):
                 item = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if item is None or item.vision is not None:
+            if item is None or isinstance(item, FixedBatch) or item.vision is not None:
                 self._pending.append(item)
             elif not item.future.cancelled():
                 self._waiting.append((item, step))
@@ -210,6 +226,30 @@ class HFBatching(HFDecodeLoop):
             except IndexError:  # close() and the worker both emptied it
                 break
         self._pending.extendleft(reversed(waiting))
+
+    def _run_fixed(self, fixed: FixedBatch) -> None:
+        """Run `fixed`'s requests in their order: the text ones in runs of at most `max_batch_size` rows (cut
+        early where `max_batch_tokens` would be passed), an image request alone; no joining either way."""
+        live = [r for r in fixed.requests if r.future.set_running_or_notify_cancel()]
+        groups: list[list[Request]] = []
+        footprint = self._footprint()
+        for request in live:
+            if request.vision is not None:
+                groups.append([request])
+                footprint = self._footprint()
+                continue
+            grown = footprint.plus(self, request)
+            current = groups[-1] if groups and groups[-1][0].vision is None else None
+            if current is None or len(current) >= self.max_batch_size or not self._within(grown):
+                groups.append([request])
+                footprint = self._footprint().plus(self, request)
+            else:
+                current.append(request)
+                footprint = grown
+        for group in groups:
+            self._taken = group
+            self._run_group(group, join=False)
+        self._taken = []
 
     def _run(self, batch: list[Request]) -> None:
         """Run the text requests as one batch and each image request alone."""

@@ -7,6 +7,8 @@ episodes' transcript records. One idea per module:
 - `sft`: expert episodes through the recipe's session, and the cross-entropy step;
 - `rollout`: groups of episodes through `AgentRuntime`, one record per segment read from its transcript record;
   `program_rollouts`: the same for an agent-program recipe, each episode run by `AgentExecutor.rollout` (the proxy);
+- `lockstep`: `LockstepEngine`, the trainer's engine: each wave of the episodes' requests batched in episode order,
+  never by arrival time, so a seed gives the same run, bit for bit, on the same machine;
 - `rl`: group-normalized advantages and the clipped policy-gradient step (optional KL to the SFT model);
 - `evaluate`: greedy held-out success through `AgentRuntime`;
 - `paired`: two saved models on the same held-out problems, fixed / broken and a sign test;

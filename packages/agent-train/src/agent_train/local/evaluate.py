@@ -17,6 +17,7 @@ log lines and transformers' progress bars.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ import msgspec
 import msgspec.structs
 
 from agent_runtime import AgentRuntime, LLMEngine, Recipe, Trajectory, ignore_pynvml_deprecation
+from agent_train.local.lockstep import LockstepEngine, as_episode
 
 __all__ = ["EvalResult", "evaluate", "main", "success_by", "summarize"]
 
@@ -61,7 +63,10 @@ async def evaluate(
     """Greedy episodes on `rows` (each with "prompt" and a reference answer); the summary and the trajectories."""
     sampling = msgspec.structs.replace(recipe.sampling, temperature=0.0, logprobs=False, seed=None)
     runtime = AgentRuntime(engine, recipe.make_session(engine.tokenizer), sampling=sampling)
-    results = await runtime.run_many([row["prompt"] for row in rows], tasks=list(rows))
+    # one episode per row; on a `LockstepEngine` (the local trainer's) in lockstep, so the figures never depend on
+    # the timing of threads; `run_many` of one row records an episode's failure as `run_many` of all of them does
+    jobs = [as_episode(engine, runtime.run_many([row["prompt"]], tasks=[row])) for row in rows]
+    results = [result for (result,) in await asyncio.gather(*jobs)]
     trajectories = [result.trajectory for result in results]
     return summarize(trajectories), trajectories
 
@@ -77,7 +82,6 @@ def success_by(trajectories: Sequence[Trajectory], rows: Sequence[Mapping[str, A
 def main(argv: Sequence[str] | None = None) -> int:
     """Held-out success of a saved demo model, overall and by phrasing (plain / word problems)."""
     import argparse
-    import asyncio
 
     ignore_pynvml_deprecation()
     from agent_demo import make_recipe
@@ -97,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = list(recipe.rows("test"))[: args.size]
 
     async def run() -> tuple[EvalResult, list[Trajectory]]:
-        engine = HFEngine.from_pretrained(args.model_dir)
+        engine = LockstepEngine(HFEngine.from_pretrained(args.model_dir))
         try:
             return await evaluate(engine, recipe, rows)
         finally:

@@ -89,12 +89,13 @@ def held_out_success(model_dir: str | Path, size: int, *, max_batch_size: int = 
 
     from agent_runtime.engines import HFEngine
     from agent_train.local.evaluate import evaluate
+    from agent_train.local.lockstep import LockstepEngine
     from agent_train.local.rollout import ROLLOUT_BATCHING
 
     recipe, rows = held_out_rows(size)
 
     async def run() -> list[bool]:
-        engine = HFEngine.from_pretrained(model_dir, max_batch_size=max_batch_size, **ROLLOUT_BATCHING)
+        engine = LockstepEngine(HFEngine.from_pretrained(model_dir, max_batch_size=max_batch_size, **ROLLOUT_BATCHING))
         try:
             _, trajectories = await evaluate(engine, recipe, rows)
         finally:

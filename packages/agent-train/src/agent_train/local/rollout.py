@@ -19,8 +19,11 @@ segment but the last, and of the last when the episode ended on an empty summary
 of budget without answering (`overlong`: `agent_train.sample.ended_by_budget`, the episodes the OpenRLHF job
 masks too), so that the trainer can mask summaries (the ablation) or leave those episodes out of the loss.
 
-Seeds: episode `i` of a call samples with seed ``seed * 100_003 + i``, so a run is reproducible up to float
-rounding between batch shapes. This module knows runtimes and trajectories; nothing about losses.
+Seeds: episode `i` of a call samples with seed ``seed * 100_003 + i``. On a `LockstepEngine` (the local trainer's)
+every episode of a call is registered with it (`as_episode`), so the engine batches the episodes' turns in episode
+order, not by arrival, and a call repeats bit for bit on the same machine; on another engine the episodes run as
+before, batched by arrival, reproducible up to float rounding between batch shapes. This module knows runtimes
+and trajectories; nothing about losses.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import structlog
 
 from agent_env import describe_error, propagates
 from agent_runtime import AgentRuntime, AssistantEvent, LLMEngine, Recipe, Trajectory
+from agent_train.local.lockstep import as_episode
 from agent_train.sample import action_logprobs, ended_by_budget, extra_logs
 
 __all__ = ["ROLLOUT_BATCHING", "RolloutRecord", "Rollouts", "episode_records", "summary_ranges"]
@@ -141,7 +145,12 @@ class Rollouts:
         jobs = [(group, row) for group, row in enumerate(rows) for _ in range(group_size)]
         async with asyncio.TaskGroup() as tasks:
             running = [
-                tasks.create_task(self._kept(group, index, row, temperature=temperature, seed=seed * 100_003 + index))
+                tasks.create_task(
+                    as_episode(
+                        self.engine,
+                        self._kept(group, index, row, temperature=temperature, seed=seed * 100_003 + index),
+                    )
+                )
                 for index, (group, row) in enumerate(jobs)
             ]
         episodes = [job.result() for job in running]

@@ -72,6 +72,7 @@ def sampled_success(
     model (sample `j` of problem `i` with seed ``seed + 7919 * j + i``); the success rate per problem."""
     from agent_runtime import AgentRuntime
     from agent_runtime.engines import HFEngine
+    from agent_train.local.lockstep import LockstepEngine
     from agent_train.local.rollout import ROLLOUT_BATCHING
 
     if samples < 1:
@@ -79,7 +80,7 @@ def sampled_success(
     recipe, rows = held_out_rows(size)
 
     async def run() -> list[float]:
-        engine = HFEngine.from_pretrained(model_dir, max_batch_size=max_batch_size, **ROLLOUT_BATCHING)
+        engine = LockstepEngine(HFEngine.from_pretrained(model_dir, max_batch_size=max_batch_size, **ROLLOUT_BATCHING))
         try:
             base = msgspec.structs.replace(recipe.sampling, temperature=temperature, top_p=1.0)
             runtime = AgentRuntime(engine, recipe.make_session(engine.tokenizer), sampling=base)
@@ -92,7 +93,7 @@ def sampled_success(
                 for i in range(size)
                 for j in range(samples)
             ]
-            results = await asyncio.gather(*jobs)
+            results = await engine.gather(jobs)  # in lockstep: batches in episode order, not arrival order
         finally:
             await engine.close()
         rates = [0.0] * size

@@ -19,7 +19,8 @@ of `train_local`.
 6. the final model (a Hugging Face directory), the metrics JSONL, the learning-curve PNG and ``summary.json``.
 
 Run directory: ``metrics.jsonl``, ``learning_curve.png``, ``summary.json``, ``checkpoint/`` (latest, with
-trainer state; what ``resume`` reads), ``sft/`` and ``final/`` (model directories). This module wires the
+trainer state; what ``resume`` reads), ``sft/`` and ``final/`` (model directories); with `tensorboard_dir`, the
+metrics also as TensorBoard event files there (`agent_train.local.tensorboard_events`). This module wires the
 pieces of `agent_train.local` together; each step's mechanics live in its own module.
 """
 
@@ -51,6 +52,7 @@ from agent_train.local.checkpoint import Checkpoint, TrainerState, load_checkpoi
 from agent_train.local.config import LocalTrainConfig, check_config
 from agent_train.local.demos import Demo, get_demo
 from agent_train.local.evaluate import EvalResult, evaluate
+from agent_train.local.lockstep import LockstepEngine
 from agent_train.local.metrics import MetricsWriter, read_metrics
 from agent_train.local.plot import plot_metrics
 from agent_train.local.rl import episode_advantages, informative_groups, rl_update, trained_records
@@ -85,13 +87,15 @@ def train_local(
     recipe: Recipe | None = None,
     stop_after: int | None = None,
     branch_from: str | Path | None = None,
+    tensorboard_dir: str | Path | None = None,
 ) -> TrainResult:
     """Train the demo agent (see the module docstring). Blocking; safe to call from inside an event loop.
 
     `resume` continues from ``run_dir/checkpoint`` when there is one (with the same config). `stop_after` pauses
     the run once that many steps (SFT + RL) are done: it checkpoints and returns with ``finished=False``.
     `branch_from` starts RL from another run's SFT model (its ``rl_start``), with RL options of this config (the
-    ablation of a compacting run: ``rl_mask_summaries``)."""
+    ablation of a compacting run: ``rl_mask_summaries``). `tensorboard_dir`: also write the metrics as TensorBoard
+    event files in that directory (the run's own; its earlier event files are replaced)."""
     return _run_sync(
         train_local_async(
             config,
@@ -101,6 +105,7 @@ def train_local(
             recipe=recipe,
             stop_after=stop_after,
             branch_from=branch_from,
+            tensorboard_dir=tensorboard_dir,
         )
     )
 
@@ -150,6 +155,7 @@ class _Run:
         progress: bool,
         stop_after: int | None,
         branch_from: Path | None = None,
+        tensorboard_dir: Path | None = None,
     ) -> None:
         self.config = config
         self.demo: Demo = get_demo(config.demo)
@@ -157,6 +163,7 @@ class _Run:
         self.branch_from = branch_from
         self.stop_after = stop_after
         self.run_dir = run_dir
+        self.tensorboard_dir = tensorboard_dir
         self.recipe = recipe
         self.progress = progress
         self.protocol = recipe.chat_protocol()
@@ -190,17 +197,21 @@ class _Run:
             self.optimizer_state = None
         self.tokenizer = HFTokenizer(self.raw_tokenizer, source="demo")
         self.pad_id = int(self.raw_tokenizer.token_to_id("<|endoftext|>"))
-        self.engine = HFEngine(
-            self.model,
-            self.tokenizer,
-            context_length=self.recipe.max_context_tokens,
-            max_batch_size=config.max_batch_size,
-            **ROLLOUT_BATCHING,
+        # in lockstep (`agent_train.local.lockstep`): batches formed in episode order, so a seed gives one run
+        self.engine = LockstepEngine(
+            HFEngine(
+                self.model,
+                self.tokenizer,
+                context_length=self.recipe.max_context_tokens,
+                max_batch_size=config.max_batch_size,
+                **ROLLOUT_BATCHING,
+            )
         )
         self.metrics = MetricsWriter(
             self.run_dir / "metrics.jsonl",
             keep_until_step=self.state.step if checkpoint is not None else None,  # resumed or branched
             elapsed_s=self.state.elapsed_s,
+            tensorboard_dir=self.tensorboard_dir,
         )
         rows = list(self.recipe.rows("train"))
         self.train_rows = rows
@@ -443,6 +454,7 @@ class _Run:
                 read_metrics(self.metrics.path), self.run_dir / "learning_curve.png", title=self.demo.plot_title
             ),
             "checkpoint": self.checkpoint_dir,
+            **({"tensorboard": self.tensorboard_dir} if self.tensorboard_dir is not None else {}),
         }
         result = TrainResult(
             run_dir=self.run_dir,
@@ -479,6 +491,7 @@ async def train_local_async(
     recipe: Recipe | None = None,
     stop_after: int | None = None,
     branch_from: str | Path | None = None,
+    tensorboard_dir: str | Path | None = None,
 ) -> TrainResult:
     """`train_local` for callers already in an event loop (the engine's worker thread does the heavy work, but the
     optimizer steps run on the loop's thread)."""
@@ -486,7 +499,15 @@ async def train_local_async(
         config = check_config(config or LocalTrainConfig())
     except ValueError as e:
         raise TrainError(str(e)) from None
-    run = _Run(config, Path(run_dir), recipe, progress, stop_after, None if branch_from is None else Path(branch_from))
+    run = _Run(
+        config,
+        Path(run_dir),
+        recipe,
+        progress,
+        stop_after,
+        None if branch_from is None else Path(branch_from),
+        None if tensorboard_dir is None else Path(tensorboard_dir),
+    )
     run.run_dir.mkdir(parents=True, exist_ok=True)
     run.start(resume)  # raises before anything is started when the checkpoint does not fit the config
     try:
@@ -501,4 +522,5 @@ async def train_local_async(
         return run.finish()
     finally:
         run.bar.close()
+        run.metrics.close()
         await run.engine.close()

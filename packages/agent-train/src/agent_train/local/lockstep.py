@@ -1,0 +1,164 @@
+"""`LockstepEngine`: the local trainer's engine, an `HFEngine` whose batches are formed by the episodes' order, not
+by when their requests arrive, so that a seeded run gives the same figures, bit for bit, run after run.
+
+    engine = LockstepEngine(HFEngine(model, tokenizer, max_batch_size=256))
+    results = await engine.gather([runtime.run(prompt) for prompt in prompts])   # episodes 0, 1, ...
+
+Why: a batched row's floats depend on the rows beside it (the padding, the matrix shapes the kernels see), and
+`HFEngine` serving-style batches by arrival: a turn that comes back from its tool while a batch runs joins it at
+the next step. So thread timing decided which rows shared a batch, hence the float rounding, the logprobs, now
+and then a sampled token, and from there the whole run. Here requests wait in waves: an episode's request is held
+until every episode still running has sent its next one (or ended); then the wave goes to the engine at once,
+ordered by (episode, call within the episode), through `HFEngine.generate_batch`, which runs exactly those rows, in
+that order, in batches of `max_batch_size`, joining nothing. Which rows share a batch then follows from the
+episodes' own course, which the seeds fix (episode `i` of a rollout samples with its own seed:
+`agent_train.local.rollout`).
+
+An episode is what `gather` (or `episode`) registers: the coroutine and every task it starts (the episode is known
+by a context variable). A request from outside any registered episode goes straight to the engine, batched by
+arrival as before. What it costs: a wave waits for its longest row, where joining let a turn that came back early
+start its next one (measured in the agent-train README). This module knows `HFEngine` and asyncio; nothing about
+training.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+from collections.abc import Awaitable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agent_runtime import EngineUnavailable, Generation, LLMEngine, SamplingParams
+
+if TYPE_CHECKING:
+    from agent_runtime.engines import HFEngine
+
+__all__ = ["LockstepEngine", "as_episode"]
+
+#: the episode the current task belongs to: (its engine's id, its number), or None outside any
+_EPISODE: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("lockstep_episode", default=None)
+
+
+@dataclass(slots=True)
+class _Held:
+    """A request held until its wave goes: its key (episode, call number) and the caller's future."""
+
+    key: tuple[int, int]
+    prompt: Sequence[int]
+    sampling: SamplingParams
+    images: Sequence[str]
+    future: asyncio.Future[Generation]
+
+
+class LockstepEngine(LLMEngine):
+    """`engine` with its registered episodes' requests sent in waves, in episode order (the module docstring).
+    Attributes other than `generate`, `close` and the episode bookkeeping are the engine's."""
+
+    name = "hf-lockstep"
+
+    def __init__(self, engine: HFEngine) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.context_length = engine.context_length
+        self.stop_token_ids = engine.stop_token_ids
+        self.accepts_images = engine.accepts_images
+        self._numbers = itertools.count()
+        self._live: set[int] = set()  # episodes registered and not ended
+        self._calls: dict[int, int] = {}  # per live episode, the requests it has sent
+        self._held: dict[int, list[_Held]] = {}  # per episode, its requests waiting for the wave
+        self._wave: asyncio.Task[None] | None = None
+        self.waves = 0  # waves sent to the engine
+
+    def __getattr__(self, name: str) -> Any:  # the engine's counters and settings (batch_sizes, max_batch_size...)
+        return getattr(self.engine, name)
+
+    def episode[T](self, coroutine: Coroutine[Any, Any, T]) -> Coroutine[Any, Any, T]:
+        """`coroutine` as an episode: registered now, in call order (its place in every wave), ended when it
+        returns or raises. Register every episode of a round before awaiting any, as `gather` does: a wave goes
+        once every registered episode still running waits on the engine."""
+        number = next(self._numbers)
+        self._live.add(number)
+        self._calls[number] = 0
+        return self._run_episode(number, coroutine)
+
+    async def gather[T](self, coroutines: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
+        """Run `coroutines` as episodes, in that order; their results in that order (an exception propagates,
+        as `asyncio.gather`'s)."""
+        episodes: list[Awaitable[T]] = [self.episode(coroutine) for coroutine in coroutines]
+        return list(await asyncio.gather(*episodes))
+
+    async def _run_episode[T](self, number: int, coroutine: Coroutine[Any, Any, T]) -> T:
+        token = _EPISODE.set((id(self), number))  # run as a task: its requests, and its subtasks', carry it
+        try:
+            return await coroutine
+        finally:
+            _EPISODE.reset(token)
+            self._live.discard(number)
+            self._calls.pop(number, None)
+            self._maybe_send()
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, *, images: Sequence[str] = ()
+    ) -> Generation:
+        episode = _EPISODE.get()
+        if episode is None or episode[0] != id(self) or episode[1] not in self._live:
+            return await self.engine.generate(prompt_ids, sampling, images=images)
+        number = episode[1]
+        call = self._calls[number]
+        self._calls[number] = call + 1
+        held = _Held((number, call), prompt_ids, sampling, images, asyncio.get_running_loop().create_future())
+        self._held.setdefault(number, []).append(held)
+        self._maybe_send()
+        try:
+            return await held.future
+        except asyncio.CancelledError:
+            waiting = self._held.get(number, [])
+            if held in waiting:  # not sent yet: it leaves the wave
+                waiting.remove(held)
+                if not waiting:
+                    del self._held[number]
+                self._maybe_send()
+            raise
+
+    def _maybe_send(self) -> None:
+        """Send the wave once every live episode holds a request and no wave is running."""
+        if not self._held or (self._wave is not None and not self._wave.done()):
+            return
+        if any(number not in self._held for number in self._live):
+            return
+        wave = sorted((held for requests in self._held.values() for held in requests), key=lambda h: h.key)
+        self._held = {}
+        self._wave = asyncio.get_running_loop().create_task(self._send(wave), name="lockstep-wave")
+
+    async def _send(self, wave: list[_Held]) -> None:
+        self.waves += 1
+        answers: Sequence[Generation | Exception] = []
+        try:
+            answers = await self.engine.generate_batch(
+                [held.prompt for held in wave],
+                [held.sampling for held in wave],
+                images=[held.images for held in wave] if any(held.images for held in wave) else None,
+            )
+        except Exception as e:  # the engine is closed, say: every request of the wave fails with it
+            answers = [e] * len(wave)
+        finally:  # cancelled too (the loop is ending): no caller is left waiting
+            answers = list(answers) or [EngineUnavailable("hf-lockstep: the wave was cancelled")] * len(wave)
+            for held, answer in zip(wave, answers, strict=True):
+                if held.future.done():  # its caller stopped waiting
+                    continue
+                if isinstance(answer, Exception):
+                    held.future.set_exception(answer)
+                else:
+                    held.future.set_result(answer)
+            self._wave = None
+        self._maybe_send()
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+
+def as_episode[T](engine: LLMEngine, coroutine: Coroutine[Any, Any, T]) -> Coroutine[Any, Any, T]:
+    """`coroutine` registered as an episode of `engine` when it is a `LockstepEngine`; else `coroutine` itself."""
+    return engine.episode(coroutine) if isinstance(engine, LockstepEngine) else coroutine
