@@ -189,9 +189,11 @@ def test_a_vision_episode_shows_its_images(browser: Browser, viewer: LiveServer,
     drawn = len(zoomed.segments[0].images)
     expect(page.locator("#left .segment[data-segment='0'] .tok.image")).to_have_count(drawn)
     assert_colours_match(drawn_tokens(page, "left", 0), zoomed, 0)
-    assert (
-        page.locator("#left .message.tool img.thumb").count() + page.locator("#left .message.tool .muted").count() >= 1
-    )  # a data URL drawn, or a file the record names listed by name
+    # the zoom tool returned bytes (inlined as a data URL: drawn) and a file it wrote (a path: named, never read)
+    expect(page.locator("#left .message.tool img.thumb")).to_have_count(1)
+    expect(page.locator("#left .message.tool")).to_contain_text("[image not shown: ")
+    expect(page.locator("#left .message.tool")).to_contain_text("zoomed.png]")
+    expect(page.locator("#left .segment .tok.image img")).to_have_count(drawn - 1)
     page.close()
 
 
