@@ -73,13 +73,19 @@
     fileSelect.value = chosen;
   }
 
+  // "file:line", and the checkpoint or step the record's task names, if any: "steps/a.jsonl:3 (step 10)"
+  function where(item) {
+    const extra = item.checkpoint.startsWith(item.file) ? item.checkpoint.slice(item.file.length).trim() : "";
+    return `${item.file}:${item.line}${extra ? ` (${extra})` : ""}`;
+  }
+
   function listItem(item) {
     const row = element("li");
     row.dataset.id = item.id;
     row.dataset.taskKey = item.task_key;
     row.append(element("div", "task", item.task || "(no task)"));
     const meta = element("div", "meta");
-    meta.append(`reward ${item.reward} · ${item.stop_reason || "no stop reason"} · ${item.checkpoint}:${item.line}`);
+    meta.append(`reward ${item.reward} · ${item.stop_reason || "no stop reason"} · ${where(item)}`);
     if (item.compactions) meta.append(` · ${item.compactions} compaction(s)`);
     if (item.error_codes.length) meta.append(" · ", element("span", "failed", item.error_codes.join(", ")));
     const compare = element("button", "compare", "compare");
@@ -241,7 +247,7 @@
     pane.hidden = false;
     pane.dataset.id = s.id;
     pane.replaceChildren();
-    pane.append(element("h2", null, `${s.checkpoint}:${s.line} · episode ${record.episode_id}`));
+    pane.append(element("h2", null, `${where(s)} · episode ${record.episode_id}`));
     pane.append(element("div", "muted", `task: ${s.task || "(none)"}`));
     const facts = `reward ${record.reward} · stop ${record.stop_reason || "none"} · ${record.turns} turn(s) · `
       + `${record.tool_calls} tool call(s) · ${record.compactions} compaction(s) · `
