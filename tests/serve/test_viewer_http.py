@@ -6,6 +6,7 @@ unknown id, a path that tries to leave the trajectories, a path that does not ex
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,9 @@ def runs(start_server: ServerFactory, tokenizer: HFTokenizer, tmp_path_factory: 
 
 
 @pytest.fixture(scope="module")
-def viewer(runs: Path, tokenizer: HFTokenizer) -> LiveServer:
+def viewer(runs: Path, tokenizer: HFTokenizer) -> Iterator[LiveServer]:
     server = LiveServer(create_viewer_app(runs, tokenizer=tokenizer)).start()
-    yield server  # type: ignore[misc]
+    yield server
     server.stop()
 
 
