@@ -8,7 +8,8 @@ were trained.
 The ablation is a branch of the run (`train_local(..., branch_from=run_dir)`): it starts from the run's
 ``rl_start`` checkpoint (the SFT model, the optimizer-free trainer state and the RNG state at the start of RL) in
 ``run_dir/ablation``, and resumes there if interrupted. Its final held-out success is added to the run's figures
-as ``after_rl_masked``: an evaluation record in the run's ``metrics.jsonl``, the mark on its learning curve, and
+as ``after_rl_masked``: an evaluation record in the run's ``metrics.jsonl`` (and its TensorBoard event files, when
+it has them; the ablation's own go to ``<run's event directory>/ablation``), the mark on its learning curve, and
 the figure in its ``summary.json``. This module wires two runs together; the training is `trainer.py`'s.
 """
 
@@ -22,6 +23,7 @@ import msgspec
 from agent_train.local.demos import get_demo
 from agent_train.local.metrics import read_metrics
 from agent_train.local.plot import plot_metrics
+from agent_train.local.tensorboard_events import rewrite_event_files
 from agent_train.local.trainer import TrainResult, train_local
 
 __all__ = ["ABLATION_DIR", "run_ablation"]
@@ -33,8 +35,14 @@ def run_ablation(result: TrainResult, *, progress: bool = True) -> TrainResult:
     """Train the ablation of the finished run `result` (see the module docstring); returns `result` with
     ``after_rl_masked`` in its figures and its summary, metrics and plot updated."""
     config = msgspec.structs.replace(result.config, rl_mask_summaries=True)
+    events = result.files.get("tensorboard")
     masked = train_local(
-        config, result.run_dir / ABLATION_DIR, branch_from=result.run_dir, resume=True, progress=progress
+        config,
+        result.run_dir / ABLATION_DIR,
+        branch_from=result.run_dir,
+        resume=True,
+        progress=progress,
+        tensorboard_dir=None if events is None else events / ABLATION_DIR,
     )
     records = read_metrics(masked.files["metrics"])
     final = next(r for r in reversed(records) if r.get("label") == "after_rl")
@@ -44,6 +52,8 @@ def run_ablation(result: TrainResult, *, progress: bool = True) -> TrainResult:
     metrics = result.files["metrics"]
     kept = [r for r in read_metrics(metrics) if r.get("label") != "after_rl_masked"]
     metrics.write_bytes(b"".join(msgspec.json.encode(r) + b"\n" for r in [*kept, record]))
+    if events is not None:
+        rewrite_event_files(events, read_metrics(metrics))
     plot_metrics(read_metrics(metrics), result.files["plot"], title=get_demo(result.config.demo).plot_title)
     figures = {**result.figures, "after_rl_masked": masked.figures["after_rl"]}
     summary = json.loads(result.files["summary"].read_text(encoding="utf-8"))

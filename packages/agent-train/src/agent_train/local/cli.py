@@ -5,14 +5,17 @@
     uv run apps/train -- --resume                     # continue runs/demo from its last checkpoint
     uv run apps/train -- --estimator rloo --dynamic-filtering   # another OpenRLHF estimator, DAPO's filter
     uv run apps/train --demo compaction               # the compaction demo, into runs/compaction, and its ablation
+    uv run apps/train -- --tensorboard-dir runs/tb    # event files in runs/tb/demo, not runs/demo/tensorboard/demo
     python -m agent_train.local.cli --preset ci       # the same, without the app
 
 `main(argv)` parses the options, runs `train_local`, prints the held-out figures and where everything went, and
 (unless ``--no-install``) installs the final model as the demo model that `apps/serve` serves when no model is
 named (see `agent_train.demo.build`; the compaction demo's is served with ``apps/serve --demo compaction``). For
 the compaction demo it also runs the ablation (`agent_train.local.ablation`: RL again from the same SFT model with
-summary tokens masked) unless ``--no-ablation``. It configures no logging: the app does, and run as a module the
-library's defaults apply. This module knows options and printing; the training is `trainer.py`'s.
+summary tokens masked) unless ``--no-ablation``. The metrics also go to TensorBoard event files, in
+``TENSORBOARD_DIR/<run name>`` as OpenRLHF's ``--logger.tensorboard_dir`` does (`tensorboard_events_dir`), unless
+``--no-tensorboard``. It configures no logging: the app does, and run as a module the library's defaults apply.
+This module knows options and printing; the training is `trainer.py`'s.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import msgspec
 
@@ -28,7 +32,7 @@ from agent_train.errors import TrainError
 from agent_train.local.config import ESTIMATORS, GROUP_ESTIMATORS, PRESETS, check_config
 from agent_train.local.demos import DEMOS, get_demo
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "tensorboard_events_dir"]
 
 _FIGURES = (
     ("compaction_off", "compaction off"),
@@ -53,6 +57,14 @@ def _estimators_help() -> str:
             "prompts to refill the step"
         )
     )
+
+
+def tensorboard_events_dir(run_dir: str | Path, tensorboard_dir: str | Path | None) -> Path:
+    """Where a run's event files go: ``<tensorboard_dir>/<run name>``, the run name being the run directory's name,
+    and `tensorboard_dir` by default ``<run_dir>/tensorboard`` (where `apps/train --backend openrlhf` points
+    OpenRLHF's ``--logger.tensorboard_dir``). One ``tensorboard --logdir runs`` then lists every run."""
+    run = Path(run_dir).resolve()
+    return Path(tensorboard_dir if tensorboard_dir is not None else run / "tensorboard") / run.name
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,6 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--stop-after", type=int, metavar="STEPS", help="checkpoint and stop after STEPS steps (continue with --resume)"
     )
+    parser.add_argument(
+        "--tensorboard-dir",
+        metavar="DIR",
+        help="write the metrics as TensorBoard event files into DIR/<run name> (the run directory's name), as "
+        "OpenRLHF's --logger.tensorboard_dir does; default: RUN_DIR/tensorboard, so `tensorboard --logdir runs` "
+        "shows every local and OpenRLHF run",
+    )
+    parser.add_argument("--no-tensorboard", action="store_true", help="write no TensorBoard event files")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
         "--no-install", action="store_true", help="do not install the final model as the demo model apps/serve uses"
@@ -146,6 +166,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"apps/train: error: {e}", file=sys.stderr)
         return 2
+    if args.no_tensorboard and args.tensorboard_dir is not None:
+        print("apps/train: error: --tensorboard-dir and --no-tensorboard contradict each other", file=sys.stderr)
+        return 2
+    events = None if args.no_tensorboard else tensorboard_events_dir(run_dir, args.tensorboard_dir)
+    try:
+        if events is not None:
+            events.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"apps/train: error: --tensorboard-dir: cannot create {events}: {e}", file=sys.stderr)
+        return 2
 
     ignore_pynvml_deprecation()
     from agent_train.demo.build import install_demo_model  # torch, transformers and vLLM load from here on
@@ -154,7 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         result = train_local(
-            config, run_dir, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after
+            config,
+            run_dir,
+            resume=args.resume,
+            progress=not args.no_progress,
+            stop_after=args.stop_after,
+            tensorboard_dir=events,
         )
         if result.finished and demo.name == "compaction" and not args.no_ablation and not config.rl_mask_summaries:
             result = run_ablation(result, progress=not args.no_progress)
@@ -178,9 +213,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         + " | ".join(f"{label} {value:.1%}" for label, value in shown)
         + f"   (seed {config.seed}, {result.elapsed_s / 60:.1f} min)"
     )
-    print(f"{'model:':<12}{result.model_dir}")
+    print(f"{'model:':<13}{result.model_dir}")
     for name, path in result.files.items():
-        print(f"{name + ':':<12}{path}")
+        print(f"{name + ':':<13}{path}")
     if not args.no_install:
         installed = install_demo_model(result.model_dir, summary=result.files["summary"], demo=demo.name)
         print(f"installed as the {demo.name} demo model: {installed}")
