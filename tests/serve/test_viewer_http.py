@@ -186,6 +186,9 @@ def test_a_line_being_written_is_left_for_later(tmp_path: Path, runs: Path) -> N
     log.write_bytes(whole[0] + whole[1])
     page = files.page()
     assert len(page["items"]) == 2 and page["done"]
+    unended = tmp_path / "unended.jsonl"  # a file written without a last newline: its last record still counts
+    unended.write_bytes(whole[0] + whole[1].rstrip(b"\n"))
+    assert len(TrajectoryFiles(unended).page()["items"]) == 2
 
 
 def test_a_served_agent_shows_its_own_log_behind_its_key(start_server: ServerFactory, tmp_path: Path) -> None:

@@ -8,11 +8,11 @@ Records are numbered in that order; a page (`TrajectoryFiles.page`) starts at a 
 it holds `limit` records that pass the filters, or until it has scanned `max_scan` records, whichever comes first,
 and says where to go on. Only the lines a page scans are read, each decoded into a small summary
 (`TrajectorySummary`); what stays in memory is a line's byte offset and its summary, never a file. A file that
-grows (a server still logging) is read on from where its index stopped; a line not yet ended by a newline is left
-for later. In a directory, a file's records are numbered before the next file's, so once a later file has been
-read, what is appended to an earlier one is not read (restart the viewer to see it); the last file, a live log, is
-always read on. A line that is not a trajectory record is skipped and counted (`malformed`, with the first line
-numbers), never raised.
+grows (a server still logging) is read on from where its index stopped; a last line without its newline is left
+for later unless it is a whole record already. In a directory, a file's records are numbered before the next
+file's, so once a later file has been read, what is appended to an earlier one is not read (restart the viewer to
+see it); the last file, a live log, is always read on. A line that is not a trajectory record is skipped and
+counted (`malformed`, with the first line numbers), never raised.
 
 `TrajectoryFiles.record` reads one record by its id (``<file number>:<byte offset>``, as a summary gives it, so a
 request can only name a line this index found) and returns the view the web page draws (`trajectory_view`).
@@ -189,13 +189,15 @@ class _FileIndex:
             while added < records:
                 start = file.tell()
                 line = file.readline()
-                if not line.endswith(b"\n"):  # the end of the file, or a line still being written
+                if not line:
+                    break
+                summary = self._summary(line, start, first_index + added) if line.strip() else None
+                if not line.endswith(b"\n") and summary is None:  # a line still being written: left for later
                     break
                 self.read_to = file.tell()
                 self.lines += 1
                 if not line.strip():
                     continue
-                summary = self._summary(line, start, first_index + added)
                 if summary is None and not self.offsets and not self.malformed and _foreign(line):
                     self.foreign = self.sealed = True  # e.g. a run's metrics.jsonl: not a trajectory file
                     break
