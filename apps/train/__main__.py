@@ -52,6 +52,10 @@ backends:
             parser, then run it on a local Ray or submit it with --ray-address;
             arguments after `--` are appended to the OpenRLHF command verbatim (any OpenRLHF flag)
 
+training curves: both backends write TensorBoard event files under RUN_DIR/tensorboard (openrlhf: passed as
+  OpenRLHF's --logger.tensorboard_dir, one subdirectory per run name; local: RUN_DIR/tensorboard/<run dir name>,
+  or `-- --tensorboard-dir DIR`, `-- --no-tensorboard`), so `uv run tensorboard --logdir runs` shows them all
+
 presets ([group]: needs --samples-per-prompt > 1; defaults from OpenRLHF's examples/scripts):
 {algorithms}
   --is-correction            importance-sampling correction for off-policy rollouts (async mode, or vLLM vs

@@ -120,3 +120,16 @@ def test_the_default_directory_and_the_flags(tmp_path: Path, capsys: pytest.Capt
     assert main(["--tensorboard-dir", str(tmp_path / "file"), "--run-dir", str(tmp_path / "run")]) == 2
     assert "--tensorboard-dir: cannot create" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_the_openrlhf_launcher_points_openrlhf_where_the_local_trainer_writes(tmp_path: Path) -> None:
+    """`apps/train --backend openrlhf` passes ``--logger.tensorboard_dir RUN_DIR/tensorboard`` (OpenRLHF adds its run
+    name below it): the directory a local run's event files go under by default."""
+    from agent_runtime.recipe import load_recipe
+    from agent_train import LaunchConfig, plan_launch
+
+    recipe_file = Path(__file__).resolve().parents[2] / "recipes" / "calculator.py"
+    config = LaunchConfig(recipe=str(recipe_file), pretrain="Qwen/Qwen3-4B", run_dir=str(tmp_path / "calculator"))
+    args = plan_launch(config, load_recipe(recipe_file)).train_args
+    given = Path(args[args.index("--logger.tensorboard_dir") + 1])
+    assert given == tensorboard_events_dir(tmp_path / "calculator", None).parent
