@@ -63,7 +63,7 @@ class _Head(msgspec.Struct):
     """The fields of a record a summary needs; the decoder skips the rest (segments, images) without building them."""
 
     episode_id: str
-    segments: list[Any]
+    segments: msgspec.Raw  # required (a record has segments), never decoded here
     reward: float = 0.0
     stop_reason: str | None = None
     errors: list[_ErrorHead] = msgspec.field(default_factory=list)
