@@ -14,16 +14,15 @@ from pathlib import Path
 
 import httpx
 
-from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, RewardPipeline
 from agent_protocol import HFTokenizer
-from agent_runtime import AgentRuntime, AgentSession, CompactionPolicy, ScriptedEngine, Trajectory, TrajectoryWriter
+from agent_runtime import AgentRuntime, ScriptedEngine, Trajectory, TrajectoryWriter
 from agent_runtime import read_trajectories as read_records
 from tests.agent_protocol.families.test_qwen3_vl import png
+from tests.agent_runtime.test_compaction import SUMMARY
+from tests.agent_runtime.test_compaction import make as compacting_session
 from tests.agent_runtime.test_session import QUESTION, answer, call
 from tests.serve.conftest import MODEL, LiveServer, ServerFactory, calculator_question
 from tests.serve.test_serve_images import GRID, vision_policy, vision_recipe
-
-SUMMARY = "I computed 17 * 23 with the calculator: 391. Left to do: answer."
 
 
 def read_trajectories(path: Path) -> list[Trajectory]:
@@ -69,24 +68,12 @@ def vision_log(start_server: ServerFactory, tokenizer: HFTokenizer, log: Path, f
 
 
 def compacted_log(tokenizer: HFTokenizer, log: Path) -> Path:
-    """One episode compacted once: the tool turn, the summary turn, a new segment from the summary, the answer."""
-    environment = FunctionCallEnvironment(tools=[CalculatorTool()])
-    prompt = AgentSession(protocol="qwen3", environment=environment).protocol.render_prompt(
-        [{"role": "user", "content": QUESTION}], tools=[CalculatorTool().spec]
-    )
-    session = AgentSession(
-        environment=lambda: FunctionCallEnvironment(tools=[CalculatorTool()]),
-        protocol="qwen3",
-        rewards=RewardPipeline(result=[MatchingReward()]),
-        tokenizer=tokenizer,
-        max_new_tokens=64,
-        context=CompactionPolicy(compact_at_tokens=len(tokenizer.encode(prompt)) + 80),
-    )
+    """One episode compacted once (`tests/agent_runtime/test_compaction.py`'s): the tool turn, the summary turn, a new
+    segment from the summary, the answer."""
     engine = ScriptedEngine(tokenizer, [call("17 * 23"), f"{SUMMARY}<|im_end|>", answer("391")], logprob=-0.5)
+    episode = AgentRuntime(engine, compacting_session(tokenizer)).run(QUESTION, task={"answer": "391"})
     with ThreadPoolExecutor(1) as thread:  # in its own thread: Playwright's sync API holds this one's event loop
-        result = thread.submit(
-            asyncio.run, AgentRuntime(engine, session).run(QUESTION, task={"answer": "391"})
-        ).result()
+        result = thread.submit(asyncio.run, episode).result()
     if result.trajectory.compactions != 1:
         raise RuntimeError(f"expected one compaction, got {result.trajectory.compactions}")
     TrajectoryWriter(log).write(result.trajectory)
