@@ -121,8 +121,8 @@
       const more = done ? "all scanned" : `${page.indexed} indexed so far`;
       statusLine.textContent = `${shown} trajectories shown (${more})`;
       malformedBox.hidden = page.malformed === 0;
-      const where = page.malformed_lines.map((at) => `${at.file}:${at.line}`).join(", ");
-      malformedBox.textContent = `${page.malformed} malformed line(s) skipped: ${where}`;
+      const lines = page.malformed_lines.map((at) => `${at.file}:${at.line}`).join(", ");
+      malformedBox.textContent = `${page.malformed} malformed line(s) skipped: ${lines}`;
       moreButton.hidden = done;
     } catch (error) {
       statusLine.textContent = `cannot list the trajectories: ${error.message}`;
@@ -198,8 +198,8 @@
     const piece = span.dataset.piece !== undefined ? JSON.stringify(span.dataset.piece) : "(no tokenizer)";
     const logprob = span.dataset.logprob === "" ? "not sampled" : span.dataset.logprob;
     const mask = span.dataset.mask === "1" ? "trained" : "context";
-    const where = span.classList.contains("summary") ? " · summary turn" : "";
-    return `token ${span.dataset.index} · id ${span.dataset.id} · piece ${piece} · logprob ${logprob} · ${mask}${where}`;
+    const summary = span.classList.contains("summary") ? " · summary turn" : "";
+    return `token ${span.dataset.index} · id ${span.dataset.id} · piece ${piece} · logprob ${logprob} · ${mask}${summary}`;
   }
 
   function tokensElement(segment) {
