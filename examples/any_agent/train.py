@@ -37,6 +37,7 @@ from agent_runtime import Recipe
 from agent_runtime.engines.hf import HFEngine
 from agent_train.demo.model import DemoModelSpec, load_demo_model
 from agent_train.local.config import LocalTrainConfig
+from agent_train.local.lockstep import LockstepEngine
 from agent_train.local.program_rollouts import ProgramRollouts
 from agent_train.local.rl import episode_advantages, rl_update, trained_records
 from agent_train.local.rollout import RolloutRecord, Rollouts
@@ -101,12 +102,14 @@ async def train_from_model(config: AnyAgentConfig, recipe: Recipe, model_dir: Pa
     started = time.perf_counter()
     raw = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     model = load_demo_model(model_dir)
-    engine = HFEngine(
-        model,
-        HFTokenizer(raw, source="demo"),
-        context_length=recipe.max_context_tokens,
-        max_batch_size=config.max_batch_size,
-        batch_wait_s=0.05,
+    engine = LockstepEngine(  # the episodes' turns batched in episode order: a seed gives one run (issue 39)
+        HFEngine(
+            model,
+            HFTokenizer(raw, source="demo"),
+            context_length=recipe.max_context_tokens,
+            max_batch_size=config.max_batch_size,
+            batch_wait_s=0.05,
+        )
     )
     rng = random.Random(seed)
     torch.manual_seed(seed)
