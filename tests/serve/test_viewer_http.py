@@ -142,6 +142,7 @@ def test_a_compacted_record_marks_its_boundary_and_summary(viewer: LiveServer, r
         ({"limit": 0}, "`limit` must be between 1 and 500"),
         ({"limit": 501}, "`limit` must be between 1 and 500"),
         ({"min_reward": "nan"}, "`min_reward` must be a finite number"),
+        ({"max_reward": "high"}, "`max_reward` must be a finite number"),
         ({"file": "-2"}, "`file` must be at least 0"),
     ],
 )

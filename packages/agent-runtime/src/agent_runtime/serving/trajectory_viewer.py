@@ -54,29 +54,28 @@ def _int(request: Request, name: str, default: int, low: int, high: int | None =
 
 
 def _optional_int(request: Request, name: str, low: int, high: int | None = None) -> int | None:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ApiError(400, f"`{name}` must be an integer, got {raw!r}", param=name, code="invalid_value") from None
-    if value < low or (high is not None and value > high):
+    value = _number(request, name, int, "an integer")
+    if value is not None and (value < low or (high is not None and value > high)):
         bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
         raise ApiError(400, f"`{name}` must be {bounds}, got {value}", param=name, code="invalid_value")
     return value
 
 
 def _float(request: Request, name: str) -> float | None:
+    return _number(request, name, float, "a finite number")
+
+
+def _number[N: (int, float)](request: Request, name: str, kind: type[N], what: str) -> N | None:
+    """The query parameter `name` as a `kind` (None when absent or empty); a 400 naming it when it is not one."""
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return None
     try:
-        value = float(raw)
+        value = kind(raw)
     except ValueError:
-        value = math.nan
-    if not math.isfinite(value):
-        raise ApiError(400, f"`{name}` must be a finite number, got {raw!r}", param=name, code="invalid_value")
+        value = None
+    if value is None or not math.isfinite(value):
+        raise ApiError(400, f"`{name}` must be {what}, got {raw!r}", param=name, code="invalid_value")
     return value
 
 
