@@ -23,6 +23,7 @@ from agent_demo.recipe import make_recipe as demo_recipe
 from agent_protocol import HFTokenizer
 from agent_runtime.engines.hf import HFEngine
 from agent_train.demo.model import load_demo_model
+from agent_train.local.lockstep import LockstepEngine
 from agent_train.local.program_rollouts import ProgramRollouts
 from agent_train.local.rollout import Rollouts
 from examples.any_agent.recipe import make_recipe
@@ -47,12 +48,18 @@ def test_program_rollouts_are_the_recipe_rollouts(tmp_path: Path) -> None:
     rows = list(recipe.rows("test"))[:4]
 
     async def both() -> tuple[list[object], list[object]]:
-        engine = HFEngine(load_demo_model(model_dir), HFTokenizer(raw, source="demo"), context_length=512)
+        # in lockstep, as the example trains: the program's requests, made on its own thread and handed to the
+        # rollout's loop, still belong to their episode and go in its waves (none passes straight through)
+        engine = LockstepEngine(
+            HFEngine(load_demo_model(model_dir), HFTokenizer(raw, source="demo"), context_length=512)
+        )
         try:
             plain = await Rollouts(dataclasses.replace(recipe, agent=None), engine).collect(
                 rows, group_size=2, temperature=0.0, seed=3
             )
+            waves = engine.waves
             program = await ProgramRollouts(recipe, engine).collect(rows, group_size=2, temperature=0.0, seed=3)
+            assert engine.waves > waves > 0 and engine.passed_through == 0
         finally:
             await engine.close()
         return list(plain), list(program)

@@ -70,6 +70,7 @@ class LockstepEngine(LLMEngine):
         self._held: dict[int, list[_Held]] = {}  # per episode, its requests waiting for the wave
         self._wave: asyncio.Task[None] | None = None
         self.waves = 0  # waves sent to the engine
+        self.passed_through = 0  # requests from outside any registered episode, sent as they came
 
     def __getattr__(self, name: str) -> Any:  # the engine's counters and settings (batch_sizes, max_batch_size...)
         return getattr(self.engine, name)
@@ -104,6 +105,7 @@ class LockstepEngine(LLMEngine):
     ) -> Generation:
         episode = _EPISODE.get()
         if episode is None or episode[0] != id(self) or episode[1] not in self._live:
+            self.passed_through += 1
             return await self.engine.generate(prompt_ids, sampling, images=images)
         number = episode[1]
         call = self._calls[number]
