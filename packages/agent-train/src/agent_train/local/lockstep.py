@@ -15,8 +15,11 @@ episodes' own course, which the seeds fix (episode `i` of a rollout samples with
 `agent_train.local.rollout`).
 
 An episode is what `gather` (or `episode`) registers: the coroutine and every task it starts (the episode is known
-by a context variable). A request from outside any registered episode goes straight to the engine, batched by
-arrival as before. What it costs: a wave waits for its longest row, where joining let a turn that came back early
+by a context variable; an agent program's requests through the proxy carry it too). A request from outside any
+registered episode goes straight to the engine, batched by arrival as before (`passed_through` counts them).
+Episodes must not wait on one another: one that waits for a place (a semaphore narrower than the episodes of a
+round, such as `AgentRuntime(max_concurrency=...)` or an `AgentProgram.max_concurrent` below them) holds no request
+and never ends, so the wave waits for it forever. What it costs: a wave waits for its longest row, where joining let a turn that came back early
 start its next one (measured in the agent-train README). This module knows `HFEngine` and asyncio; nothing about
 training.
 """
