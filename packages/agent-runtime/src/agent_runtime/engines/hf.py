@@ -66,7 +66,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import structlog
 
@@ -88,12 +88,28 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
         f"agent_runtime.engines.hf needs torch and transformers ({e.name} is missing): install agent-runtime[hf]"
     ) from e
 
-__all__ = ["HFEngine"]
+__all__ = ["HFEngine", "HFEngineOptions"]
 
 logger = structlog.get_logger(__name__)
 
 CLOSE_TIMEOUT_S = 30.0  # close(): how long the requests sent before it may run on
 ABORT_GRACE_S = 5.0  # then: how long close() waits for the running batch to stop (a forward pass or two)
+
+
+class HFEngineOptions(TypedDict, total=False):
+    """`HFEngine`'s options that `HFEngine.from_pretrained` passes on (their defaults and meaning: `HFEngine`)."""
+
+    context_length: int | None
+    stop_token_ids: Sequence[int] | None
+    max_batch_size: int
+    batch_wait_s: float
+    prefix_cache_sequences: int
+    prefix_cache_tokens: int
+    join_running: bool
+    join_ratio: float
+    join_wait_steps: int
+    max_batch_tokens: int | None
+    batch_wait_full: bool
 
 
 class HFEngine(HFBatching, LLMEngine):
@@ -210,23 +226,14 @@ class HFEngine(HFBatching, LLMEngine):
         dtype: str | torch.dtype = "auto",
         attn_implementation: str | None = None,
         tokenizer: Tokenizer | Any | None = None,
-        context_length: int | None = None,
-        stop_token_ids: Sequence[int] | None = None,
-        max_batch_size: int = 8,
-        batch_wait_s: float = 0.005,
-        prefix_cache_sequences: int = 256,
-        prefix_cache_tokens: int = 131_072,
-        join_running: bool = True,
-        join_ratio: float = JOIN_RATIO,
-        join_wait_steps: int = JOIN_WAIT_STEPS,
-        max_batch_tokens: int | None = None,
-        batch_wait_full: bool = False,
+        **options: Unpack[HFEngineOptions],
     ) -> HFEngine:
         """Load a model directory (or a Hugging Face id already in the local cache). `dtype` is "auto" (the
         checkpoint's), a name such as "bfloat16", or a `torch.dtype`. The tokenizer is the directory's
         `tokenizer.json` when there is one, else transformers' `AutoTokenizer`. A vision-language model (its
         config has a `vision_config`) is loaded with `AutoModelForImageTextToText` and the directory's image
-        processor (`AutoImageProcessor`, from ``preprocessor_config.json``), so the engine takes images."""
+        processor (`AutoImageProcessor`, from ``preprocessor_config.json``), so the engine takes images. The other
+        keywords are `HFEngine`'s own (`HFEngineOptions`), passed on as they are."""
         source = str(path)
         log = logger.bind(model=source, device=device)
         started = time.perf_counter()
@@ -234,14 +241,14 @@ class HFEngine(HFBatching, LLMEngine):
         if not isinstance(resolved_dtype, torch.dtype) and resolved_dtype != "auto":
             raise ValueError(f"hf: unknown dtype {dtype!r}; use 'auto', a torch dtype name or a torch.dtype")
         dtype_kwarg = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
-        options: dict[str, Any] = {dtype_kwarg: resolved_dtype}
+        loading: dict[str, Any] = {dtype_kwarg: resolved_dtype}
         if attn_implementation is not None:
-            options["attn_implementation"] = attn_implementation
+            loading["attn_implementation"] = attn_implementation
         image_processor: Any = None
         try:
             vision = getattr(transformers.AutoConfig.from_pretrained(source), "vision_config", None) is not None
             auto = transformers.AutoModelForImageTextToText if vision else transformers.AutoModelForCausalLM
-            model: Any = auto.from_pretrained(source, **options)
+            model: Any = auto.from_pretrained(source, **loading)
             model = model.to(device)
             if vision and is_vision_model(model):
                 image_processor = _image_processor(source, log)
@@ -253,22 +260,7 @@ class HFEngine(HFBatching, LLMEngine):
                     tokenizer = TransformersTokenizer(transformers.AutoTokenizer.from_pretrained(source))
         except Exception as e:
             raise EngineUnavailable(f"hf: cannot load model {source!r}: {e}") from e
-        engine = cls(
-            model,
-            tokenizer,
-            context_length=context_length,
-            stop_token_ids=stop_token_ids,
-            max_batch_size=max_batch_size,
-            batch_wait_s=batch_wait_s,
-            prefix_cache_sequences=prefix_cache_sequences,
-            prefix_cache_tokens=prefix_cache_tokens,
-            image_processor=image_processor,
-            join_running=join_running,
-            join_ratio=join_ratio,
-            join_wait_steps=join_wait_steps,
-            max_batch_tokens=max_batch_tokens,
-            batch_wait_full=batch_wait_full,
-        )
+        engine = cls(model, tokenizer, image_processor=image_processor, **options)
         log.info(
             "hf_engine_loaded",
             dtype=str(model.dtype),
