@@ -9,7 +9,8 @@ The ablation is a branch of the run (`train_local(..., branch_from=run_dir)`): i
 ``rl_start`` checkpoint (the SFT model, the optimizer-free trainer state and the RNG state at the start of RL) in
 ``run_dir/ablation``, and resumes there if interrupted. Its final held-out success is added to the run's figures
 as ``after_rl_masked``: an evaluation record in the run's ``metrics.jsonl`` (and its TensorBoard event files, when
-it has them; the ablation's own go to ``<run's event directory>/ablation``), the mark on its learning curve, and
+it has them; the ablation's own go to ``<run's event directory>/ablation``, its episodes to the run's
+``trajectories/ablation`` when the run logs them), the mark on its learning curve, and
 the figure in its ``summary.json``. This module wires two runs together; the training is `trainer.py`'s.
 """
 
@@ -36,6 +37,7 @@ def run_ablation(result: TrainResult, *, progress: bool = True) -> TrainResult:
     ``after_rl_masked`` in its figures and its summary, metrics and plot updated."""
     config = msgspec.structs.replace(result.config, rl_mask_summaries=True)
     events = result.files.get("tensorboard")
+    trajectories = result.files.get("trajectories")
     masked = train_local(
         config,
         result.run_dir / ABLATION_DIR,
@@ -43,6 +45,7 @@ def run_ablation(result: TrainResult, *, progress: bool = True) -> TrainResult:
         resume=True,
         progress=progress,
         tensorboard_dir=None if events is None else events / ABLATION_DIR,
+        trajectories=False if trajectories is None else trajectories / ABLATION_DIR,
     )
     records = read_metrics(masked.files["metrics"])
     final = next(r for r in reversed(records) if r.get("label") == "after_rl")

@@ -6,6 +6,7 @@
     uv run apps/train -- --estimator rloo --dynamic-filtering   # another OpenRLHF estimator, DAPO's filter
     uv run apps/train --demo compaction               # the compaction demo, into runs/compaction, and its ablation
     uv run apps/train -- --tensorboard-dir runs/tb    # event files in runs/tb/demo, not runs/demo/tensorboard/demo
+    uv run apps/serve --trajectories runs/demo/trajectories   # browse the episodes a run trained on
     python -m agent_train.local.cli --preset ci       # the same, without the app
 
 `main(argv)` parses the options, runs `train_local`, prints the held-out figures and where everything went, and
@@ -14,7 +15,9 @@ named (see `agent_train.demo.build`; the compaction demo's is served with ``apps
 the compaction demo it also runs the ablation (`agent_train.local.ablation`: RL again from the same SFT model with
 summary tokens masked) unless ``--no-ablation``. The metrics also go to TensorBoard event files, in
 ``TENSORBOARD_DIR/<run name>`` as OpenRLHF's ``--logger.tensorboard_dir`` does (`tensorboard_events_dir`), unless
-``--no-tensorboard``. It configures no logging: the app does, and run as a module the library's defaults apply.
+``--no-tensorboard``; the episodes to trajectory logs in ``RUN_DIR/trajectories`` (what ``uv run apps/serve
+--trajectories RUN_DIR/trajectories`` shows), unless ``--no-trajectories``. It configures no logging: the app
+does, and run as a module the library's defaults apply.
 This module knows options and printing; the training is `trainer.py`'s.
 """
 
@@ -136,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
         "shows every local and OpenRLHF run",
     )
     parser.add_argument("--no-tensorboard", action="store_true", help="write no TensorBoard event files")
+    parser.add_argument(
+        "--no-trajectories",
+        action="store_true",
+        help="write no trajectory logs (by default every RL step's, evaluation's and expert's episodes go to "
+        "RUN_DIR/trajectories, as trained: `uv run apps/serve --trajectories RUN_DIR/trajectories` shows them)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
         "--no-install", action="store_true", help="do not install the final model as the demo model apps/serve uses"
@@ -190,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=not args.no_progress,
             stop_after=args.stop_after,
             tensorboard_dir=events,
+            trajectories=not args.no_trajectories,
         )
         if result.finished and demo.name == "compaction" and not args.no_ablation and not config.rl_mask_summaries:
             result = run_ablation(result, progress=not args.no_progress)

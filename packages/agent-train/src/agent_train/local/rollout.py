@@ -56,7 +56,8 @@ logger = structlog.get_logger(__name__)
 class RolloutRecord(msgspec.Struct, frozen=True, kw_only=True):
     """One segment of a sampled episode (its transcript record's ids, loss mask and action logprobs), plus the
     indices of its prompt group, its episode and the segment within the episode (0 for an episode that never
-    compacted). `overlong`: the episode ran out of budget without answering (`ended_by_budget`)."""
+    compacted), and the episode's `trajectory`. `overlong`: the episode ran out of budget without answering
+    (`ended_by_budget`)."""
 
     group: int
     ids: list[int]
@@ -70,6 +71,9 @@ class RolloutRecord(msgspec.Struct, frozen=True, kw_only=True):
     summary_ranges: list[tuple[int, int]] = msgspec.field(default_factory=list)
     stop_reason: str | None = None
     overlong: bool = False
+    #: the episode's record, shared by its segments' records: what the trainer's trajectory log writes
+    #: (`agent_train.local.trajectory_log`); the loss reads the fields above
+    trajectory: Trajectory | None = None
 
 
 def summary_ranges(trajectory: Trajectory) -> list[list[tuple[int, int]]]:
@@ -113,6 +117,7 @@ def episode_records(
             summary_ranges=summaries[index] if summaries is not None else [],
             stop_reason=trajectory.stop_reason,
             overlong=overlong,
+            trajectory=trajectory,
         )
         for index, segment in enumerate(trajectory.segments)
     ]

@@ -27,7 +27,7 @@ from agent_runtime import AgentRuntime, Recipe, ScriptedEngine, Trajectory
 from agent_runtime.engines import Policy
 from agent_train.local.batch import pad_batch, token_logprobs
 
-__all__ = ["SFTExample", "expert_trajectories", "sample_batch", "sft_examples", "sft_step"]
+__all__ = ["SFTExample", "expert_trajectories", "learns_from", "sample_batch", "sft_examples", "sft_step"]
 
 logger = structlog.get_logger(__name__)
 
@@ -59,9 +59,14 @@ def sft_examples(trajectories: Iterable[Trajectory], *, min_reward: float = 1.0)
     return [
         SFTExample(ids=list(segment.ids), loss_mask=list(segment.loss_mask))
         for trajectory in trajectories
-        if trajectory.reward >= min_reward and not trajectory.errors and trajectory.final_answer is not None
+        if learns_from(trajectory, min_reward=min_reward)
         for segment in trajectory.segments
     ]
+
+
+def learns_from(trajectory: Trajectory, *, min_reward: float = 1.0) -> bool:
+    """Whether SFT trains on an expert episode (`sft_examples`): it earned `min_reward` and answered, error-free."""
+    return trajectory.reward >= min_reward and not trajectory.errors and trajectory.final_answer is not None
 
 
 def sample_batch(examples: Sequence[SFTExample], batch_size: int, rng: random.Random) -> list[SFTExample]:

@@ -20,7 +20,9 @@ of `train_local`.
 
 Run directory: ``metrics.jsonl``, ``learning_curve.png``, ``summary.json``, ``checkpoint/`` (latest, with
 trainer state; what ``resume`` reads), ``sft/`` and ``final/`` (model directories); with `tensorboard_dir`, the
-metrics also as TensorBoard event files there (`agent_train.local.tensorboard_events`). This module wires the
+metrics also as TensorBoard event files there (`agent_train.local.tensorboard_events`); with `trajectories` (the
+default), ``trajectories/``: every RL step's, evaluation's and expert's episodes as the trajectory viewer reads them
+(`agent_train.local.trajectory_log`). This module wires the
 pieces of `agent_train.local` together; each step's mechanics live in its own module.
 """
 
@@ -57,7 +59,8 @@ from agent_train.local.metrics import MetricsWriter, read_metrics
 from agent_train.local.plot import plot_metrics
 from agent_train.local.rl import episode_advantages, informative_groups, rl_update, trained_records
 from agent_train.local.rollout import ROLLOUT_BATCHING, RolloutRecord, Rollouts
-from agent_train.local.sft import SFTExample, expert_trajectories, sample_batch, sft_examples, sft_step
+from agent_train.local.sft import SFTExample, expert_trajectories, learns_from, sample_batch, sft_examples, sft_step
+from agent_train.local.trajectory_log import TrajectoryLog
 
 __all__ = ["TrainResult", "sft_learning_rate", "train_local", "train_local_async"]
 
@@ -88,6 +91,7 @@ def train_local(
     stop_after: int | None = None,
     branch_from: str | Path | None = None,
     tensorboard_dir: str | Path | None = None,
+    trajectories: bool | str | Path = True,
 ) -> TrainResult:
     """Train the demo agent (see the module docstring). Blocking; safe to call from inside an event loop.
 
@@ -95,7 +99,8 @@ def train_local(
     the run once that many steps (SFT + RL) are done: it checkpoints and returns with ``finished=False``.
     `branch_from` starts RL from another run's SFT model (its ``rl_start``), with RL options of this config (the
     ablation of a compacting run: ``rl_mask_summaries``). `tensorboard_dir`: also write the metrics as TensorBoard
-    event files in that directory (the run's own; its earlier event files are replaced)."""
+    event files in that directory (the run's own; its earlier event files are replaced). `trajectories`: write
+    the episodes under ``run_dir/trajectories`` (`TrajectoryLog`), or in that directory; False: nowhere."""
     return _run_sync(
         train_local_async(
             config,
@@ -106,6 +111,7 @@ def train_local(
             stop_after=stop_after,
             branch_from=branch_from,
             tensorboard_dir=tensorboard_dir,
+            trajectories=trajectories,
         )
     )
 
@@ -156,6 +162,7 @@ class _Run:
         stop_after: int | None,
         branch_from: Path | None = None,
         tensorboard_dir: Path | None = None,
+        trajectories: bool | str | Path = True,
     ) -> None:
         self.config = config
         self.demo: Demo = get_demo(config.demo)
@@ -164,6 +171,8 @@ class _Run:
         self.stop_after = stop_after
         self.run_dir = run_dir
         self.tensorboard_dir = tensorboard_dir
+        logged = run_dir / "trajectories" if trajectories is True else trajectories
+        self.trajectory_log = None if logged is False else TrajectoryLog(logged)
         self.recipe = recipe
         self.progress = progress
         self.protocol = recipe.chat_protocol()
@@ -267,7 +276,9 @@ class _Run:
     # -- evaluation ----------------------------------------------------------------------------------------
 
     async def evaluate(self, label: str | None = None, recipe: Recipe | None = None) -> EvalResult:
-        result, _ = await evaluate(self.engine, recipe or self.recipe, self.held_out)
+        result, trajectories = await evaluate(self.engine, recipe or self.recipe, self.held_out)
+        if self.trajectory_log is not None:
+            self.trajectory_log.evaluation(self.state.step, trajectories, label=label)
         record = self.metrics.write("eval", step=self.state.step, label=label, **msgspec.structs.asdict(result))
         if label is not None:
             self.state.figures[label] = result.success
@@ -283,6 +294,10 @@ class _Run:
         rows = self.train_rows[: config.sft_episodes]
         trajectories = await expert_trajectories(self.recipe, self.tokenizer, rows, policy)
         examples: list[SFTExample] = sft_examples(trajectories, min_reward=config.sft_min_reward)
+        if self.trajectory_log is not None:
+            self.trajectory_log.expert(
+                trajectories, trained=[learns_from(t, min_reward=config.sft_min_reward) for t in trajectories]
+            )
         if not examples:
             raise TrainError("no expert episode to learn from; the recipe and the expert disagree")
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.sft_lr, betas=(0.9, 0.95))
@@ -385,6 +400,8 @@ class _Run:
                 update_s=round(time.perf_counter() - started - generate_s, 2),
                 **{k: round(v, 5) for k, v in stats.items()},
             )
+            if self.trajectory_log is not None:
+                self.trajectory_log.rl_step(self.state.step, sampled, trained, advantages)
             self.bar.update(1)
             self.bar.set_postfix_str(f"reward {reward:.2f}")
             if self.state.rl_step % config.eval_every == 0 or self.state.rl_step == config.rl_steps:
@@ -455,6 +472,7 @@ class _Run:
             ),
             "checkpoint": self.checkpoint_dir,
             **({"tensorboard": self.tensorboard_dir} if self.tensorboard_dir is not None else {}),
+            **({"trajectories": self.trajectory_log.directory} if self.trajectory_log is not None else {}),
         }
         result = TrainResult(
             run_dir=self.run_dir,
@@ -492,6 +510,7 @@ async def train_local_async(
     stop_after: int | None = None,
     branch_from: str | Path | None = None,
     tensorboard_dir: str | Path | None = None,
+    trajectories: bool | str | Path = True,
 ) -> TrainResult:
     """`train_local` for callers already in an event loop (the engine's worker thread does the heavy work, but the
     optimizer steps run on the loop's thread)."""
@@ -507,6 +526,7 @@ async def train_local_async(
         stop_after,
         None if branch_from is None else Path(branch_from),
         None if tensorboard_dir is None else Path(tensorboard_dir),
+        trajectories,
     )
     run.run_dir.mkdir(parents=True, exist_ok=True)
     run.start(resume)  # raises before anything is started when the checkpoint does not fit the config
