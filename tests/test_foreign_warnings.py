@@ -143,3 +143,16 @@ def test_the_patterns_catch_what_they_name_and_spare_our_own_output() -> None:
 def test_apps_train_and_apps_serve_print_nothing_from_libraries_they_do_not_use(outputs: list[Output]) -> None:
     found = [line for output in outputs for line in output.foreign()]
     assert not found, "foreign output:\n" + "\n".join(found)
+
+
+def test_apps_train_with_no_progress_prints_no_progress_bar_of_transformers(outputs: list[Output]) -> None:
+    """transformers' own bars ("Loading weights": the ablation's start; "Writing model shards": every checkpoint)
+    are a library we use, not a foreign one, but `--no-progress` means no bar, and mid-run they cut through ours."""
+    train = [output for output in outputs if output.command.startswith("apps/train")]
+    bars = [
+        f"{output.command}: {line}"
+        for output in train
+        for line in (output.stdout + "\n" + output.stderr).splitlines()
+        if "Loading weights" in line or "Writing model shards" in line
+    ]
+    assert len(train) == 2 and not bars, "\n".join(bars)

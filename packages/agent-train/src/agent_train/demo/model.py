@@ -127,22 +127,29 @@ def save_model_dir(model: Any, tokenizer: Tokenizer, path: str | Path) -> Path:
     """Write `model` and `tokenizer` as a Hugging Face model directory at `path` (created, files replaced)."""
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    from transformers.utils import logging as hf_logging
-
-    shown = hf_logging.is_progress_bar_enabled()
-    # one "Writing model shards" bar per save would cut through the trainer's own progress bar
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    try:
-        with _deepspeed_not_imported():
-            model.save_pretrained(out, safe_serialization=True)
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+    with _no_transformers_progress_bar(), _deepspeed_not_imported():
+        model.save_pretrained(out, safe_serialization=True)
     tokenizer.save(str(out / "tokenizer.json"), pretty=True)
     config = _tokenizer_config(model)
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     (out / "chat_template.jinja").write_text(config["chat_template"], encoding="utf-8")
     return out
+
+
+@contextlib.contextmanager
+def _no_transformers_progress_bar() -> Iterator[None]:
+    """transformers' "Writing model shards" / "Loading weights" bars off while inside: one per save or load (every
+    checkpoint, the ablation's start, the KL reference) would cut through the trainer's own progress bar, or print
+    with ``--no-progress``."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 @contextlib.contextmanager
@@ -178,5 +185,6 @@ def load_demo_model(path: str | Path) -> Qwen3ForCausalLM:
 
     dtype_kwarg = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
     load: Any = Qwen3ForCausalLM.from_pretrained
-    model: Qwen3ForCausalLM = load(str(path), **{dtype_kwarg: torch.float32})
+    with _no_transformers_progress_bar():
+        model: Qwen3ForCausalLM = load(str(path), **{dtype_kwarg: torch.float32})
     return model
