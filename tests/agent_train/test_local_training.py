@@ -40,6 +40,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
+from agent_runtime import read_trajectories
+from agent_runtime.serving import TrajectoryFiles, TrajectoryFilter
 from agent_train.local.config import LocalTrainConfig, preset
 from agent_train.local.metrics import read_metrics
 from agent_train.local.paired import compare, held_out_success, sign_test_p
@@ -125,6 +127,44 @@ def test_the_run_directory_holds_metrics_plot_summary_and_a_servable_model(ci_ru
     assert abs(success - ci_run.figures["after_rl"]) <= 0.03  # batching may flip a near-tie or two
 
 
+def test_the_run_logs_the_episodes_it_evaluated_and_trained_as_the_viewer_reads_them(ci_run: TrainResult) -> None:
+    """RUN_DIR/trajectories: each evaluation's episodes give its figure, each RL step's its reward, the episodes
+    hold what the update trained (calculator: the transcript's loss mask, 1 exactly on the action tokens, or all
+    zeros for an episode the loss left out), and the viewer pages them by checkpoint and step."""
+    config = ci_run.config
+    logs = ci_run.files["trajectories"]
+    metrics = read_metrics(ci_run.files["metrics"])
+    for label in ("before", "after_sft", "after_rl"):
+        episodes = list(read_trajectories(logs / f"eval_{label}.jsonl"))
+        assert len(episodes) == config.eval_size and {t.task["checkpoint"] for t in episodes} == {label}
+        assert sum(t.reward >= 1.0 for t in episodes) / len(episodes) == ci_run.figures[label]
+    rl = [r for r in metrics if r["kind"] == "rl"]
+    assert sorted(p.name for p in logs.glob("step_*.jsonl")) == [f"step_{r['step']:05d}.jsonl" for r in rl]
+    for record in rl:
+        episodes = list(read_trajectories(logs / f"step_{record['step']:05d}.jsonl"))
+        assert len(episodes) == config.rl_prompts * config.rl_group_size
+        assert [t.task["episode"] for t in episodes] == list(range(len(episodes)))
+        assert {t.task["step"] for t in episodes} == {record["step"]}
+        assert round(sum(t.reward for t in episodes) / len(episodes), 4) == record["reward"]
+        for episode in episodes:
+            assert episode.task["trained"] == (episode.task["advantage"] is not None)
+            for segment in episode.segments:
+                actions = {i for start, end in segment.action_ranges for i in range(start, end)}
+                expected = [int(episode.task["trained"] and i in actions) for i in range(len(segment.ids))]
+                assert segment.loss_mask == expected and len(segment.logprobs) == len(segment.ids)
+    assert (logs / "sft_expert.jsonl").is_file()
+
+    files = TrajectoryFiles(logs)
+    page = files.page(limit=500, max_scan=100_000)
+    assert page["done"] and page["malformed"] == 0
+    assert page["indexed"] == sum(sum(1 for _ in read_trajectories(p)) for p in logs.glob("*.jsonl"))
+    after_rl = next(item for item in page["items"] if item.checkpoint == "eval_after_rl.jsonl checkpoint after_rl")
+    same_task = files.page(limit=500, max_scan=100_000, where=TrajectoryFilter(task_key=after_rl.task_key))["items"]
+    evaluated = {item.file for item in same_task if item.file.startswith("eval_")}  # the problem at every evaluation
+    assert evaluated == {p.name for p in logs.glob("eval_*.jsonl")}
+    assert len(evaluated) == sum(r["kind"] == "eval" for r in metrics)
+
+
 TIMINGS = {"time_s", "generate_s", "update_s"}  # wall-clock fields: the only ones two runs may differ in
 
 
@@ -132,8 +172,11 @@ def test_a_second_run_at_the_same_seed_gives_the_same_figures_and_metrics(ci_run
     """Deterministic training (issue 39): rollouts and evaluations batch in episode order (`LockstepEngine`), never
     by arrival time, so the same seed on the same machine gives the same run: every figure and every per-step
     metric but the wall-clock ones. Before, thread timing decided which rows shared a batch, and the figures
-    moved by several points between two runs."""
-    again = train_local(msgspec.structs.replace(preset("ci"), seed=SEED), tmp_path, progress=False)
+    moved by several points between two runs. The second run writes no trajectory logs (the first does, by
+    default): the logs read no random state and reorder nothing, so the figures are the same with them or without."""
+    again = train_local(msgspec.structs.replace(preset("ci"), seed=SEED), tmp_path, progress=False, trajectories=False)
+    assert "trajectories" in ci_run.files and "trajectories" not in again.files
+    assert not (tmp_path / "trajectories").exists()
     assert again.figures == ci_run.figures
     first, second = (
         [{k: v for k, v in r.items() if k not in TIMINGS} for r in read_metrics(run.files["metrics"])]
@@ -142,10 +185,12 @@ def test_a_second_run_at_the_same_seed_gives_the_same_figures_and_metrics(ci_run
     assert len(first) == len(second)
     for one, two in zip(first, second, strict=True):
         assert one == two
-    summaries = [json.loads(run.files["summary"].read_text()) for run in (ci_run, again)]
-    assert [{k: v for k, v in s.items() if k not in {"elapsed_s", "model_dir"}} for s in summaries] == [
-        {k: v for k, v in summaries[0].items() if k not in {"elapsed_s", "model_dir"}}
-    ] * 2
+    paths = {"elapsed_s", "model_dir", "tensorboard"}  # the wall clock and where each run wrote
+    first_summary, second_summary = (
+        {k: v for k, v in json.loads(run.files["summary"].read_text()).items() if k not in paths}
+        for run in (ci_run, again)
+    )
+    assert first_summary == second_summary
 
 
 def test_a_paused_run_resumes_where_it_stopped(tmp_path: Path) -> None:
@@ -174,6 +219,8 @@ def test_a_paused_run_resumes_where_it_stopped(tmp_path: Path) -> None:
     assert done.finished and set(done.figures) == {"before", "after_sft", "after_rl"}
     steps = [(r["kind"], r["step"]) for r in read_metrics(done.files["metrics"]) if r["kind"] != "eval"]
     assert steps == [("sft", s) for s in range(1, 5)] + [("rl", s) for s in range(5, 9)]  # no gap, no repeat
+    logged = sorted(p.name for p in (tmp_path / "trajectories").glob("step_*.jsonl"))
+    assert logged == [f"step_{s:05d}.jsonl" for s in range(5, 9)]  # each RL step's episodes, once
     assert (tmp_path / "final" / "model.safetensors").is_file()
     again = train_local(config, tmp_path, progress=False, resume=True)  # a finished run has nothing left to do
     assert again.finished and again.figures == done.figures
