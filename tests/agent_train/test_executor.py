@@ -14,7 +14,16 @@ import pytest
 from vllm import SamplingParams as VLLMSamplingParams
 
 from agent_protocol import HFTokenizer
-from agent_runtime import AgentRuntime, CompactionPolicy, EngineError, LLMEngine, SamplingParams, ScriptedEngine
+from agent_runtime import (
+    AgentRuntime,
+    CompactionPolicy,
+    EngineError,
+    LLMEngine,
+    SamplingParams,
+    ScriptedEngine,
+    read_trajectories,
+)
+from agent_runtime.serving import TrajectoryFiles
 from agent_train import AGENT_FUNC_PATH, extra_log_keys
 from agent_train.openrlhf.executor import AgentExecutor, as_tokenizer
 from agent_train.openrlhf.segments import SEGMENTS_KEY
@@ -214,6 +223,47 @@ def test_compaction_returns_every_segment(tokenizer: HFTokenizer, hf_tokenizer: 
     (earlier,) = out[SEGMENTS_KEY]
     assert set(earlier) == OPENRLHF_KEYS and earlier["observation_tokens"] == first.ids
     assert earlier["action_ranges"] == first.action_ranges and earlier["reward"] == out["reward"]
+
+
+def test_the_trajectory_log_holds_each_episode_as_openrlhf_got_it(
+    tokenizer: HFTokenizer, hf_tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AGENT_TRAJECTORY_LOG``: each episode `execute` ran, appended as its `Trajectory`, whose segments are the
+    records OpenRLHF's dict holds (a compacted one: every segment, the viewer marking its summary)."""
+    from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
+
+    recipe_file = tmp_path / "compacting_recipe.py"
+    recipe_file.write_text(
+        "from agent_runtime import CompactionPolicy\n"
+        "from tests.agent_train.conftest import calculator_recipe\n"
+        "recipe = calculator_recipe(context=CompactionPolicy(compact_at_tokens=1))\n"
+    )
+    log = tmp_path / "logs" / "rollouts.jsonl"
+    monkeypatch.setenv("AGENT_RECIPE", str(recipe_file))
+    monkeypatch.setenv("AGENT_TRAJECTORY_LOG", str(log))
+    executor = _load_agent_executor(AGENT_FUNC_PATH)  # as each OpenRLHF rollout actor loads it
+    summary = "I computed 17 * 23 = 391 with the calculator; left to do: answer."
+    compacted = [call("17 * 23"), f"{summary}<|im_end|>", answer("391")]
+    outs = [
+        execute(executor, LocalRolloutEngine(ScriptedEngine(tokenizer, script, logprob=-0.5)), hf_tokenizer)
+        for script in (compacted, [answer("391")])
+    ]
+
+    logged = list(read_trajectories(log))
+    assert len(logged) == 2
+    for trajectory, out in zip(logged, outs, strict=True):
+        records = [*out.get(SEGMENTS_KEY, []), out]
+        assert [s.ids for s in trajectory.segments] == [r["observation_tokens"] for r in records]
+        assert [s.action_ranges for s in trajectory.segments] == [r["action_ranges"] for r in records]
+        assert trajectory.reward == out["reward"]
+    assert [len(t.segments) for t in logged] == [2, 1]
+    files = TrajectoryFiles(log)
+    view = files.record(files.page(limit=2)["items"][0].id)
+    assert view["segments"][0]["summary_range"] == list(logged[0].segments[0].action_ranges[-1])
+    assert view["segments"][1]["summary"] == summary
+
+    monkeypatch.delenv("AGENT_TRAJECTORY_LOG")
+    assert _load_agent_executor(AGENT_FUNC_PATH).trajectory_writer is None  # no log unless asked for
 
 
 def test_hf_engine_rollout_is_what_the_model_generated(tiny_hf_engine: Any, hf_tokenizer: Any) -> None:

@@ -7,7 +7,9 @@ OpenRLHF imports this file by path in every vLLM rollout actor and constructs `A
 arguments. The recipe comes from the ``AGENT_RECIPE`` environment variable: a recipe file path or a module path
 (``package.module`` or ``package.module:attr``), as `load_recipe` accepts. ``AGENT_ENGINE_TIMEOUT_S``, when set,
 bounds each generation. `apps/train --backend openrlhf` sets both for local runs and in the Ray job's runtime
-environment for cluster runs. The recipe is loaded once per process.
+environment for cluster runs. ``AGENT_TRAJECTORY_LOG``, when set, is a JSONL file every rollout process appends
+each episode's trajectory to (`AgentExecutor`'s `trajectory_log`; on a cluster, a path on each node), what
+``uv run apps/serve --trajectories FILE`` shows. The recipe is loaded once per process.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from typing import Final
 from agent_runtime import Recipe, RecipeError, load_recipe
 from agent_train.openrlhf.executor import AgentExecutor as RecipeAgentExecutor
 
-__all__ = ["RECIPE_ENV", "TIMEOUT_ENV", "AgentExecutor", "recipe_from_environment"]
+__all__ = ["RECIPE_ENV", "TIMEOUT_ENV", "TRAJECTORY_LOG_ENV", "AgentExecutor", "recipe_from_environment"]
 
 RECIPE_ENV: Final = "AGENT_RECIPE"
 TIMEOUT_ENV: Final = "AGENT_ENGINE_TIMEOUT_S"
+TRAJECTORY_LOG_ENV: Final = "AGENT_TRAJECTORY_LOG"
 
 
 @cache
@@ -56,4 +59,8 @@ class AgentExecutor(RecipeAgentExecutor):
     """The recipe named by ``AGENT_RECIPE``, as the no-argument executor OpenRLHF constructs."""
 
     def __init__(self) -> None:
-        super().__init__(recipe_from_environment(), engine_timeout_s=_timeout_from_environment())
+        super().__init__(
+            recipe_from_environment(),
+            engine_timeout_s=_timeout_from_environment(),
+            trajectory_log=os.environ.get(TRAJECTORY_LOG_ENV, "").strip() or None,
+        )

@@ -38,6 +38,13 @@ goes on; here feedback that does not fit ends the episode (``context_exhausted``
 never enters the transcript. Either way no record holds a pad without its image or an image without its pads;
 `mm_train_inputs` checks it for every record (and the engine refuses a generated pad).
 
+With `trajectory_log` (``AGENT_TRAJECTORY_LOG`` for OpenRLHF's no-argument executor, `agent_func.py`), `execute`
+also appends each episode's `Trajectory` to that JSONL file (`TrajectoryWriter`: one line per episode, whole lines
+from any number of tasks and rollout processes on one machine), the records OpenRLHF's dict was made from: the
+trajectory viewer opens it (``uv run apps/serve --trajectories FILE``). OpenRLHF does not tell the executor its
+step, so the records carry none; they are in rollout order. A failed write is logged, never raised: the episode
+still trains.
+
 `rollout()` is the same episode for callers outside OpenRLHF (the local trainer): it takes any `LLMEngine` and
 returns the whole `Trajectory` with its segment records. OpenRLHF constructs its executor with no arguments;
 `agent_train/openrlhf/agent_func.py` is that no-argument class, reading the recipe from ``AGENT_RECIPE``.
@@ -65,7 +72,16 @@ from agent_protocol import (
     processor_vision_grid,
     read_image,
 )
-from agent_runtime import AgentRuntime, AssistantEvent, LLMEngine, Recipe, SamplingParams, Trajectory, load_recipe
+from agent_runtime import (
+    AgentRuntime,
+    AssistantEvent,
+    LLMEngine,
+    Recipe,
+    SamplingParams,
+    Trajectory,
+    TrajectoryWriter,
+    load_recipe,
+)
 from agent_train.openrlhf.rollout_engine import OpenRLHFEngine
 from agent_train.openrlhf.segments import episode_record
 from agent_train.sample import RolloutSample, segment_samples
@@ -87,11 +103,19 @@ class Rollout(msgspec.Struct, frozen=True, kw_only=True):
 
 class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is untyped
     """Runs a recipe's episodes for OpenRLHF. `engine_timeout_s` bounds one generation (None: no bound, as in
-    OpenRLHF's own executors; a generation that times out ends only its episode, as ``engine_timeout``)."""
+    OpenRLHF's own executors; a generation that times out ends only its episode, as ``engine_timeout``).
+    `trajectory_log`: a JSONL file `execute` appends each episode's `Trajectory` to (see the module docstring)."""
 
-    def __init__(self, recipe: Recipe | str | Path, *, engine_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        recipe: Recipe | str | Path,
+        *,
+        engine_timeout_s: float | None = None,
+        trajectory_log: str | Path | None = None,
+    ) -> None:
         self.recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
         self.engine_timeout_s = engine_timeout_s
+        self.trajectory_writer = TrajectoryWriter(trajectory_log) if trajectory_log else None
         self._definition = self.recipe.make_session()  # spawned per episode; the engine's tokenizer is bound then
         self._tokenizers: dict[tuple[Any, ...], Tokenizer] = {}
         logger.info("agent_executor_ready", recipe=self.recipe.name, protocol=self._definition.protocol.name)
@@ -131,6 +155,8 @@ class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is unt
         rollout = await self.rollout(
             prompt, label, engine, max_length=int(max_length), with_logprobs=engine.with_logprobs, images=refs
         )
+        if self.trajectory_writer is not None:
+            await asyncio.to_thread(_log, self.trajectory_writer, rollout.trajectory)
         segments = rollout.segments
         if vision:
             inputs = await asyncio.to_thread(
@@ -202,6 +228,13 @@ class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is unt
             truncated=truncated,
         )
         return Rollout(trajectory=result.trajectory, sample=segments[-1], segments=segments)
+
+
+def _log(writer: TrajectoryWriter, trajectory: Trajectory) -> None:
+    try:
+        writer.write(trajectory)
+    except OSError as e:  # a full disk loses a log line, never the episode
+        logger.error("trajectory_write_failed", path=str(writer.path), error=str(e))
 
 
 def _tokenizer_key(source: Any) -> tuple[Any, ...] | None:
