@@ -42,7 +42,8 @@ from agent_train.sample import action_logprobs, ended_by_budget, extra_logs
 
 __all__ = ["ROLLOUT_BATCHING", "RolloutRecord", "Rollouts", "episode_records", "summary_ranges"]
 
-#: How the local trainer's `HFEngine`s batch: requests that reach the engine within 50 ms start one batch (the wait
+#: How the local trainer's `HFEngine`s batch what reaches them outside its lockstep (`agent_train.local.lockstep`,
+#: whose waves go as fixed batches): requests that reach the engine within 50 ms start one batch (the wait
 #: ends sooner once no episode is still sending: `HFEngine`'s `batch_wait_full=False`), and a turn
 #: that comes back while a batch runs joins it at the next step, as before the engine's join rule (made for serving,
 #: where one turn's latency counts; a rollout counts its wall time). `bench/bench_hf_join.py`, 64 demo-shaped
