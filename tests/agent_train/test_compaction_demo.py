@@ -28,18 +28,22 @@ Takes about 6 minutes on two idle cores (SFT 400 steps about 4 minutes, RL 12 + 
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 
 pytest.importorskip("torch")
 
+from agent_runtime.serving import TrajectoryFiles
 from agent_train.local.ablation import run_ablation
 from agent_train.local.demos import get_demo
 from agent_train.local.metrics import read_metrics
 from agent_train.local.trainer import TrainResult, train_local
+from tests.support.trajectory_pages import every_summary
 
 SEED = 0
 MIN_SFT_GAIN = 0.10
@@ -81,6 +85,36 @@ def test_the_run_trains_segments_and_writes_what_the_demo_promises(ci_run: Train
     assert [r["step"] for r in masked] == [r["step"] for r in rl]
     sft = [r for r in records if r["kind"] == "sft"]
     assert [r for r in read_metrics(ablation / "metrics.jsonl") if r["kind"] == "sft"] == sft
+
+
+def test_the_run_logs_compacted_episodes_that_the_viewer_cuts_at_their_summaries(ci_run: TrainResult) -> None:
+    """RUN_DIR/trajectories holds every RL step's episodes, compacted ones as several segments; the viewer's view
+    of one marks each segment boundary with the summary that carried the episode on, and the summary turn's tokens
+    carry loss in the run and none in its ablation (``trajectories/ablation``: summaries masked)."""
+    logs = ci_run.files["trajectories"]
+    files = TrajectoryFiles(logs)
+    items = every_summary(files)
+
+    def compacted_view(folder: str) -> dict[str, Any]:
+        for item in items:
+            if item.file.startswith(f"{folder}step_") and item.compactions >= 2 and item.stop_reason == "final_answer":
+                view = files.record(item.id)
+                if view["task"]["trained"]:
+                    return view
+        raise AssertionError(f"no trained episode with two compactions in {folder or 'the run'}'s RL steps")
+
+    logged = sorted(p.name for p in logs.glob("step_*.jsonl"))
+    assert len(logged) == ci_run.config.rl_steps == len(list((logs / "ablation").glob("step_*.jsonl")))
+    for folder, summary_mask in (("", 1), ("ablation/", 0)):
+        view = compacted_view(folder)
+        segments = view["segments"]
+        assert len(segments) == view["compactions"] + 1
+        for before, after in itertools.pairwise(segments):
+            start, end = before["summary_range"]
+            assert after["summary"]  # the summary the new segment resumed from
+            assert set(before["loss_mask"][start:end]) == {summary_mask}
+        assert segments[-1]["summary_range"] is None
+        assert all(1 in segment["loss_mask"] for segment in segments)  # every segment is trained
 
 
 def test_apps_serve_serves_the_compaction_demo_with_its_compaction_events(ci_run: TrainResult, tmp_path: Path) -> None:

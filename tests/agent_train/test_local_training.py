@@ -48,6 +48,7 @@ from agent_train.local.paired import compare, held_out_success, sign_test_p
 from agent_train.local.sampled import RateComparison, compare_rates, sampled_success
 from agent_train.local.trainer import TrainResult, train_local
 from tests.support.tiny_demo import TINY_DEMO_SPEC
+from tests.support.trajectory_pages import every_summary
 
 SEED = 0
 MIN_SFT_GAIN = 0.25  # measured: 0.63 / 0.54 / 0.50 / 0.46 at seeds 0-3; reruns: 0.71 (seed 0), 0.47 (1), 0.49 (3)
@@ -155,11 +156,13 @@ def test_the_run_logs_the_episodes_it_evaluated_and_trained_as_the_viewer_reads_
     assert (logs / "sft_expert.jsonl").is_file()
 
     files = TrajectoryFiles(logs)
-    page = files.page(limit=500, max_scan=100_000)
-    assert page["done"] and page["malformed"] == 0
-    assert page["indexed"] == sum(sum(1 for _ in read_trajectories(p)) for p in logs.glob("*.jsonl"))
-    after_rl = next(item for item in page["items"] if item.checkpoint == "eval_after_rl.jsonl checkpoint after_rl")
-    same_task = files.page(limit=500, max_scan=100_000, where=TrajectoryFilter(task_key=after_rl.task_key))["items"]
+    items = every_summary(files)
+    assert len(items) == sum(sum(1 for _ in read_trajectories(p)) for p in logs.glob("*.jsonl"))
+    assert {item.checkpoint for item in items if item.file.startswith("step_")} == {
+        f"step_{r['step']:05d}.jsonl step {r['step']}" for r in rl
+    }
+    after_rl = next(item for item in items if item.checkpoint == "eval_after_rl.jsonl checkpoint after_rl")
+    same_task = every_summary(files, TrajectoryFilter(task_key=after_rl.task_key))
     evaluated = {item.file for item in same_task if item.file.startswith("eval_")}  # the problem at every evaluation
     assert evaluated == {p.name for p in logs.glob("eval_*.jsonl")}
     assert len(evaluated) == sum(r["kind"] == "eval" for r in metrics)
