@@ -13,6 +13,7 @@ episodes' transcript records. One idea per module:
 - `evaluate`: greedy held-out success through `AgentRuntime`;
 - `paired`: two saved models on the same held-out problems, fixed / broken and a sign test;
 - `metrics` (JSONL), `plot` (PNG), `checkpoint` (HF model directory + trainer state, resume);
+- `trajectory_log`: every RL step's, evaluation's and expert's episodes as the trajectory viewer reads them;
 - `trainer`: `train_local`, the phases in order; `cli`: `main(argv)`, what `uv run apps/train` runs.
 
 Importing this package is light; `train_local` and `TrainResult` load torch and transformers on first use.
