@@ -101,3 +101,31 @@ def test_an_episode_that_stops_waiting_leaves_the_wave() -> None:
 
     asyncio.run(engine.gather([impatient(), slow()]))
     assert fake.waves == [[(1, 0)]]
+
+
+def test_a_wave_waits_stall_s_for_an_episode_that_never_asks_then_goes_without_it() -> None:
+    """An episode that waits on something other than the engine (here an event nobody sets until the end; in a
+    trainer, a semaphore narrower than the round) would hold every wave forever: after `stall_s` the wave goes."""
+    fake = RecordingEngine()
+    engine = LockstepEngine(cast(Any, fake), stall_s=0.05)
+    release = asyncio.Event()
+
+    async def blocked() -> None:
+        await release.wait()
+        await engine.generate([0, 0], SAMPLING)
+
+    async def asking() -> None:
+        started = time.perf_counter()
+        await engine.generate([1, 0], SAMPLING)
+        assert time.perf_counter() - started >= 0.05
+        release.set()
+
+    async def main() -> None:
+        async with asyncio.timeout(5):
+            await engine.gather([blocked(), asking()])
+
+    asyncio.run(main())
+    assert engine.stalls == 1
+    assert fake.waves == [[(1, 0)], [(0, 0)]]
+    with pytest.raises(ValueError, match="stall_s"):
+        LockstepEngine(cast(Any, fake), stall_s=0)

@@ -19,9 +19,10 @@ by a context variable; an agent program's requests through the proxy carry it to
 registered episode goes straight to the engine, batched by arrival as before (`passed_through` counts them).
 Episodes must not wait on one another: one that waits for a place (a semaphore narrower than the episodes of a
 round, such as `AgentRuntime(max_concurrency=...)` or an `AgentProgram.max_concurrent` below them) holds no request
-and never ends, so the wave waits for it forever. What it costs: a wave waits for its longest row, where joining let a turn that came back early
-start its next one (measured in the agent-train README). This module knows `HFEngine` and asyncio; nothing about
-training.
+and never ends. A wave that has waited `stall_s` (120 s by default) for such an episode goes without it, with a
+`lockstep_stalled` warning (`stalls` counts them): the run goes on, no longer bit for bit. What it costs: a wave
+waits for its longest row, where joining let a turn that came back early start its next one (measured in the
+agent-train README). This module knows `HFEngine` and asyncio; nothing about training.
 """
 
 from __future__ import annotations
@@ -33,12 +34,19 @@ from collections.abc import Awaitable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import structlog
+
 from agent_runtime import EngineUnavailable, Generation, LLMEngine, SamplingParams
 
 if TYPE_CHECKING:
     from agent_runtime.engines import HFEngine
 
-__all__ = ["LockstepEngine", "as_episode"]
+__all__ = ["STALL_S", "LockstepEngine", "as_episode"]
+
+STALL_S = 120.0
+"""How long a wave waits for the episodes that have sent no request before it goes without them."""
+
+logger = structlog.get_logger(__name__)
 
 #: the episode the current task belongs to: (its engine's id, its number), or None outside any
 _EPISODE: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("lockstep_episode", default=None)
@@ -61,8 +69,11 @@ class LockstepEngine(LLMEngine):
 
     name = "hf-lockstep"
 
-    def __init__(self, engine: HFEngine) -> None:
+    def __init__(self, engine: HFEngine, *, stall_s: float = STALL_S) -> None:
+        if not stall_s > 0:
+            raise ValueError(f"stall_s must be positive, got {stall_s}")
         self.engine = engine
+        self.stall_s = stall_s
         self.tokenizer = engine.tokenizer
         self.context_length = engine.context_length
         self.stop_token_ids = engine.stop_token_ids
@@ -72,6 +83,8 @@ class LockstepEngine(LLMEngine):
         self._calls: dict[int, int] = {}  # per live episode, the requests it has sent
         self._held: dict[int, list[_Held]] = {}  # per episode, its requests waiting for the wave
         self._wave: asyncio.Task[None] | None = None
+        self._stall: asyncio.TimerHandle | None = None  # armed while a wave waits for episodes that sent nothing
+        self.stalls = 0  # waves sent without every live episode (see STALL_S)
         self.waves = 0  # waves sent to the engine
         self.passed_through = 0  # requests from outside any registered episode, sent as they came
 
@@ -127,15 +140,33 @@ class LockstepEngine(LLMEngine):
                 self._maybe_send()
             raise
 
-    def _maybe_send(self) -> None:
-        """Send the wave once every live episode holds a request and no wave is running."""
+    def _maybe_send(self, *, stalled: bool = False) -> None:
+        """Send the wave once every live episode holds a request (or, `stalled`, whatever is held) and no wave is
+        running; while it waits for some, arm the stall timer."""
         if not self._held or (self._wave is not None and not self._wave.done()):
             return
-        if any(number not in self._held for number in self._live):
+        missing = [number for number in self._live if number not in self._held]
+        if missing and not stalled:
+            if self._stall is None:
+                self._stall = asyncio.get_running_loop().call_later(self.stall_s, self._stalled)
             return
+        if missing:
+            self.stalls += 1
+            logger.warning(
+                "lockstep_stalled", waiting_s=self.stall_s, held=len(self._held), silent_episodes=len(missing),
+                hint="an episode waits on something other than the engine (a semaphore narrower than the round?); "
+                "this wave goes without it, and the run is no longer bit-for-bit reproducible",
+            )  # fmt: skip
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
         wave = sorted((held for requests in self._held.values() for held in requests), key=lambda h: h.key)
         self._held = {}
         self._wave = asyncio.get_running_loop().create_task(self._send(wave), name="lockstep-wave")
+
+    def _stalled(self) -> None:
+        self._stall = None
+        self._maybe_send(stalled=True)
 
     async def _send(self, wave: list[_Held]) -> None:
         self.waves += 1
@@ -161,6 +192,9 @@ class LockstepEngine(LLMEngine):
         self._maybe_send()
 
     async def close(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
         await self.engine.close()
 
 
