@@ -38,7 +38,7 @@ import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import msgspec
 import structlog
@@ -62,7 +62,7 @@ from agent_train.local.rollout import ROLLOUT_BATCHING, RolloutRecord, Rollouts
 from agent_train.local.sft import SFTExample, expert_trajectories, learns_from, sample_batch, sft_examples, sft_step
 from agent_train.local.trajectory_log import TrajectoryLog
 
-__all__ = ["TrainResult", "sft_learning_rate", "train_local", "train_local_async"]
+__all__ = ["TrainOptions", "TrainResult", "sft_learning_rate", "train_local", "train_local_async"]
 
 logger = structlog.get_logger(__name__)
 
@@ -81,17 +81,20 @@ class TrainResult:
     files: dict[str, Path] = field(default_factory=dict)
 
 
+class TrainOptions(TypedDict, total=False):
+    """`train_local`'s keyword options; `train_local_async` takes the same, and holds their defaults."""
+
+    resume: bool
+    progress: bool
+    recipe: Recipe | None
+    stop_after: int | None
+    branch_from: str | Path | None
+    tensorboard_dir: str | Path | None
+    trajectories: bool | str | Path
+
+
 def train_local(
-    config: LocalTrainConfig | None = None,
-    run_dir: str | Path = "runs/demo",
-    *,
-    resume: bool = False,
-    progress: bool = True,
-    recipe: Recipe | None = None,
-    stop_after: int | None = None,
-    branch_from: str | Path | None = None,
-    tensorboard_dir: str | Path | None = None,
-    trajectories: bool | str | Path = True,
+    config: LocalTrainConfig | None = None, run_dir: str | Path = "runs/demo", **options: Unpack[TrainOptions]
 ) -> TrainResult:
     """Train the demo agent (see the module docstring). Blocking; safe to call from inside an event loop.
 
@@ -100,20 +103,9 @@ def train_local(
     `branch_from` starts RL from another run's SFT model (its ``rl_start``), with RL options of this config (the
     ablation of a compacting run: ``rl_mask_summaries``). `tensorboard_dir`: also write the metrics as TensorBoard
     event files in that directory (the run's own; its earlier event files are replaced). `trajectories`: write
-    the episodes under ``run_dir/trajectories`` (`TrajectoryLog`), or in that directory; False: nowhere."""
-    return _run_sync(
-        train_local_async(
-            config,
-            run_dir,
-            resume=resume,
-            progress=progress,
-            recipe=recipe,
-            stop_after=stop_after,
-            branch_from=branch_from,
-            tensorboard_dir=tensorboard_dir,
-            trajectories=trajectories,
-        )
-    )
+    the episodes under ``run_dir/trajectories`` (`TrajectoryLog`), or in that directory; False: nowhere. Defaults:
+    not resumed, a progress bar, the demo's recipe, no pause, no branch, no TensorBoard files, trajectories on."""
+    return _run_sync(train_local_async(config, run_dir, **options))
 
 
 def _run_sync[T](coroutine: Coroutine[Any, Any, T]) -> T:
