@@ -17,7 +17,7 @@ from agent_runtime import Trajectory
 from agent_runtime.outcomes import STOP_REASONS
 from agent_train.local.rollout import episode_records
 from agent_train.openrlhf.segments import OVERLONG_KEY, episode_record
-from agent_train.sample import BUDGET_STOPS, ended_by_budget, segment_samples
+from agent_train.sample import BUDGET_STOPS, SampleFields, ended_by_budget, sample_from_trajectory, segment_samples
 from tests.support.loss_masks import loss_mask_from_ranges
 
 SEGMENT = TranscriptRecord(
@@ -84,3 +84,11 @@ def test_a_local_record_is_the_transcript_record_and_what_openrlhf_gets_for_it()
         assert record.loss_mask == SEGMENT.loss_mask == loss_mask_from_ranges(len(record.ids), sample.action_ranges)
         assert record.logprobs == [0.0, 0.0, -0.5, 0.0, 0.0, -1.25] == sample.rollout_log_probs
         assert (record.reward, record.stop_reason, record.extra_logs) == (0.5, "final_answer", {"agent_turns": 2.0})
+
+
+def test_the_openrlhf_record_of_an_episode_is_its_last_segments() -> None:
+    episode = trajectory("final_answer", "42")
+    fields: SampleFields = {"prompt": "p", "label": None, "rewards": None, "with_logprobs": True, "truncated": False}
+    last = sample_from_trajectory(episode, **fields)
+    assert last == segment_samples(episode, **fields)[-1]
+    assert last.observation_tokens == episode.last_segment.ids

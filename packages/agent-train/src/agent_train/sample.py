@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import Any, Final, TypedDict, Unpack
 
 import msgspec
 
@@ -40,6 +40,7 @@ __all__ = [
     "BUDGET_STOPS",
     "ERROR_CODES",
     "RolloutSample",
+    "SampleFields",
     "action_logprobs",
     "ended_by_budget",
     "extra_log_keys",
@@ -155,21 +156,23 @@ def ended_by_budget(trajectory: Trajectory, *, truncated: bool) -> bool:
     return trajectory.stop_reason in BUDGET_STOPS or truncated
 
 
-def sample_from_trajectory(
-    trajectory: Trajectory,
-    *,
-    prompt: Any,
-    label: Any,
-    rewards: RewardPipeline | None,
-    with_logprobs: bool,
-    truncated: bool,
-) -> RolloutSample:
-    """The OpenRLHF record of an episode: its last segment's tokens and actions, the episode's reward.
+class SampleFields(TypedDict):
+    """What a record needs beside the trajectory (`segment_samples`' keywords)."""
+
+    prompt: Any
+    label: Any
+    rewards: RewardPipeline | None
+    with_logprobs: bool
+    truncated: bool
+
+
+def sample_from_trajectory(trajectory: Trajectory, **fields: Unpack[SampleFields]) -> RolloutSample:
+    """The OpenRLHF record of an episode: its last segment's tokens and actions, the episode's reward (the last of
+    `segment_samples`, which says what the keywords are).
 
     With `with_logprobs`, every action token must carry the logprob the engine reported (0.0 stands in for one
     it did not report) and every other token gets 0.0, as OpenRLHF's own executors do."""
-    logs = extra_logs(trajectory, rewards)
-    return _record(trajectory, trajectory.last_segment, prompt, label, logs, with_logprobs, truncated)
+    return segment_samples(trajectory, **fields)[-1]
 
 
 def segment_samples(
