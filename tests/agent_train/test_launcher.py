@@ -106,7 +106,8 @@ def test_local_run_and_cluster_submission(tmp_path: Path, recipe: Recipe) -> Non
     assert local.command[1:3] == ["-m", "agent_train.openrlhf.main"]  # OpenRLHF's train_ppo_ray, with segments
     assert local.env["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] == "0"
     text = format_command(local)
-    assert text.startswith(f"AGENT_RECIPE={RECIPE} RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 ")
+    log = Path(local.run_dir) / "trajectories" / "rollouts.jsonl"
+    assert text.startswith(f"AGENT_RECIPE={RECIPE} AGENT_TRAJECTORY_LOG={log} RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 ")
     assert "\\\n  --train.agent_func_path " in text
 
     remote = plan_launch(
@@ -116,7 +117,11 @@ def test_local_run_and_cluster_submission(tmp_path: Path, recipe: Recipe) -> Non
     assert remote.command[:5] == ["ray", "job", "submit", "--address", "http://head:8265"]
     runtime_env = json.loads(remote.command[remote.command.index("--runtime-env-json") + 1])
     assert runtime_env == {
-        "env_vars": {"AGENT_RECIPE": str(RECIPE), "AGENT_ENGINE_TIMEOUT_S": "300.0"},
+        "env_vars": {
+            "AGENT_RECIPE": str(RECIPE),
+            "AGENT_TRAJECTORY_LOG": str(Path(remote.run_dir) / "trajectories" / "rollouts.jsonl"),
+            "AGENT_ENGINE_TIMEOUT_S": "300.0",
+        },
         "working_dir": str(tmp_path),
     }
     assert remote.command[cut + 1 :] == ["python3", "-m", "agent_train.openrlhf.main", *remote.train_args]
@@ -130,6 +135,16 @@ def test_overlong_masking_is_on_unless_turned_off(tmp_path: Path, recipe: Recipe
     remote = plan_launch(config(tmp_path, mask_overlong=False, ray_address="http://head:8265"), recipe)
     runtime_env = json.loads(remote.command[remote.command.index("--runtime-env-json") + 1])
     assert runtime_env["env_vars"]["AGENT_MASK_OVERLONG"] == "0"  # read by the trainer, on the cluster
+
+
+def test_the_job_logs_its_rollouts_where_the_viewer_opens_them(tmp_path: Path, recipe: Recipe) -> None:
+    from agent_train.openrlhf.agent_func import TRAJECTORY_LOG_ENV  # what the executor in the job reads
+
+    plan = plan_launch(config(tmp_path), recipe)
+    assert plan.env[TRAJECTORY_LOG_ENV] == str(Path(plan.run_dir) / "trajectories" / "rollouts.jsonl")
+    remote = plan_launch(config(tmp_path, ray_address="http://head:8265"), recipe)
+    runtime_env = json.loads(remote.command[remote.command.index("--runtime-env-json") + 1])
+    assert runtime_env["env_vars"][TRAJECTORY_LOG_ENV] == plan.env[TRAJECTORY_LOG_ENV]
 
 
 def test_prepare_data_writes_the_prompt_dataset(tmp_path: Path, recipe: Recipe) -> None:

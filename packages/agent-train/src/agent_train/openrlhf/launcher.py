@@ -290,7 +290,8 @@ def plan_launch(config: LaunchConfig, recipe: Recipe) -> LaunchPlan:
     if not flash_attn_installed() and (calls := needs_flash_attn(args)):
         raise LaunchError(f"{', '.join(calls)} needs flash-attn, which is not installed here: {INSTALL_HINT}")
 
-    env = {"AGENT_RECIPE": _recipe_source(config.recipe)}
+    env = {"AGENT_RECIPE": _recipe_source(config.recipe)}  # agent_func.RECIPE_ENV
+    env["AGENT_TRAJECTORY_LOG"] = str(run_dir / "trajectories" / "rollouts.jsonl")  # agent_func.TRAJECTORY_LOG_ENV
     if config.device == "cpu":
         env[DEVICE_ENV] = "cpu"
         env[CHECKS_ENV] = str(run_dir / CHECKS_FILE)
