@@ -118,7 +118,10 @@ def test_many_children_stay_within_the_memory_and_process_caps(tmp_path: Path, m
     print(f"\n[{mode}] caps 136 MiB, 16 tasks ({SUPPORT.cgroup}): {watch.report()}; {output.splitlines()}")
     assert watch.samples > 10
     assert watch.tasks_peak <= 16
-    assert watch.memory_peak <= (128 + 8 + 24) * MiB  # the cap, plus interpreter pages charged to others
+    # The cap, plus file pages (the interpreter, its libraries) that Pss counts but the kernel charged elsewhere: how
+    # many depends on what else maps them, so the slack is 40 MiB (a fresh-clone CI run measured 162.9 MiB against
+    # 160 on 2026-12-05); uncapped, the tree takes 1.3 GiB.
+    assert watch.memory_peak <= (128 + 8 + 40) * MiB
     assert files_beneath(root) == []
 
 
