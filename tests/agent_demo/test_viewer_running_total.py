@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, expect, sync_playwright
+from playwright.sync_api import Browser, expect
 
 from agent_demo import running_total
 from agent_demo.running_total_expert import RunningTotalExpert, train_running_total_tokenizer
@@ -21,15 +21,13 @@ from agent_runtime import AgentRuntime, ScriptedEngine, Trajectory, TrajectoryWr
 from agent_runtime.serving import create_viewer_app
 from tests.serve.conftest import LiveServer
 from tests.serve.test_viewer_page import assert_colours_match, drawn_tokens  # skips this module without the browser
-from tests.serve.test_web_page import CHROMIUM, CHROMIUM_ARGS
+from tests.serve.test_web_page import chromium
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+    with chromium() as browser:
         yield browser
-        browser.close()
 
 
 @pytest.fixture(scope="module")

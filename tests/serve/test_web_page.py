@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,12 +36,19 @@ if not CHROMIUM.exists():
 from playwright.sync_api import Browser, expect, sync_playwright  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
+@contextmanager
+def chromium() -> Iterator[Browser]:
+    """Headless Chromium as every page test drives it (their `browser` fixtures open it here)."""
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         yield browser
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with chromium() as browser:
+        yield browser
 
 
 @pytest.fixture(scope="module")

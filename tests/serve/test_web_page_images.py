@@ -14,22 +14,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from agent_protocol import HFTokenizer
 from agent_runtime import ScriptedEngine
 from tests.agent_protocol.families.test_qwen3_vl import png
 from tests.serve.conftest import LiveServer, ServerFactory
 from tests.serve.test_serve_images import GRID, vision_policy, vision_recipe
-from tests.serve.test_web_page import CHROMIUM, CHROMIUM_ARGS  # skips this module too where the browser is missing
+from tests.serve.test_web_page import chromium  # skips this module too where the browser is missing
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+    with chromium() as browser:
         yield browser
-        browser.close()
 
 
 @pytest.fixture(scope="module")
