@@ -635,3 +635,87 @@ def test_a_lone_surrogate_in_an_argument_is_an_invalid_call_not_an_argument(wher
     [call] = get_protocol("glm-4.5").parse_assistant_text(text).tool_calls
     assert call.error is not None and call.error.code == "invalid_arguments"
     assert "lone surrogate" in call.error.message and call.arguments == {}
+
+
+# -- the parser typed by the episode's tool schemas (vLLM's `_is_string_type`) ------------------------------
+
+TYPED_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "f",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "s": {"type": "string"},
+                "n": {"type": "integer"},
+                "o": {"type": "object"},
+                "either": {"type": ["string", "null"]},  # not exactly "string": decoded, as vLLM does
+                "untyped": {"description": "no type"},
+            },
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("name", ["glm-4.5", "glm-4.6"])
+def test_with_tools_keeps_string_parameters_as_written(name: str) -> None:
+    shared = get_protocol(name)
+    bound = shared.with_tools([TYPED_TOOL, TOOL_SHAPES[0]])
+    assert type(bound) is type(shared) and bound.name == name and shared.string_params == {}
+    assert bound.string_params["f"] == frozenset({"s"})
+    pairs = [("s", "391"), ("n", "391"), ("o", '{"k": [1]}'), ("either", "7"), ("untyped", "true"), ("extra", "1.5")]
+    text = "\n<think></think>\n" + _call_block("f", *pairs) + OBSERVATION
+    (call,) = bound.parse_assistant_text(text).tool_calls
+    assert call.ok and call.arguments == {
+        "s": "391",  # the string parameter stays a string
+        "n": 391,
+        "o": {"k": [1]},
+        "either": 7,
+        "untyped": True,
+        "extra": 1.5,  # a parameter the schema does not name is decoded
+    }
+    # without tools (vLLM with no tools in the request) every value is decoded, as before
+    (untyped,) = shared.parse_assistant_text(text).tool_calls
+    assert untyped.arguments["s"] == 391
+    # a string value is the raw text between the tags: not stripped, not decoded (vLLM keeps `value` as is)
+    raw = "\n<think></think>\n" + _call_block("f", ("s", ' "quoted"\n'), ("n", " 2 ")) + OBSERVATION
+    (call,) = bound.parse_assistant_text(raw).tool_calls
+    assert call.arguments == {"s": ' "quoted"\n', "n": 2}
+    # another tool of the same episode with a parameter of the same name is not typed by f's schema
+    (other,) = bound.parse_assistant_text(_call_block("g", ("s", "391"))).tool_calls
+    assert other.arguments == {"s": 391}
+    # the name and key are stripped before the schema is looked up, as vLLM strips them
+    padded = "<tool_call> f \n<arg_key> s </arg_key><arg_value>01</arg_value></tool_call>"
+    (call,) = bound.parse_assistant_text(padded).tool_calls
+    assert call.arguments == {"s": "01"}
+
+
+def test_a_typed_string_round_trips_through_render_and_parse() -> None:
+    bound = get_protocol("glm-4.5").with_tools([TYPED_TOOL])
+    message = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c0", "function": {"name": "f", "arguments": {"s": "391", "n": 391, "o": {"k": "true"}}}}
+    ]}  # fmt: skip
+    parsed = bound.assistant_message(bound.render_generation(message))
+    assert parsed.tool_calls[0].arguments == {"s": "391", "n": 391, "o": {"k": "true"}}
+
+
+@pytest.mark.parametrize("name", ["glm-4.5", "glm-4.6"])
+def test_session_passes_a_string_parameter_to_the_tool_as_a_string(name: str) -> None:
+    """The turn core binds the episode's tools (`with_tools`), so a string parameter written `391` reaches the
+    tool as the string "391", not the integer 391 (what the untyped parse gave before)."""
+    env = pytest.importorskip("agent_env")
+
+    def echo(text: str, times: int) -> str:
+        """Repeat a text."""
+        return f"{type(text).__name__} {text!r} x {type(times).__name__} {times!r}"
+
+    call = (
+        "\n<think>echo it</think>\n<tool_call>echo\n<arg_key>text</arg_key>\n<arg_value>391</arg_value>\n"
+        "<arg_key>times</arg_key>\n<arg_value>2</arg_value>\n</tool_call>" + OBSERVATION
+    )
+    episode = run_calculator_episode(
+        get_protocol(name), glm_byte_tokenizer(), [call, final_answer("391")], tools=[env.tool(echo)], rewards="none"
+    )
+    messages = episode.result.trajectory.messages
+    assert messages[1].tool_calls[0].arguments == {"text": "391", "times": 2}
+    assert [m.content for m in messages if m.role == "tool"] == ["str '391' x int 2"]

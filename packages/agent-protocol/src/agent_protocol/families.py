@@ -86,9 +86,38 @@ _IM: Final = "<|im_start|>"
 _QWEN3: Final = (_IM, "<tool_call>", "reasoning_content")
 _THINKING_HEADER: Final = "'<|im_start|>assistant\\n<think>\\n'"  # as the template writes the string literal
 _VISION: Final = "<|vision_start|><|image_pad|><|vision_end|>"
+#: Qwen3.5 / Qwen3.6: Qwen3-Coder's XML calls with Qwen3's reasoning (placed first: qwen3's and qwen3-coder's marks
+#: are in these templates too)
+_QWEN35: Final = (_IM, "<function=", "<parameter=", "reasoning_content is string", "render_content")
+_KIMI_TOOLS: Final = "<|im_system|>tool_declare<|im_middle|>"
+#: GLM-4.6's user turn (GLM-4.5's sets a variable instead); it renders the same bytes
+_GLM46: Final = 'not visible_text(m.content).endswith("/nothink")'
+_DEEPSEEK_VLLM_TOOLS: Final = "You have access to the following tools:"
 
 #: every built-in family, in README order; detection checks the members in this order and the first match wins
 _TABLE: Final[list[Family]] = [
+    Family(
+        module="qwen3_5",
+        members=(
+            Member(
+                name="qwen3.6",
+                marks=(*_QWEN35, "preserve_thinking"),
+                model_types=(),
+                template="qwen3.6",
+            ),
+            Member(name="qwen3.5", marks=_QWEN35, absent=("preserve_thinking",), template="qwen3.5"),
+        ),
+        readme=ReadmeRow(
+            golden="QWEN35_GOLDEN",
+            jinja="QWEN35_JINJA",
+            parser="`qwen3_coder` (typed by the episode's tool schemas) + `qwen3` reasoning, `<think>` opened by the "
+            "prompt",
+            tito="QWEN35_TITO",
+            seams="reasoning dropped before the last user query unless `preserve_thinking=True` (Qwen3.6; a new user "
+            "message moves it, tool results do not); content and reasoning trimmed; Qwen3.5 writes `True`/`None`",
+            note="Qwen3.5 and Qwen3.6 (Qwen/Qwen3.5-9B, Qwen/Qwen3.6-27B templates; no images here)",
+        ),
+    ),
     Family(
         module="qwen3",
         members=(
@@ -229,10 +258,36 @@ _TABLE: Final[list[Family]] = [
         ),
     ),
     Family(
+        module="llama4",
+        members=(
+            Member(
+                name="llama4",
+                marks=("<|header_start|>", "<|python_start|>"),
+                model_types=("llama4",),
+                template="llama4",
+            ),
+        ),
+        readme=ReadmeRow(
+            note="Llama 4 Scout / Maverick",
+            golden="12 / 12 (generated from the official template)",
+            jinja="800 (200 conversations with every tool shape and up to 3 calls a turn x 2 variants x gen prompt): "
+            "790 equal, 10 refusals matched",
+            parser="`llama4_json` (= `llama3_json`): `<\\|python_start\\|>` block as content, then `{...}` calls "
+            "with `parameters`/`arguments`, any number",
+            tito="text level (no Llama 4 tokenizer in a registry here): a byte-level tokenizer with Llama 4's "
+            "control tokens, through `AgentSession`",
+            seams="`<\\|eom\\|>` re-rendered as `<\\|eot\\|>`; a call without the python block gets an empty one; "
+            "text after the calls moved into the block",
+        ),
+    ),
+    Family(
         module="deepseek_v31",
         members=(
             Member(
-                name="deepseek-v3.1", marks=("<｜Assistant｜>", "<｜tool▁sep｜>", "</think>"), template="deepseek_v3.1"
+                name="deepseek-v3.1",
+                marks=("<｜Assistant｜>", "<｜tool▁sep｜>", "</think>"),
+                absent=(_DEEPSEEK_VLLM_TOOLS,),
+                template="deepseek_v3.1",
             ),
         ),
         readme=ReadmeRow(
@@ -242,23 +297,64 @@ _TABLE: Final[list[Family]] = [
             tito="token level, official DeepSeek-V3 `tokenizer.json`, and a variant with V3.1's `<think>`/`</think>` "
             "tokens, through `AgentSession`",
             seams="thinking on: `<think>r</think>` generated vs `</think>` in history; the official template does not "
-            "show the tools list",
+            "show the tools list (`ToolsNotRenderedWarning`, once per protocol object, names the fix: "
+            "`deepseek-v3.1-vllm-tools`)",
+        ),
+    ),
+    Family(
+        module="deepseek_v31",
+        members=(
+            Member(
+                name="deepseek-v3.1-vllm-tools",
+                marks=("<｜Assistant｜>", "<｜tool▁sep｜>", _DEEPSEEK_VLLM_TOOLS),
+                template="deepseek_v3.1_vllm",
+            ),
+        ),
+        readme=ReadmeRow(
+            note="DeepSeek-V3.1 with vLLM's reworked template, which lists the tools",
+            golden="24 / 24 (generated from vLLM's template)",
+            jinja="792 (198 conversations x 2 variants x gen prompt; 158 of them with tools) + 168 renders refused as "
+            "the template fails (a tool without description or parameters, null content)",
+            parser="`deepseek_v31` tool parser + `deepseek_v31` reasoning (as `deepseek-v3.1`)",
+            tito="token level, official DeepSeek-V3 `tokenizer.json`, through `AgentSession`",
+            seams="the template's indentation reaches the prompt: the generation prompt's spaces differ from "
+            "history's before `<｜Assistant｜>`, `</think>`, content and calls; thinking as `deepseek-v3.1`",
         ),
     ),
     Family(
         module="glm45",
         members=(
-            Member(name="glm-4.5", marks=("[gMASK]<sop>", "<arg_key>"), model_types=("glm4_moe",), template="glm4.5"),
+            Member(
+                name="glm-4.5",
+                marks=("[gMASK]<sop>", "<arg_key>"),
+                absent=(_GLM46,),
+                model_types=("glm4_moe",),
+                template="glm4.5",
+            ),
         ),
         readme=ReadmeRow(
             golden="24 / 24",
             jinja="640 (160 x 2 variants x gen prompt, also with string arguments)",
-            parser="`glm45` tool parser (`<arg_key>`/`<arg_value>`, values JSON then Python literal) + `glm45` "
-            "reasoning",
+            parser="`glm45` tool parser (`<arg_key>`/`<arg_value>`; a string-typed parameter of the episode's tools "
+            "kept raw (`with_tools`), other values JSON then Python literal) + `glm45` reasoning",
             tito="text level (no GLM tokenizer here): a byte-level tokenizer with GLM's control tokens, through "
             "`AgentSession`",
             seams="the role token that ends a turn is sampled, and a wrong one is kept with the right one written "
             "after it; reasoning dropped after a new user message",
+        ),
+    ),
+    Family(
+        module="glm45",
+        members=(Member(name="glm-4.6", marks=("[gMASK]<sop>", "<arg_key>", _GLM46), template="glm4.6"),),
+        readme=ReadmeRow(
+            golden="24 / 24 (generated from the official template)",
+            jinja="640 (160 x 2 variants x gen prompt, also with string arguments)",
+            parser="as `glm-4.5`: `glm45` tool parser typed by the episode's tool schemas (`with_tools`) + `glm45` "
+            "reasoning",
+            tito="text level (no GLM tokenizer in a registry): a byte-level tokenizer with GLM's control tokens, "
+            "through `AgentSession`",
+            seams="as `glm-4.5`",
+            note="template: a llama.cpp copy, not byte-verified against zai-org/GLM-4.6",
         ),
     ),
     Family(
@@ -295,6 +391,54 @@ _TABLE: Final[list[Family]] = [
             "through `AgentSession`",
             seams="`[AVAILABLE_TOOLS]` stays before the first user message (the template moves it to the last); "
             "v0.3's system text only in the prompt",
+        ),
+    ),
+    Family(
+        module="gemma3",
+        members=(
+            Member(
+                name="gemma3",
+                marks=("<start_of_turn>", "first_user_prefix", "<start_of_image>"),
+                absent=("audio", "tool"),
+                model_types=("gemma3", "gemma3_text"),
+                template="gemma3_it",
+            ),
+        ),
+        readme=ReadmeRow(
+            golden="10 / 12 (generated from the official template): 4 renders equal, the 6 the template refuses "
+            "(roles must alternate) refused; `tools_provided` refused here, where the template drops the tool list",
+            jinja="GEMMA3_JINJA",
+            parser="plain content: vLLM has no tool or reasoning parser for this template",
+            tito="token level, official Gemma 3 `tokenizer.json`, golden cases id for id and through `AgentSession` "
+            "(no tools)",
+            seams="a turn's content is trimmed in history (a generated turn with outer whitespace re-renders "
+            "without it); tools, tool messages and images refused",
+            note="google/gemma-3-*-it",
+        ),
+    ),
+    Family(
+        module="kimi_k2",
+        members=(
+            Member(
+                name="kimi-k2",
+                marks=(_KIMI_TOOLS, "You are a helpful assistant<|im_end|>"),
+                absent=("<|tool_calls_section_begin|>", "<think>"),
+                template="kimi_k2_instruct",
+            ),
+            Member(
+                name="kimi-k2-thinking",
+                marks=(_KIMI_TOOLS, "<think>{{rc}}</think>", "## Return of", "last_non_tool_call_assistant_msg"),
+                absent=("tool_response_queue", "tools_ts_str", "preserve_thinking"),
+                template="kimi_k2_thinking",
+            ),
+        ),
+        readme=ReadmeRow(
+            note="moonshotai/Kimi-K2-Instruct as released (July 2025), Kimi-K2-Thinking",
+            golden="KIMI_GOLDEN",
+            jinja="KIMI_JINJA",
+            parser="KIMI_PARSER",
+            tito="KIMI_TITO",
+            seams="KIMI_SEAMS",
         ),
     ),
 ]

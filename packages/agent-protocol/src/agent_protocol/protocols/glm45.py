@@ -1,4 +1,4 @@
-"""The GLM-4.5 family's chat format (GLM-4.5, GLM-4.5-Air), in Python.
+"""The GLM-4.5 family's chat format (GLM-4.5, GLM-4.5-Air; GLM-4.6 as `glm-4.6`), in Python.
 
     [gMASK]<sop><|system|>
     # Tools ... <tools>{spec}</tools> ...<|user|>
@@ -37,6 +37,11 @@ writes it. Seams (the transcript differs from the official render), each pinned 
 - with `enable_thinking=False` the model writes no reasoning (the prompt holds the empty block), so
   `render_generation` leaves a message's reasoning out where the template would show it.
 
+GLM-4.6 (`glm-4.6`, golden `glm4.6`) renders every conversation this package sends exactly as GLM-4.5: its
+template differs only in text that gives the same bytes (the user turn calls `visible_text` twice instead of
+setting a variable) and in how it takes tool-call arguments that are not a mapping, which `coerce_messages`
+never passes. It is the same class under its own name, so detection and the README can tell the two apart.
+
 Parsing follows vLLM's ``glm45`` tool parser (`Glm4MoeModelToolParser`, vllm/tool_parsers/glm4_moe_tool_parser.py)
 and ``glm45`` reasoning parser (vllm/reasoning/glm4_moe_reasoning_parser.py). Reasoning is the text between
 ``<think>`` and ``</think>``, stripped; unlike vLLM, reasoning never closed is the coded issue
@@ -44,8 +49,11 @@ and ``glm45`` reasoning parser (vllm/reasoning/glm4_moe_reasoning_parser.py). Re
 the template reads it back (the shared `hermes_parser.split_reasoning`). The call name is the first line of a
 ``<tool_call>`` block, stripped; arguments are ``<arg_key>``/``<arg_value>`` pairs (whitespace allowed between
 them), keys stripped; a value is stripped and decoded as JSON, else as a Python literal (what vLLM's
-`_deserialize` does), else kept as the string. Parsing gets no tool schemas, so every value is decoded (vLLM
-with no `tools` in the request does the same; with them it keeps string-typed parameters raw). Content is the
+`_deserialize` does), else kept as the string. The tools of the request type the values, as vLLM's
+`_is_string_type` does: `with_tools(tools)` returns a copy whose parser keeps the value of a parameter whose
+schema says ``"type": "string"`` as the raw text between the tags, not stripped and not decoded (so "391" stays
+the string "391"), and decodes every other value as above (a number, object or array by its JSON); a protocol
+without tools (vLLM with no `tools` in the request) decodes every value. Content is the
 text before the first call, stripped; text after a call is dropped, as vLLM does. Stricter than vLLM, which
 skips or half-reads them: an unclosed call, a block without a name line and arguments outside the pair
 structure become coded issues, so a malformed call is never run.
@@ -55,7 +63,7 @@ from __future__ import annotations
 
 import ast
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from agent_protocol.broken_call import broken_call
@@ -65,9 +73,9 @@ from agent_protocol.errors import MessageError
 from agent_protocol.hermes_parser import split_reasoning
 from agent_protocol.json_limits import check_json_value, loads_bounded
 from agent_protocol.template_json import tojson, tojson_kept
-from agent_protocol.types import Action, Message, MessageLike, ToolCall, ToolSpec
+from agent_protocol.types import Action, Message, MessageLike, ToolCall, ToolSpec, ToolSpecLike, coerce_tools
 
-__all__ = ["PROTOCOLS", "Glm45Protocol"]
+__all__ = ["PROTOCOLS", "Glm45Protocol", "Glm46Protocol"]
 
 PREFIX: Final = "[gMASK]<sop>"
 SYSTEM: Final = "<|system|>"
@@ -104,11 +112,27 @@ class Glm45Protocol(ChatProtocol):
     end_of_turn = ""  # a turn ends on the next role's token, which the model writes itself
     stop_texts = (USER, OBSERVATION, ENDOFTEXT)
 
-    def __init__(self, *, enable_thinking: bool = True) -> None:
+    #: the template's name in messages that say what it refuses
+    template = "GLM-4.5"
+
+    def __init__(
+        self, *, enable_thinking: bool = True, string_params: Mapping[str, frozenset[str]] | None = None
+    ) -> None:
         self.enable_thinking = enable_thinking
+        #: tool name -> its parameters whose schema type is "string" (kept raw by the parser, as vLLM does)
+        self.string_params: dict[str, frozenset[str]] = dict(string_params or {})
 
     def __repr__(self) -> str:
-        return f"Glm45Protocol(enable_thinking={self.enable_thinking})"
+        return f"{type(self).__name__}(enable_thinking={self.enable_thinking}, tools={sorted(self.string_params)!r})"
+
+    def with_tools(self, tools: Iterable[ToolSpecLike]) -> Glm45Protocol:
+        """A copy whose parser types argument values by the schemas of `tools` (the tools the model is shown), as
+        vLLM's parser does with the tools of the request: a parameter whose schema type is "string" keeps its
+        raw text."""
+        string_params: dict[str, frozenset[str]] = {}
+        for spec in coerce_tools(tools):
+            string_params[spec.name] = _string_params(spec.function.get("parameters"))
+        return type(self)(enable_thinking=self.enable_thinking, string_params=string_params)
 
     @property
     def generation_prompt(self) -> str:
@@ -166,7 +190,7 @@ class Glm45Protocol(ChatProtocol):
         if msg.content is None:
             raise MessageError(
                 f"messages[{index}].content",
-                "the official GLM-4.5 template cannot render a tool message with null content "
+                f"the official {self.template} template cannot render a tool message with null content "
                 "(it iterates the content as a list of results); send the result as a string",
             )
         return ("" if follows_tool else OBSERVATION) + f"\n<tool_response>\n{content}\n</tool_response>"
@@ -195,7 +219,7 @@ class Glm45Protocol(ChatProtocol):
             if close < 0:
                 calls.append(_unclosed_call(content[body_start:], call_id))
                 break
-            calls.append(_parse_call(content[body_start:close], call_id))
+            calls.append(_parse_call(content[body_start:close], call_id, self.string_params))
             pos = content.find(CALL_OPEN, close + len(CALL_CLOSE))
         return Action(content=content[:first].strip(), reasoning_content=reasoning, tool_calls=tuple(calls))
 
@@ -241,15 +265,26 @@ def _unclosed_call(body: str, call_id: str) -> ToolCall:
     return broken_call(call_id, body, "unclosed_tag", message, name=name)
 
 
-def _parse_call(body: str, call_id: str) -> ToolCall:
-    """One closed `<tool_call>` block: the name line, then the argument pairs."""
+def _string_params(parameters: Any) -> frozenset[str]:
+    """The parameters whose JSON schema says `"type": "string"` (vLLM's `_is_string_type`: exactly that type;
+    a union type or a schema without a type is not a string type)."""
+    properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
+    if not isinstance(properties, Mapping):
+        return frozenset()
+    return frozenset(
+        name for name, schema in properties.items() if isinstance(schema, Mapping) and schema.get("type") == "string"
+    )
+
+
+def _parse_call(body: str, call_id: str, string_params: Mapping[str, frozenset[str]]) -> ToolCall:
+    """One closed `<tool_call>` block: the name line, then the argument pairs (`string_params`: see `with_tools`)."""
     newline = body.find("\n")
     if newline < 0:
         message = f"The tool call cannot be read: the function name must be on its own line. {_FORMAT_HINT}"
         return broken_call(call_id, body, "invalid_arguments", message)
     name = body[:newline].strip()
     try:
-        arguments = _arguments(body[newline + 1 :])
+        arguments = _arguments(body[newline + 1 :], string_params.get(name, frozenset()))
     except ValueError as e:  # JsonLimitError included
         message = f"The tool call cannot be read: {e}. {_FORMAT_HINT}"
         return broken_call(call_id, body, "invalid_arguments", message, name=name)
@@ -259,9 +294,10 @@ def _parse_call(body: str, call_id: str) -> ToolCall:
     return ToolCall(id=call_id, name=name, arguments=arguments)
 
 
-def _arguments(text: str) -> dict[str, Any]:
+def _arguments(text: str, raw_keys: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The `<arg_key>`/`<arg_value>` pairs of a call body, in order (a repeated key: the last value wins, as in
-    vLLM). Raises ValueError saying what is wrong when anything but whitespace lies outside the pairs."""
+    vLLM); the value of a key in `raw_keys` (a string-typed parameter) is kept as written. Raises ValueError
+    saying what is wrong when anything but whitespace lies outside the pairs."""
     arguments: dict[str, Any] = {}
     pos = _skip_space(text, 0)
     while pos < len(text):
@@ -277,7 +313,8 @@ def _arguments(text: str) -> dict[str, Any]:
         value_end = text.find(VALUE_CLOSE, pos)
         if value_end < 0:
             raise ValueError(f"the value of {_preview(key)} is never closed with </arg_value>")
-        arguments[key] = _value(text[pos + len(VALUE_OPEN) : value_end].strip())
+        written = text[pos + len(VALUE_OPEN) : value_end]
+        arguments[key] = written if key in raw_keys else _value(written.strip())
         pos = _skip_space(text, value_end + len(VALUE_CLOSE))
     check_json_value(arguments)  # a value kept as text, or a key, may hold what no tokenizer or log can take
     return arguments
@@ -309,9 +346,20 @@ def _preview(text: str) -> str:
     return json.dumps(text[:40] + ("..." if len(text) > 40 else ""), ensure_ascii=False)
 
 
+class Glm46Protocol(Glm45Protocol):
+    """GLM-4.6: GLM-4.5's format under its own name (see the module docstring)."""
+
+    name = "glm-4.6"
+    template = "GLM-4.6"
+
+
 def _glm45(*, enable_thinking: bool = True) -> ChatProtocol:
     return Glm45Protocol(enable_thinking=enable_thinking)
 
 
+def _glm46(*, enable_thinking: bool = True) -> ChatProtocol:
+    return Glm46Protocol(enable_thinking=enable_thinking)
+
+
 #: registered name -> factory (see agent_protocol.registry)
-PROTOCOLS: Final = {"glm-4.5": _glm45}
+PROTOCOLS: Final = {"glm-4.5": _glm45, "glm-4.6": _glm46}
