@@ -60,7 +60,13 @@ class Family:
 TEMPLATES = ROOT / "tests" / "data" / "golden" / "templates"
 #: the families whose own tokenizer is in tests/data/tokenizers (a key of family_tokenizers.SHA256); the other
 #: ChatML families use Qwen3's, and every other family a stand-in
-REAL_TOKENIZERS = {"gpt-oss": "gpt_oss", "llama3.1": "llama3.1", "llama3.2": "llama3.1", "deepseek-v3.1": "deepseek_v3"}
+REAL_TOKENIZERS = {
+    "gpt-oss": "gpt_oss",
+    "llama3.1": "llama3.1",
+    "llama3.2": "llama3.1",
+    "deepseek-v3.1": "deepseek_v3",
+    "deepseek-v3.1-vllm-tools": "deepseek_v3",
+}
 
 
 def bench_family(name: str, template: str) -> Family | None:

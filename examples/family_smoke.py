@@ -37,6 +37,7 @@ _OWN_TOKENIZERS: Final = {
     "llama3.1": "llama3.1",
     "llama3.2": "llama3.1",
     "deepseek-v3.1": "deepseek_v3",
+    "deepseek-v3.1-vllm-tools": "deepseek_v3",
 }
 
 

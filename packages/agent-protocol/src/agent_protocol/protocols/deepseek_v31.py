@@ -18,8 +18,9 @@ deepseek-ai/DeepSeek-V3.1 revision) statement by statement:
   spelled another way (compact separators, ASCII escapes) is rendered in that canonical spelling.
 - The template does **not** render the `tools` list: the model is never shown the tool specs. This is a known gap
   of the official template (vLLM and SGLang ship reworked copies that add a tools section); the tools are
-  validated and, like the template, not rendered. Callers that need the specs in the prompt put them in a system
-  message themselves.
+  validated and, like the template, not rendered, and the first render with tools warns once per protocol object
+  (`ToolsNotRenderedWarning`). The fix: `get_protocol("deepseek-v3.1-vllm-tools")`, below, or the specs in a
+  system message written by the caller.
 - Conversations the template cannot render raise `MessageError`: null content where it concatenates text.
   `tool_calls: []` reads as no calls (the template would print a lone `<｜tool▁calls▁end｜>`), and DeepSeek's
   `prefix` (prefix-completion) key is not supported.
@@ -39,12 +40,28 @@ as `</think>...`; a turn cut off by the length limit is closed with `<｜end▁o
 no `<｜tool▁calls▁end｜>`). At the token level, DeepSeek-V3's tokenizer file has no `<think>`/`</think>` tokens, so a
 generation that starts with a word right after the prompt's think tag keeps `>` and the word apart where one-piece
 tokenization merges them (`>The`); V3.1's tokenizer adds both tags as tokens and has no such seam.
+
+`deepseek-v3.1-vllm-tools` renders the reworked template vLLM ships (vllm-project/vllm
+examples/tool_chat_template_deepseekv31.jinja, tests/data/golden/templates/deepseek_v3.1_vllm.jinja) as vLLM
+renders it (transformers' trim_blocks/lstrip_blocks, tool-call arguments parsed to an object and dumped with
+`tojson`): after the system messages a `## Tools` section lists each tool's name, description and parameters
+(a tool without a description or without parameters makes the template fail, so it is refused), then the call
+format. That template is indented, and the indentation before its `{{ ... }}` expressions reaches the prompt:
+the render starts with two newlines, the generation prompt is `  <｜Assistant｜>    </think>` (or `<think>`), and
+history writes an assistant turn after a user message as `      <｜Assistant｜>` plus `        </think>` and six
+spaces before its content (no calls) or `</think>` and ten spaces (calls: eight before each further call, four
+before `<｜tool▁calls▁end｜>`), an answer after tool outputs with six spaces before it. `tool_calls: []` reads as no
+calls, as in `deepseek-v3.1` (the template would take the calls branch and drop the content). These are seams:
+the model generated after the prompt's spaces, history re-renders the turn with others. Parsing is the same
+`deepseek_v31` parser (vLLM serves this template with it); a generated turn's leading spaces are content.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Final
 
 from agent_protocol.broken_call import raw_preview
@@ -55,7 +72,7 @@ from agent_protocol.json_limits import loads_bounded
 from agent_protocol.template_json import tojson
 from agent_protocol.types import Action, Message, MessageLike, ParseIssue, ToolCall, ToolSpec
 
-__all__ = ["PROTOCOLS", "DeepSeekV31Protocol"]
+__all__ = ["PROTOCOLS", "DeepSeekV31Protocol", "DeepSeekV31VllmProtocol", "ToolsNotRenderedWarning"]
 
 BOS: Final = "<｜begin▁of▁sentence｜>"
 EOS: Final = "<｜end▁of▁sentence｜>"
@@ -71,10 +88,16 @@ TOOL_SEP: Final = "<｜tool▁sep｜>"
 OUTPUT_BEGIN: Final = "<｜tool▁output▁begin｜>"
 OUTPUT_END: Final = "<｜tool▁output▁end｜>"
 
+_PACKAGE_DIR: Final = str(Path(__file__).parent.parent)
+
 _CALL_FORMAT: Final = (
     f"Write each call as {CALL_BEGIN}NAME{TOOL_SEP}{{JSON arguments}}{CALL_END}, all of them between "
     f"{CALLS_BEGIN} and {CALLS_END}."
 )
+
+
+class ToolsNotRenderedWarning(UserWarning):
+    """Tools were given to a protocol whose official template does not show them to the model."""
 
 
 class DeepSeekV31Protocol(ChatProtocol):
@@ -84,6 +107,19 @@ class DeepSeekV31Protocol(ChatProtocol):
 
     def __init__(self, *, thinking: bool = False) -> None:
         self.thinking = thinking
+        self._warned_tools = False
+
+    def _warn_tools_not_rendered(self) -> None:
+        if self._warned_tools:
+            return
+        self._warned_tools = True
+        warnings.warn(
+            "deepseek-v3.1: the official DeepSeek-V3.1 chat template does not render the tools list, so the model "
+            "is asked to call tools it is never shown; use get_protocol('deepseek-v3.1-vllm-tools') (vLLM's "
+            "reworked template, which lists them) or describe the tools in a system message yourself",
+            ToolsNotRenderedWarning,
+            skip_file_prefixes=(_PACKAGE_DIR,),  # point at the caller, past render_prompt and render_messages
+        )
 
     def __repr__(self) -> str:
         return f"DeepSeekV31Protocol(thinking={self.thinking})"
@@ -96,6 +132,8 @@ class DeepSeekV31Protocol(ChatProtocol):
 
     def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
         # `specs` were validated like every family's; the official template does not render them
+        if specs:
+            self._warn_tools_not_rendered()
         _check_renderable(msgs)
         system = "\n\n".join(m.content or "" for m in msgs if m.role == "system")
         body, last_is_user = _render_body(msgs)
@@ -144,15 +182,99 @@ class DeepSeekV31Protocol(ChatProtocol):
         return Action(content=content, reasoning_content=reasoning, tool_calls=tuple(calls))
 
 
-def _check_renderable(msgs: list[Message]) -> None:
+_VLLM_TOOLS_HEAD: Final = "## Tools\nYou have access to the following tools:\n"
+_VLLM_TOOLS_TAIL: Final = (
+    "\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\n"
+    f"{CALLS_BEGIN}{CALL_BEGIN}tool_call_name{TOOL_SEP}tool_call_arguments{CALL_END}{{{{additional_tool_calls}}}}"
+    f"{CALLS_END}\n\nWhere:\n\n- `tool_call_name` must be an exact match to one of the available tools\n"
+    "- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema\n"
+    "- For multiple tool calls, chain them directly without separators or spaces\n"
+)
+
+
+class DeepSeekV31VllmProtocol(DeepSeekV31Protocol):
+    """DeepSeek-V3.1 with the tools list, as vLLM's reworked template renders it (see the module docstring)."""
+
+    name = "deepseek-v3.1-vllm-tools"
+
+    def __repr__(self) -> str:
+        return f"DeepSeekV31VllmProtocol(thinking={self.thinking})"
+
+    @property
+    def generation_prompt(self) -> str:
+        return "  " + ASSISTANT + "    " + (THINK_OPEN if self.thinking else THINK_CLOSE)
+
+    def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
+        _check_renderable(msgs, template="vLLM's DeepSeek-V3.1 tool template")
+        system = "\n\n".join(m.content or "" for m in msgs if m.role == "system")
+        if specs is not None:
+            system += "\n\n" + _vllm_tools_section(specs)
+        body, last_is_user = _render_body_vllm(msgs)
+        prompt = self.generation_prompt if add_generation_prompt and last_is_user else ""
+        return "\n\n" + BOS + system + body + prompt
+
+
+def _vllm_tools_section(specs: list[ToolSpec]) -> str:
+    out = [_VLLM_TOOLS_HEAD]
+    for index, spec in enumerate(specs):
+        if spec.source is not None and "function" not in spec.source:
+            raise MessageError(
+                f"tools[{index}]",
+                "has no `function` object; vLLM's DeepSeek-V3.1 tool template reads `tool.function` and fails "
+                "on the flat form",
+            )
+        function = spec.function
+        for key in ("description", "parameters"):
+            if key not in function or (key == "description" and function[key] is None):
+                raise MessageError(
+                    f"tools[{index}].function.{key}",
+                    "is missing; vLLM's DeepSeek-V3.1 tool template prints every tool's description and "
+                    "parameters and fails without them",
+                )
+        out.append(
+            f"\n### {function['name']}\nDescription: {function['description']}\n\n"
+            f"Parameters: {tojson(function['parameters'])}\n"
+        )
+    return "".join(out) + _VLLM_TOOLS_TAIL
+
+
+def _render_body_vllm(msgs: list[Message]) -> tuple[str, bool]:
+    """`_render_body` for vLLM's template, with the indentation its layout leaves in the output."""
+    out: list[str] = []
+    last_is_user = False
+    after_tool = False
+    for msg in msgs:
+        content = msg.content or ""
+        if msg.role == "user":
+            out.append(USER + content)
+            last_is_user, after_tool = True, False
+        elif msg.role == "tool":
+            out.append(OUTPUT_BEGIN + content + OUTPUT_END)
+            last_is_user, after_tool = False, True
+        elif msg.role == "assistant" and msg.tool_calls:
+            opener = "      " + ASSISTANT + THINK_CLOSE if last_is_user else ""
+            calls = [f"{CALL_BEGIN}{call.name}{TOOL_SEP}{tojson(call.arguments)}{CALL_END}" for call in msg.tool_calls]
+            first = "          " + content + CALLS_BEGIN + calls[0]
+            rest = "".join("        " + call for call in calls[1:])
+            out.append(opener + first + rest + "    " + CALLS_END + EOS)
+            last_is_user, after_tool = False, False
+        elif msg.role == "assistant":
+            opener = "      " + ASSISTANT + "        " + THINK_CLOSE if last_is_user else ""
+            if not after_tool and THINK_CLOSE in content:
+                content = content.split(THINK_CLOSE, 1)[1]
+            out.append(opener + "      " + content + EOS)
+            last_is_user, after_tool = False, False
+    return "".join(out), last_is_user
+
+
+def _check_renderable(msgs: list[Message], *, template: str = "official DeepSeek-V3.1 template") -> None:
     """The template concatenates every content as text; null content (but an assistant's with tool calls)
     makes it fail, so it is refused here with the reason."""
     for index, message in enumerate(msgs):
         if message.content is None and not (message.role == "assistant" and message.tool_calls):
             raise MessageError(
                 f"messages[{index}].content",
-                f"is null; the official DeepSeek-V3.1 template concatenates a {message.role} message's content "
-                "as text and fails on null",
+                f"is null; the {template} concatenates a {message.role} message's content as text and fails on null",
             )
 
 
@@ -257,5 +379,9 @@ def _deepseek_v31(*, thinking: bool = False) -> ChatProtocol:
     return DeepSeekV31Protocol(thinking=thinking)
 
 
+def _deepseek_v31_vllm_tools(*, thinking: bool = False) -> ChatProtocol:
+    return DeepSeekV31VllmProtocol(thinking=thinking)
+
+
 #: registered name -> factory (see agent_protocol.registry)
-PROTOCOLS: Final = {"deepseek-v3.1": _deepseek_v31}
+PROTOCOLS: Final = {"deepseek-v3.1": _deepseek_v31, "deepseek-v3.1-vllm-tools": _deepseek_v31_vllm_tools}
