@@ -92,6 +92,8 @@ _QWEN35: Final = (_IM, "<function=", "<parameter=", "reasoning_content is string
 _KIMI_TOOLS: Final = "<|im_system|>tool_declare<|im_middle|>"
 #: GLM-4.6's user turn (GLM-4.5's sets a variable instead); it renders the same bytes
 _GLM46: Final = 'not visible_text(m.content).endswith("/nothink")'
+#: GLM-4.7's reasoning switch, in the form its template has (GLM-5's tests `reasoning_content is defined`)
+_GLM47: Final = ("clear_thinking", "ns.last_user_index) and reasoning_content -%}")
 _DEEPSEEK_VLLM_TOOLS: Final = "You have access to the following tools:"
 
 #: every built-in family, in README order; detection checks the members in this order and the first match wins
@@ -99,20 +101,17 @@ _TABLE: Final[list[Family]] = [
     Family(
         module="qwen3_5",
         members=(
-            Member(
-                name="qwen3.6",
-                marks=(*_QWEN35, "preserve_thinking"),
-                model_types=(),
-                template="qwen3.6",
-            ),
+            Member(name="qwen3.6", marks=(*_QWEN35, "preserve_thinking"), template="qwen3.6"),
             Member(name="qwen3.5", marks=_QWEN35, absent=("preserve_thinking",), template="qwen3.5"),
         ),
         readme=ReadmeRow(
-            golden="QWEN35_GOLDEN",
-            jinja="QWEN35_JINJA",
+            golden="48 / 48 (generated from the official templates)",
+            jinja="1,600 renders (160 conversations x 5 variants x gen prompt) + 1,080 refusals the templates raise; "
+            "every tool shape",
             parser="`qwen3_coder` (typed by the episode's tool schemas) + `qwen3` reasoning, `<think>` opened by the "
             "prompt",
-            tito="QWEN35_TITO",
+            tito="text level only: prompt + generations + feedback == official render on 37 generated episodes; "
+            "no Qwen3.5 tokenizer vendored, not run through `AgentSession`",
             seams="reasoning dropped before the last user query unless `preserve_thinking=True` (Qwen3.6; a new user "
             "message moves it, tool results do not); content and reasoning trimmed; Qwen3.5 writes `True`/`None`",
             note="Qwen3.5 and Qwen3.6 (Qwen/Qwen3.5-9B, Qwen/Qwen3.6-27B templates; no images here)",
@@ -358,6 +357,21 @@ _TABLE: Final[list[Family]] = [
         ),
     ),
     Family(
+        module="glm47",
+        members=(Member(name="glm-4.7", marks=("[gMASK]<sop>", "<arg_key>", *_GLM47), template="glm4.7"),),
+        readme=ReadmeRow(
+            golden="36 / 36 (generated from the official template)",
+            jinja="960 (160 x 3 variants x gen prompt, also with string arguments)",
+            parser="`glm47` tool parser (the name ends at the first `<arg_key>`; a string-typed parameter of the "
+            "episode's tools kept raw (`with_tools`), other values JSON then Python literal) + `glm45` reasoning",
+            tito="text level (no GLM tokenizer in a registry): a byte-level tokenizer with GLM's control tokens, "
+            "through `AgentSession`",
+            seams="GLM-4.5's role-token seams; thinking on, a turn without reasoning is `<think></think>` generated vs "
+            "`</think>` in history; reasoning dropped after a new user message unless `clear_thinking=False`",
+            note="template: GLM-4.7-Flash's as llama.cpp ships it; GLM-4.7's not byte-verified",
+        ),
+    ),
+    Family(
         module="gpt_oss",
         members=(
             Member(name="gpt-oss", marks=("<|channel|>", "<|call|>"), model_types=("gpt_oss",), template="gpt_oss"),
@@ -417,6 +431,25 @@ _TABLE: Final[list[Family]] = [
         ),
     ),
     Family(
+        module="minimax_m2",
+        members=(
+            Member(
+                name="minimax-m2",
+                marks=("]~b]ai", "<minimax:tool_call>", "ns.last_user_index"),
+                model_types=("minimax_m2",),
+                template="minimax_m2",
+            ),
+        ),
+        readme=ReadmeRow(
+            note="MiniMaxAI/MiniMax-M2; M2.1 absent: no copy of its template found",
+            golden="MINIMAX_GOLDEN",
+            jinja="MINIMAX_JINJA",
+            parser="MINIMAX_PARSER",
+            tito="MINIMAX_TITO",
+            seams="MINIMAX_SEAMS",
+        ),
+    ),
+    Family(
         module="kimi_k2",
         members=(
             Member(
@@ -434,11 +467,17 @@ _TABLE: Final[list[Family]] = [
         ),
         readme=ReadmeRow(
             note="moonshotai/Kimi-K2-Instruct as released (July 2025), Kimi-K2-Thinking",
-            golden="KIMI_GOLDEN",
-            jinja="KIMI_JINJA",
-            parser="KIMI_PARSER",
-            tito="KIMI_TITO",
-            seams="KIMI_SEAMS",
+            golden="24 / 24 (generated from the official templates)",
+            jinja="680 (170 conversations x 2 templates x gen prompt, with every tool shape, names, text-part lists "
+            "and Kimi call ids): Thinking 340 equal; Instruct 306 equal and 34 refusals matched (null content)",
+            parser="`kimi_k2` tool parser (`<\\|tool_calls_section_begin\\|>`, call ids `functions.NAME:IDX` kept as "
+            "written, the name read from the id) + `kimi_k2` reasoning for Thinking (`</think>` or the call section "
+            "ends it)",
+            tito="text level (no Kimi tokenizer in a registry: Kimi ships a tiktoken file): a byte-level tokenizer "
+            "with Kimi's control tokens, through `AgentSession`",
+            seams="`kimi-k2`: its template renders no tool calls, call ids or reasoning in history, so a sampled call "
+            "section is in the transcript only; `kimi-k2-thinking`: every turn up to the last final answer re-rendered "
+            "with an empty `<think></think>`",
         ),
     ),
 ]
