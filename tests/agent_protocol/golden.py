@@ -31,7 +31,9 @@ DATED_TEMPLATES = ("llama3.2_instruct", "gpt_oss", "mistral_small_3.2")
 #: golden variant suffix -> protocol options
 VARIANT_OPTIONS: dict[str, dict[str, Any]] = {
     "enable_thinking_false": {"enable_thinking": False},
+    "clear_thinking_false": {"clear_thinking": False},
     "thinking_true": {"thinking": True},
+    "preserve_thinking_true": {"preserve_thinking": True},
 }
 
 

@@ -321,12 +321,33 @@ _TABLE: Final[list[Family]] = [
         ),
     ),
     Family(
+        module="deepseek_v32",
+        members=(
+            # no chat template to detect: DeepSeek-V3.2 ships a Python encoder (encoding/encoding_dsv32.py)
+            Member(name="deepseek-v3.2", model_types=("deepseek_v32",)),
+        ),
+        readme=ReadmeRow(
+            note="DeepSeek-V3.2 and V3.2-Exp's DSML format; no Jinja template: the official Python encoder is the "
+            "reference",
+            golden="10 / 12 (generated from the official encoder, tests/data/golden/deepseek_v3.2), and the 2 it "
+            "refuses (thinking mode, a final answer without reasoning) raise",
+            jinja="no template: 376 of 480 generated conversations (207 chat, 169 thinking; tools in 2 of 3) equal "
+            "to the encoder's renders, the 104 it refuses refused",
+            parser="`deepseek_v32` tool parser (DSML `invoke`/`parameter`, `string=\"false\"` values as JSON) + R1 "
+            "reasoning in thinking mode",
+            tito="token level, DeepSeek-V3 `tokenizer.json` with V3.1's `<think>`/`</think>` tokens (V3.2's own "
+            "file is not in a registry here; DSML is text), through `AgentSession`",
+            seams="none in chat mode; thinking mode: a new user message drops earlier reasoning and turns their "
+            "`<think>` openers into `</think>`",
+        ),
+    ),
+    Family(
         module="glm45",
         members=(
             Member(
                 name="glm-4.5",
                 marks=("[gMASK]<sop>", "<arg_key>"),
-                absent=(_GLM46,),
+                absent=(_GLM46, "clear_thinking"),
                 model_types=("glm4_moe",),
                 template="glm4.5",
             ),
@@ -344,7 +365,14 @@ _TABLE: Final[list[Family]] = [
     ),
     Family(
         module="glm45",
-        members=(Member(name="glm-4.6", marks=("[gMASK]<sop>", "<arg_key>", _GLM46), template="glm4.6"),),
+        members=(
+            Member(
+                name="glm-4.6",
+                marks=("[gMASK]<sop>", "<arg_key>", _GLM46),
+                absent=("clear_thinking",),
+                template="glm4.6",
+            ),
+        ),
         readme=ReadmeRow(
             golden="24 / 24 (generated from the official template)",
             jinja="640 (160 x 2 variants x gen prompt, also with string arguments)",
@@ -431,25 +459,6 @@ _TABLE: Final[list[Family]] = [
         ),
     ),
     Family(
-        module="minimax_m2",
-        members=(
-            Member(
-                name="minimax-m2",
-                marks=("]~b]ai", "<minimax:tool_call>", "ns.last_user_index"),
-                model_types=("minimax_m2",),
-                template="minimax_m2",
-            ),
-        ),
-        readme=ReadmeRow(
-            note="MiniMaxAI/MiniMax-M2; M2.1 absent: no copy of its template found",
-            golden="MINIMAX_GOLDEN",
-            jinja="MINIMAX_JINJA",
-            parser="MINIMAX_PARSER",
-            tito="MINIMAX_TITO",
-            seams="MINIMAX_SEAMS",
-        ),
-    ),
-    Family(
         module="kimi_k2",
         members=(
             Member(
@@ -478,6 +487,29 @@ _TABLE: Final[list[Family]] = [
             seams="`kimi-k2`: its template renders no tool calls, call ids or reasoning in history, so a sampled call "
             "section is in the transcript only; `kimi-k2-thinking`: every turn up to the last final answer re-rendered "
             "with an empty `<think></think>`",
+        ),
+    ),
+    Family(
+        module="minimax_m2",
+        members=(
+            Member(
+                name="minimax-m2",
+                marks=("]~b]ai", "<minimax:tool_call>", "ns.last_user_index"),
+                model_types=("minimax_m2",),
+                template="minimax_m2",
+            ),
+        ),
+        readme=ReadmeRow(
+            note="MiniMaxAI/MiniMax-M2; M2.1 absent: no copy of its own template was found",
+            golden="12 / 12 (generated from the official template)",
+            jinja="680 (170 conversations x gen prompt x arguments as objects and as JSON strings, tools in 3 of "
+            "5): 488 equal, 192 refused as the template refuses; + 80 with null tool results",
+            parser="`minimax_m2` tool parser, values typed by the request's tool schemas (`with_tools`), + "
+            "`minimax_m2` reasoning",
+            tito="text level (no MiniMax tokenizer in a registry here): a byte-level tokenizer with MiniMax's "
+            "control tokens, through `AgentSession`",
+            seams="a turn written with empty reasoning keeps `<think>` / `</think>` (the template renders no "
+            "block); reasoning before a later user message dropped by the template, kept here",
         ),
     ),
 ]

@@ -1,0 +1,289 @@
+"""Qwen3.5 / Qwen3.6 (`agent_protocol.protocols.qwen3_5`): the golden renders, the Python renderer against the
+official Jinja of Qwen/Qwen3.5-9B and Qwen/Qwen3.6-27B on generated conversations (refusals included), every tool
+shape, the parser (vLLM's `qwen3_coder` behind the `qwen3` reasoning parser, prompt-opened `<think>`), and the
+episode check: prompt + generations + feedback against the official render, append-only with
+`preserve_thinking=True`, with the one seam of `preserve_thinking=False` pinned.
+
+Jinja-side adaptation: `as_vllm_passes` (arguments given as a JSON string as the object vLLM passes: the templates
+call `|items` on them and fail on a string). The generated conversations are the Qwen families'
+(tests/support/qwen_conversations.py), with further seeds so that at least 150 per variant render (the templates
+refuse a conversation with no user query and a system message after the first).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import jinja2
+import pytest
+
+from agent_protocol import MessageError, get_protocol
+from agent_protocol.protocols.qwen3_5 import Qwen35Protocol
+from tests.agent_protocol.golden import GoldenRender, cases, renders, tool_outputs
+from tests.support.family_checks import (
+    as_vllm_passes,
+    compare_with_jinja,
+    episode_text,
+    is_episode,
+    official_episode,
+)
+from tests.support.hf_jinja import official_template
+from tests.support.qwen_conversations import MIX
+from tests.support.random_conversations import conversation, random_tools
+from tests.support.tool_shapes import TOOL_SHAPES
+
+RENDERS = renders("qwen3.5", "qwen3.6")
+SPECIAL = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+
+#: (template stem, protocol name, options; the template takes the same names as variables)
+VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
+    ("qwen3.5", "qwen3.5", {}),
+    ("qwen3.5", "qwen3.5", {"enable_thinking": False}),
+    ("qwen3.6", "qwen3.6", {}),
+    ("qwen3.6", "qwen3.6", {"preserve_thinking": True}),
+    ("qwen3.6", "qwen3.6", {"enable_thinking": False, "preserve_thinking": True}),
+]
+
+
+def official_for(stem: str, **kwargs: Any) -> Any:
+    def render(messages: list[dict[str, Any]], tools: Any = None, generation: bool = False) -> str:
+        return official_template(stem).render(
+            messages=as_vllm_passes(messages), tools=tools, add_generation_prompt=generation, **SPECIAL, **kwargs
+        )
+
+    return render
+
+
+def protocol(name: str, **options: Any) -> Qwen35Protocol:
+    made = get_protocol(name, **options)
+    assert isinstance(made, Qwen35Protocol)
+    return made
+
+
+def _accepted(messages: list[dict[str, Any]], tools: Any) -> bool:
+    try:
+        official_for("qwen3.6")(messages, tools)
+    except jinja2.TemplateError:
+        return False
+    return True
+
+
+def _conversations() -> list[tuple[list[dict[str, Any]], Any]]:
+    """Seeds 0-199 of the Qwen mix (about half of them refused by these templates) and further seeds until 160
+    conversations render."""
+    out: list[tuple[list[dict[str, Any]], Any]] = []
+    accepted = 0
+    seed = 0
+    while seed < 200 or accepted < 160:
+        rng = random.Random(seed)
+        messages, tools = conversation(rng, MIX), random_tools(rng)
+        if seed < 200 or _accepted(messages, tools):
+            out.append((messages, tools))
+            accepted += _accepted(messages, tools)
+        seed += 1
+    return out
+
+
+CONVERSATIONS = _conversations()
+
+
+# -- golden renders -------------------------------------------------------------------------------------------
+
+
+def test_every_render_is_present() -> None:
+    # 6 cases x 2 (generation prompt or not) x (qwen3.5, qwen3.5 thinking off, qwen3.6, qwen3.6 preserve_thinking)
+    assert len(RENDERS) == 48
+    assert not any(r.refused for r in RENDERS)
+
+
+@pytest.mark.parametrize("golden", RENDERS, ids=lambda g: g.id)
+def test_render_matches_official_template_byte_for_byte(golden: GoldenRender) -> None:
+    case = cases()[golden.case]
+    rendered = get_protocol(golden.protocol, **golden.options).render_messages(
+        case["messages"], tools=case["tools"], add_generation_prompt=golden.add_generation_prompt
+    )
+    assert rendered == golden.text
+
+
+# -- generated conversations against the official Jinja -------------------------------------------------------
+
+
+@pytest.mark.parametrize(("stem", "name", "options"), VARIANTS, ids=lambda v: str(v))
+def test_python_renderer_equals_official_jinja(stem: str, name: str, options: dict[str, Any]) -> None:
+    compared, refused = compare_with_jinja(
+        protocol(name, **options),
+        official_for(stem, **options),
+        CONVERSATIONS,
+        refused_by=(jinja2.TemplateError,),
+        refusal="needs a user query|allows a system message only first",
+        template_error="No user query found|System message must be at the beginning",
+    )
+    assert compared >= 2 * 150
+    assert refused > 0
+
+
+def test_generated_conversations_cover_the_template_corners() -> None:
+    flat = [m for messages, _ in CONVERSATIONS for m in messages]
+    values = [
+        v
+        for m in flat
+        for c in m.get("tool_calls", [])
+        if isinstance(a := c["function"]["arguments"], dict)
+        for v in a.values()
+    ]
+    # Qwen3.5 writes these through `string` (True, None, 2.5), Qwen3.6 as JSON
+    assert {type(v) for v in values} >= {str, int, float, bool, type(None), dict, list}
+    assert any(m.get("reasoning_content") for m in flat)
+    assert any("</think>" in (m.get("content") or "") for m in flat if m["role"] == "assistant")
+    assert any(m["role"] == "tool" for m in flat)
+
+
+@pytest.mark.parametrize(("stem", "name"), [("qwen3.5", "qwen3.5"), ("qwen3.6", "qwen3.6")])
+def test_tool_listing_renders_every_shape(stem: str, name: str) -> None:
+    messages = [{"role": "system", "content": " sys "}, {"role": "user", "content": "hi"}]
+    assert protocol(name).render_messages(messages, tools=TOOL_SHAPES) == official_for(stem)(messages, TOOL_SHAPES)
+    assert protocol(name).render_messages(messages, tools=[]) == official_for(stem)(messages, [])
+
+
+def test_argument_values_differ_between_the_two_templates() -> None:
+    messages = [
+        {"role": "user", "content": "go"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"b": True, "n": None}}}],
+        },
+    ]
+    assert "<parameter=b>\nTrue\n</parameter>\n<parameter=n>\nNone\n" in protocol("qwen3.5").render_messages(messages)
+    assert "<parameter=b>\ntrue\n</parameter>\n<parameter=n>\nnull\n" in protocol("qwen3.6").render_messages(messages)
+
+
+def test_refusals() -> None:
+    with pytest.raises(MessageError, match="cannot render an empty conversation"):
+        protocol("qwen3.6").render_messages([])
+    with pytest.raises(MessageError, match="needs a user query"):
+        protocol("qwen3.6").render_messages([{"role": "system", "content": "s"}])
+    with pytest.raises(TypeError, match="preserve_thinking"):
+        get_protocol("qwen3.5", preserve_thinking=True)
+    with pytest.raises(MessageError):
+        protocol("qwen3.6").render_feedback([{"role": "system", "content": "late"}])
+
+
+# -- parsing: vLLM's qwen3_coder + qwen3 reasoning ------------------------------------------------------------
+
+XML = [c for c in tool_outputs() if c["format"] == "qwen3_coder_xml"]
+GOLDEN_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculate_area",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "shape": {"type": "string"},
+                    "dimensions": {"type": "object"},
+                    "precision": {"type": "integer"},
+                },
+            },
+        },
+    }
+]
+
+
+REASONING_CASES = {"vllm_reasoning_tool_call_without_think_end", "vllm_reasoning_tool_call_with_think_no_end"}
+
+
+@pytest.mark.parametrize("case", XML, ids=lambda c: c["id"])
+def test_golden_xml_calls_parse(case: dict[str, Any]) -> None:
+    """The golden XML outputs: with thinking off the prompt closed `<think>`, so the text is content and calls, as
+    for Qwen3-Coder; the two cases of vLLM's qwen3 reasoning parser (reasoning never closed, then a call) are read
+    with thinking on, as that parser reads them: the text before the call is reasoning."""
+    thinking = case["id"] in REASONING_CASES
+    p = protocol("qwen3.6", enable_thinking=thinking).with_tools(GOLDEN_TOOLS)
+    action = p.parse_assistant_text(case["raw"])
+    expected = case["expected"]
+    assert [{"name": c.name, "arguments": c.arguments} for c in action.tool_calls] == expected["tool_calls"]
+    if thinking:
+        assert action.issues == ()
+        assert action.reasoning_content == expected["reasoning_content"].strip("\n")
+        assert action.content == ""
+
+
+def test_reasoning_then_call_round_trips() -> None:
+    p = protocol("qwen3.6").with_tools(GOLDEN_TOOLS)
+    turn = {
+        "role": "assistant",
+        "reasoning_content": "Area of a rectangle.",
+        "content": "Computing.",
+        "tool_calls": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "calculate_area",
+                    "arguments": {"shape": "rectangle", "dimensions": {"width": 2}, "precision": 2},
+                },
+            }
+        ],
+    }
+    text = p.render_generation(turn)
+    assert text.startswith("Area of a rectangle.\n</think>\n\nComputing.\n\n<tool_call>\n<function=calculate_area>")
+    action = p.parse_assistant_text(text)
+    assert action.issues == ()
+    assert action.reasoning_content == "Area of a rectangle."
+    assert action.content == "Computing."
+    assert [(c.name, c.arguments) for c in action.tool_calls] == [
+        ("calculate_area", {"shape": "rectangle", "dimensions": {"width": 2}, "precision": 2})
+    ]
+    assert p.render_generation(action.to_message()) == text
+
+
+def test_unclosed_reasoning_is_an_issue_not_an_exception() -> None:
+    action = protocol("qwen3.5").parse_assistant_text("still thinking, and the turn ended")
+    assert action.error is not None and action.error.code == "missing_think_end"
+    assert action.tool_calls == ()
+
+
+# -- episodes: prompt + generations + feedback against the official render -----------------------------------
+
+
+def _is_episode(messages: list[dict[str, Any]], tools: Any) -> bool:
+    """An episode these templates can run: its prompt (the messages before the first turn) holds a user query."""
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    return bool(turns) and is_episode(messages) and _accepted(messages[: turns[0]], tools)
+
+
+EPISODES = [(m, t) for m, t in CONVERSATIONS if _accepted(m, t) and _is_episode(m, t)]
+
+
+def _episodes_equal(name: str, stem: str, **options: Any) -> tuple[int, int]:
+    p = protocol(name, **options)
+    same = differ = 0
+    for messages, tools in EPISODES:
+        if episode_text(p, messages, tools) == official_episode(official_for(stem, **options), messages, tools):
+            same += 1
+        else:
+            differ += 1
+    return same, differ
+
+
+def test_preserve_thinking_makes_the_transcript_append_only() -> None:
+    """With `preserve_thinking=True` every earlier turn keeps its reasoning: no seam at all."""
+    assert len(EPISODES) >= 30
+    assert _episodes_equal("qwen3.6", "qwen3.6", preserve_thinking=True) == (len(EPISODES), 0)
+
+
+def test_without_preserve_thinking_the_seam_is_a_later_user_query() -> None:
+    """Seam: the reasoning of the turns before the last user query is dropped when a user message arrives. An
+    episode whose assistant turns all follow its last user query (a tool loop) is append-only."""
+    for name in ("qwen3.5", "qwen3.6"):
+        p = protocol(name)
+        official = official_for(name)
+        seams = 0
+        for messages, tools in EPISODES:
+            if episode_text(p, messages, tools) == official_episode(official, messages, tools):
+                continue
+            seams += 1
+            turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+            assert any(m["role"] == "user" for m in messages[turns[0] + 1 :]), messages
+        assert 0 < seams < len(EPISODES)
