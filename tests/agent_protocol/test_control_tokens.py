@@ -28,6 +28,7 @@ from agent_protocol import ChatProtocol, HFTokenizer, Message, coerce_messages, 
 from agent_protocol.control_tokens import CLOSE, OPEN, ControlTokens, added_tokens, unmarked
 from tests.agent_protocol.families.test_glm45 import GLM_SPECIAL_TOKENS
 from tests.agent_protocol.families.test_llama4 import LLAMA4_SPECIAL_TOKENS
+from tests.agent_protocol.families.test_minimax_m2 import MINIMAX_SPECIAL_TOKENS
 from tests.agent_protocol.families.test_mistral import CONTROL_TOKENS as MISTRAL_CONTROL_TOKENS
 from tests.agent_protocol.families.test_qwen3_vl import data_url
 from tests.agent_protocol.golden import FROZEN_TODAY, cases
@@ -57,6 +58,8 @@ def family_tokenizer(name: str) -> HFTokenizer:
         return byte_level_tokenizer(GLM_SPECIAL_TOKENS, source="glm-byte-level (test)")
     if name.startswith("mistral"):
         return byte_level_tokenizer(MISTRAL_CONTROL_TOKENS, source="mistral-byte-level (test)")
+    if name == "minimax-m2":
+        return byte_level_tokenizer(MINIMAX_SPECIAL_TOKENS, source="minimax-byte-level (test)")
     if name == "gemma3":
         return load_family_tokenizer("gemma3")
     return byte_level_tokenizer(written_controls(name), source=f"{name}-byte-level (test)")
