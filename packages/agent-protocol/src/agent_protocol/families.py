@@ -107,7 +107,7 @@ _TABLE: Final[list[Family]] = [
         readme=ReadmeRow(
             golden="48 / 48 (generated from the official templates)",
             jinja="1,600 renders (160 conversations x 5 variants x gen prompt) + 1,080 refusals the templates raise; "
-            "every tool shape",
+            "640 more with images; every tool shape",
             parser="`qwen3_coder` (typed by the episode's tool schemas) + `qwen3` reasoning, `<think>` opened by the "
             "prompt",
             tito="token level through `AgentSession` with the Qwen3 tokenizer as a stand-in (the same control tokens; "
@@ -115,7 +115,7 @@ _TABLE: Final[list[Family]] = [
             "render on 37 generated episodes",
             seams="reasoning dropped before the last user query unless `preserve_thinking=True` (Qwen3.6; a new user "
             "message moves it, tool results do not); content and reasoning trimmed; Qwen3.5 writes `True`/`None`",
-            note="Qwen3.5 and Qwen3.6 (Qwen/Qwen3.5-9B, Qwen/Qwen3.6-27B templates; no images here)",
+            note="Qwen/Qwen3.5-9B and Qwen/Qwen3.6-27B templates, images in user, assistant and tool messages",
         ),
     ),
     Family(
@@ -501,7 +501,7 @@ _TABLE: Final[list[Family]] = [
             ),
         ),
         readme=ReadmeRow(
-            note="MiniMaxAI/MiniMax-M2; M2.1 absent: no copy of its own template was found",
+            note="MiniMaxAI/MiniMax-M2; M2.1 absent: its template differs and was found only in part",
             golden="12 / 12 (generated from the official template)",
             jinja="680 (170 conversations x gen prompt x arguments as objects and as JSON strings, tools in 3 of "
             "5): 488 equal, 192 refused as the template refuses; + 80 with null tool results",
