@@ -34,6 +34,10 @@ argument values are written raw when they are strings and as JSON otherwise; con
 ``]~b]tool`` turn, one ``<response>`` each. The template refuses (and so does `render_messages`, with a
 `MessageError`): a tool message unless the last assistant turn before it had calls, a tool message with null
 content (it iterates the content), and a tool given without a ``function`` object (it dumps ``tool.function``).
+Content given as a list of text parts is joined into one string at the boundary (`coerce_messages`), as for
+every family; for a *tool* message the template would write each part as its own ``<response>``, closed by
+``\n</response>``. The system message's ``current_date``/``current_location`` keys, which the template prints,
+are not message fields here.
 
 Interleaved thinking: the generation prompt opens the reasoning (``]~b]ai\\n<think>\\n``), so the model writes its
 reasoning, ``</think>``, then its answer or calls, then ``[e~[``. The template keeps the reasoning of every turn
