@@ -21,6 +21,7 @@ import pytest
 
 from agent_protocol import HFTokenizer, MessageError, get_protocol
 from agent_protocol.protocols.qwen3_5 import Qwen35Protocol
+from tests.agent_protocol.families.test_qwen3_vl import URLS, with_images
 from tests.agent_protocol.golden import GoldenRender, cases, renders, tool_outputs
 from tests.support.calculator_episode import run_calculator_episode
 from tests.support.family_checks import (
@@ -124,6 +125,50 @@ def test_python_renderer_equals_official_jinja(stem: str, name: str, options: di
     )
     assert compared >= 2 * 150
     assert refused > 0
+
+
+def _vision_conversations() -> list[tuple[list[dict[str, Any]], Any]]:
+    """The conversations with images in some user and tool messages (and text-part lists in system ones), as
+    Qwen3-VL's tests make them, plus an image in an assistant message now and then (these templates show it)."""
+    out = []
+    for seed, (messages, tools) in enumerate(CONVERSATIONS):
+        rng = random.Random(2000 + seed)
+        messages = with_images(messages, rng)
+        for message in messages:
+            if message["role"] == "assistant" and isinstance(message.get("content"), str) and rng.random() < 0.2:
+                message["content"] = [
+                    {"type": "image_url", "image_url": {"url": rng.choice(URLS)}},
+                    {"type": "text", "text": message["content"]},
+                ]
+        out.append((messages, tools))
+    return out
+
+
+@pytest.mark.parametrize(("stem", "name", "options"), VARIANTS[2:4], ids=lambda v: str(v))
+def test_images_render_as_the_official_jinja(stem: str, name: str, options: dict[str, Any]) -> None:
+    conversations = _vision_conversations()
+    images = [
+        p for m, _ in conversations for x in m if isinstance(x.get("content"), list) for p in x["content"]
+        if p["type"] == "image_url"
+    ]  # fmt: skip
+    assert len(images) >= 300
+    compared, refused = compare_with_jinja(
+        protocol(name, **options),
+        official_for(stem, **options),
+        conversations,
+        refused_by=(jinja2.TemplateError,),
+        refusal="needs a user query|allows a system message only first",
+    )
+    assert compared >= 2 * 150 and refused > 0
+
+
+def test_an_image_in_a_system_message_is_refused() -> None:
+    system = {"role": "system", "content": [{"type": "image_url", "image_url": {"url": URLS[0]}}]}
+    messages = [system, {"role": "user", "content": "hi"}]
+    with pytest.raises(jinja2.TemplateError, match="System message cannot contain images"):
+        official_for("qwen3.6")(messages)
+    with pytest.raises(MessageError, match="System message cannot contain images"):
+        protocol("qwen3.6").render_messages(messages)
 
 
 def test_generated_conversations_cover_the_template_corners() -> None:

@@ -107,7 +107,7 @@ _TABLE: Final[list[Family]] = [
         readme=ReadmeRow(
             golden="48 / 48 (generated from the official templates)",
             jinja="1,600 renders (160 conversations x 5 variants x gen prompt) + 1,080 refusals the templates raise; "
-            "640 more with images; every tool shape",
+            "656 more with images (+ 416 refusals); every tool shape",
             parser="`qwen3_coder` (typed by the episode's tool schemas) + `qwen3` reasoning, `<think>` opened by the "
             "prompt",
             tito="token level through `AgentSession` with the Qwen3 tokenizer as a stand-in (the same control tokens; "
@@ -334,7 +334,7 @@ _TABLE: Final[list[Family]] = [
             "refuses (thinking mode, a final answer without reasoning) raise",
             jinja="no template: 376 of 480 generated conversations (207 chat, 169 thinking; tools in 2 of 3) equal "
             "to the encoder's renders, the 104 it refuses refused",
-            parser="`deepseek_v32` tool parser (DSML `invoke`/`parameter`, `string=\"false\"` values as JSON) + R1 "
+            parser='`deepseek_v32` tool parser (DSML `invoke`/`parameter`, `string="false"` values as JSON) + R1 '
             "reasoning in thinking mode",
             tito="token level, DeepSeek-V3 `tokenizer.json` with V3.1's `<think>`/`</think>` tokens (V3.2's own "
             "file is not in a registry here; DSML is text), through `AgentSession`",
@@ -450,7 +450,8 @@ _TABLE: Final[list[Family]] = [
         readme=ReadmeRow(
             golden="10 / 12 (generated from the official template): 4 renders equal, the 6 the template refuses "
             "(roles must alternate) refused; `tools_provided` refused here, where the template drops the tool list",
-            jinja="GEMMA3_JINJA",
+            jinja="400 (200 conversations x gen prompt: system text as a string or a part, text-part lists, null "
+            "content, roles out of turn, system turns where a model turn stands): 294 equal, 106 refusals matched",
             parser="plain content: vLLM has no tool or reasoning parser for this template",
             tito="token level, official Gemma 3 `tokenizer.json`, golden cases id for id and through `AgentSession` "
             "(no tools)",

@@ -27,8 +27,10 @@ Jinja's `string` (`True`, `None`; objects and arrays as JSON in both). Every con
 as one JSON line each (Hermes's listing, Qwen3-Coder's instructions); a system message is allowed only first and
 the tool prompt comes before it; a conversation with no user query (only wrapped tool responses) is refused, as
 the template refuses it. The generation prompt opens `<think>\\n` (with `enable_thinking=False` it holds an empty
-`<think>` block). Images and videos, which the templates take, are not supported here (refused by the message
-checks): no `image_pad`.
+`<think>` block). An image in a user, assistant or tool message is `<|vision_start|><|image_pad|><|vision_end|>`
+where it sat (one `<|image_pad|>` that the processor expands, as for Qwen3-VL); one in a system message is refused,
+as the template refuses it. Videos and `add_vision_id` (its "Picture N:" numbering runs across the conversation,
+which a turn's feedback cannot know) are not supported.
 
 Parsing follows vLLM's `qwen3_coder` tool parser (`agent_protocol.xml_call_parser`, values typed by the episode's
 tool schemas through `with_tools`) behind its `qwen3` reasoning parser in the form the thinking-2507 models need:
@@ -49,7 +51,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from agent_protocol.chat_protocol import generated_message
-from agent_protocol.chatml import GENERATION_PROMPT, IM_END, IM_START, ChatMLProtocol, strip_end_marker
+from agent_protocol.chatml import (
+    GENERATION_PROMPT,
+    IM_END,
+    IM_START,
+    IMAGE_PAD,
+    ChatMLProtocol,
+    content_with_images,
+    strip_end_marker,
+)
 from agent_protocol.control_tokens import unmarked
 from agent_protocol.errors import MessageError
 from agent_protocol.hermes_parser import split_reasoning
@@ -79,6 +89,7 @@ class Qwen35Protocol(ChatMLProtocol):
     """One of the two templates. `json_values`: Qwen3.6's argument writing (non-strings as JSON);
     `preserve_thinking`: Qwen3.6's switch (every turn keeps its reasoning)."""
 
+    image_pad = IMAGE_PAD
     feedback_system_refused: str | None = (
         "feedback carries tool or user messages (the Qwen3.5 templates refuse a system message after the first)"
     )
@@ -135,6 +146,10 @@ class Qwen35Protocol(ChatMLProtocol):
 
     def _checked(self, msgs: list[Message]) -> list[Message]:
         for index, message in enumerate(msgs):
+            if message.role == "system" and message.images:
+                raise MessageError(
+                    f"messages[{index}].content", "System message cannot contain images (the template raises)"
+                )
             if message.role == "system" and index > 0:
                 raise MessageError(
                     f"messages[{index}]", f"the official {self.template} template allows a system message only first"
@@ -142,7 +157,7 @@ class Qwen35Protocol(ChatMLProtocol):
         return msgs
 
     def _system_block(self, msgs: list[Message], specs: list[ToolSpec]) -> str:
-        system = (msgs[0].content or "").strip() if msgs and msgs[0].role == "system" else None
+        system = content_with_images(msgs[0]).strip() if msgs and msgs[0].role == "system" else None
         if not specs:
             return "" if system is None else f"{IM_START}system\n{system}{IM_END}\n"
         listing = "".join("\n" + tojson_kept(spec.to_openai()) for spec in specs)
@@ -155,7 +170,7 @@ class Qwen35Protocol(ChatMLProtocol):
         # in feedback the last query is before these messages, and none of them is an assistant turn
         last_query = -1 if feedback else _last_query_index(msgs)
         for index, msg in enumerate(msgs):
-            content = (msg.content or "").strip()
+            content = content_with_images(msg).strip()
             if msg.role == "user" or (msg.role == "system" and feedback):
                 out.append(f"{IM_START}{msg.role}\n{content}{IM_END}\n")
             elif msg.role == "assistant":
@@ -191,7 +206,7 @@ class Qwen35Protocol(ChatMLProtocol):
 
     def render_generation(self, message: MessageLike) -> str:
         msg = generated_message(message)
-        reasoning, content = _split_reasoning(msg.reasoning_content, (msg.content or "").strip())
+        reasoning, content = _split_reasoning(msg.reasoning_content, content_with_images(msg).strip())
         head = f"{reasoning}\n</think>\n\n{content}" if self.enable_thinking else content
         return head + self._calls(content, msg.tool_calls) + IM_END
 
@@ -216,7 +231,7 @@ def _last_query_index(msgs: list[Message]) -> int | None:
     """Index of the last user message that is not a wrapped tool response (None: the template raises)."""
     for index in range(len(msgs) - 1, -1, -1):
         message = msgs[index]
-        content = unmarked(message.content or "").strip()
+        content = unmarked(content_with_images(message)).strip()
         if message.role == "user" and not (
             content.startswith("<tool_response>") and content.endswith("</tool_response>")
         ):
