@@ -29,6 +29,8 @@ __all__ = ["FamilyPrompt", "FamilyReader", "family_engine", "family_tokenizer"]
 _MARK: Final = 'MARK"7Q'  # a quote, to see whether the family JSON-escapes the content it embeds
 _CALL_ID: Final = "abcdefghi"  # 9 characters: Mistral's templates refuse other call ids
 _EDGE: Final = 24  # characters kept on each side of the marker: enough to tell a user turn from a tool result
+#: families whose model writes call ids in a fixed form that their parser reads the function's name from
+_MODEL_CALL_IDS: Final = {"kimi-k2": "functions.{name}:{index}", "kimi-k2-thinking": "functions.{name}:{index}"}
 _SPECIAL: Final = re.compile(r"<\|[^|>]*\|>|<｜[^｜]*｜>|\[/?[A-Z_]+\]|</?[a-z_]+>")
 
 #: families whose tokenizer is in tests/data/tokenizers (key of tests/support/family_tokenizers.SHA256)
@@ -38,6 +40,7 @@ _OWN_TOKENIZERS: Final = {
     "llama3.2": "llama3.1",
     "deepseek-v3.1": "deepseek_v3",
     "deepseek-v3.1-vllm-tools": "deepseek_v3",
+    "deepseek-v3.2": "deepseek_v3",
 }
 
 
@@ -78,8 +81,11 @@ def _edges(text: str, name: str, *, whole_after: bool = False) -> tuple[str, str
     escaped = _MARK.replace('"', '\\"') in text
     before, _, after = text.partition(_MARK.replace('"', '\\"') if escaped else _MARK)
     controls = list(_SPECIAL.finditer(before))
-    before = before[controls[-1].start() :] if controls else before[-_EDGE:]
-    before = before.rsplit(name, 1)[-1]
+    # a bare control token before a tool result tells no role from another (Kimi's `<|im_middle|>`): then the
+    # result's edge starts at the one before it
+    bare = not whole_after and len(controls) > 1 and controls[-1].end() == len(before)
+    before = before[controls[-2 if bare else -1].start() :] if controls else before[-_EDGE:]
+    before = before.rsplit(name, 1)[-1].rsplit(_CALL_ID, 1)[-1]  # a result headed by its call id (Kimi)
     after = after if whole_after else after.split(_CALL_ID, 1)[0][:_EDGE]  # the call id varies: never part of it
     return before, after, escaped
 
@@ -140,6 +146,10 @@ def family_engine(
 
     def answer(prompt_ids: Sequence[int]) -> str:
         turn = policy(read(tokenizer.decode(prompt_ids)))
+        if protocol.name in _MODEL_CALL_IDS:  # the model writes its call ids in its own form
+            calls = [{**c, "id": _MODEL_CALL_IDS[protocol.name].format(name=c["function"]["name"], index=k)}
+                     for k, c in enumerate(turn.get("tool_calls", []))]  # fmt: skip
+            turn = {**turn, "tool_calls": calls} if calls else turn
         return protocol.render_generation(Message.from_openai({"role": "assistant", **turn}))
 
     stops = [i for t in protocol.stop_texts if (i := tokenizer.token_to_id(t)) is not None]
