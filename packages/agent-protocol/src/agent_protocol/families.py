@@ -332,7 +332,7 @@ _TABLE: Final[list[Family]] = [
             "reference",
             golden="10 / 12 (generated from the official encoder, tests/data/golden/deepseek_v3.2), and the 2 it "
             "refuses (thinking mode, a final answer without reasoning) raise",
-            jinja="no template: 376 of 480 generated conversations (207 chat, 169 thinking; tools in 2 of 3) equal "
+            jinja="no template: 576 of 680 generated conversations (307 chat, 269 thinking; 472 with tools) equal "
             "to the encoder's renders, the 104 it refuses refused",
             parser='`deepseek_v32` tool parser (DSML `invoke`/`parameter`, `string="false"` values as JSON) + R1 '
             "reasoning in thinking mode",
