@@ -409,3 +409,25 @@ def test_a_later_user_query_is_the_seam_without_preserve_thinking() -> None:
     official = official_episode(official_for("qwen3.6"), messages, None)
     assert text != official
     assert text.replace("<think>\nMultiply.\n</think>\n\n391.", "391.", 1) == official
+
+
+def test_with_tools_is_a_copy_that_keeps_the_options() -> None:
+    shared = protocol("qwen3.6", enable_thinking=False, preserve_thinking=True)
+    bound = shared.with_tools(GOLDEN_TOOLS)
+    assert shared.schemas == {} and set(bound.schemas) == {"calculate_area"}
+    assert (bound.name, bound.enable_thinking, bound.preserve_thinking, bound.json_values) == (
+        "qwen3.6",
+        False,
+        True,
+        True,
+    )
+    (call,) = bound.parse_assistant_text(_call("calculate_area", precision="2")).tool_calls
+    assert call.arguments == {"precision": 2}
+
+
+def test_feedback_after_a_cut_off_turn_closes_it_and_opens_the_next() -> None:
+    feedback = protocol("qwen3.5").render_feedback([{"role": "tool", "content": " 5 "}], turn_closed=False)
+    assert (
+        feedback == "<|im_end|>\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n"
+    )
