@@ -168,7 +168,7 @@ def test_prompt_generations_and_feedback_concatenate_to_the_official_render(vari
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_session_is_token_in_token_out(variant: str) -> None:
-    from agent_env import CalculatorTool
+    CalculatorTool = pytest.importorskip("agent_env").CalculatorTool  # skipped in agent-protocol alone
 
     options = VARIANTS[variant]
     first, second = calculator_call("17 * 23"), final_answer("The answer is 391.")

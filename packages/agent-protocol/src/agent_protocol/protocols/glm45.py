@@ -62,6 +62,7 @@ structure become coded issues, so a malformed call is never run.
 from __future__ import annotations
 
 import ast
+import copy
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
@@ -129,10 +130,11 @@ class Glm45Protocol(ChatProtocol):
         """A copy whose parser types argument values by the schemas of `tools` (the tools the model is shown), as
         vLLM's parser does with the tools of the request: a parameter whose schema type is "string" keeps its
         raw text."""
-        string_params: dict[str, frozenset[str]] = {}
-        for spec in coerce_tools(tools):
-            string_params[spec.name] = _string_params(spec.function.get("parameters"))
-        return type(self)(enable_thinking=self.enable_thinking, string_params=string_params)
+        bound = copy.copy(self)
+        bound.string_params = {
+            spec.name: _string_params(spec.function.get("parameters")) for spec in coerce_tools(tools)
+        }
+        return bound
 
     @property
     def generation_prompt(self) -> str:
@@ -181,7 +183,7 @@ class Glm45Protocol(ChatProtocol):
 
     def _render_other(self, msg: Message, index: int, *, follows_tool: bool) -> str:
         """A user, system or tool message (`follows_tool`: the message before it is a tool result too)."""
-        content = _visible(msg.content)
+        content = visible(msg.content)
         if msg.role == "user":
             nothink = NOTHINK if not self.enable_thinking and not unmarked(content).endswith(NOTHINK) else ""
             return f"{USER}\n{content}{nothink}"
@@ -196,6 +198,10 @@ class Glm45Protocol(ChatProtocol):
         return ("" if follows_tool else OBSERVATION) + f"\n<tool_response>\n{content}\n</tool_response>"
 
     # -- parsing -----------------------------------------------------------------------------------------
+
+    def _parse_call(self, body: str, call_id: str) -> ToolCall:
+        """One closed `<tool_call>` block (its text between the tags)."""
+        return _parse_call(body, call_id, self.string_params)
 
     def parse_turn(self, text: str, *, call_id_prefix: str = "call") -> Action:
         for marker in self.stop_texts:
@@ -219,7 +225,7 @@ class Glm45Protocol(ChatProtocol):
             if close < 0:
                 calls.append(_unclosed_call(content[body_start:], call_id))
                 break
-            calls.append(_parse_call(content[body_start:close], call_id, self.string_params))
+            calls.append(self._parse_call(content[body_start:close], call_id))
             pos = content.find(CALL_OPEN, close + len(CALL_CLOSE))
         return Action(content=content[:first].strip(), reasoning_content=reasoning, tool_calls=tuple(calls))
 
@@ -227,9 +233,23 @@ class Glm45Protocol(ChatProtocol):
 _ROLE_TOKENS: Final = {"user": USER, "system": SYSTEM, "tool": OBSERVATION}
 
 
-def _visible(content: str | None) -> str:
-    """The template's `visible_text`: the content, or Jinja's text for a null one."""
+def visible(content: str | None) -> str:
+    """The template's `visible_text`: the content, or Jinja's text for a null one (GLM-4.7's too)."""
     return "None" if content is None else content
+
+
+def reasoning_and_content(msg: Message) -> tuple[str, str]:
+    """The reasoning and content of an assistant turn as the GLM templates read them: `reasoning_content`, or
+    the text before `</think>` in the content (the content is then what follows it)."""
+    content = visible(msg.content)
+    if msg.reasoning_content is not None:
+        return msg.reasoning_content, content
+    if "</think>" in content:
+        return (
+            content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n"),
+            content.split("</think>")[-1].lstrip("\n"),
+        )
+    return "", content
 
 
 def _tools_block(specs: list[ToolSpec]) -> str:
@@ -240,13 +260,7 @@ def _tools_block(specs: list[ToolSpec]) -> str:
 
 def _render_assistant(msg: Message, *, show_reasoning: bool) -> str:
     """An assistant turn after its `<|assistant|>` token, without the role token that ends it."""
-    content = _visible(msg.content)
-    reasoning = ""
-    if msg.reasoning_content is not None:
-        reasoning = msg.reasoning_content
-    elif "</think>" in content:
-        reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
-        content = content.split("</think>")[-1].lstrip("\n")
+    reasoning, content = reasoning_and_content(msg)
     out = [f"\n<think>{reasoning.strip()}</think>" if show_reasoning and reasoning else EMPTY_THINK]
     if content.strip():
         out.append("\n" + content.strip())
@@ -284,7 +298,7 @@ def _parse_call(body: str, call_id: str, string_params: Mapping[str, frozenset[s
         return broken_call(call_id, body, "invalid_arguments", message)
     name = body[:newline].strip()
     try:
-        arguments = _arguments(body[newline + 1 :], string_params.get(name, frozenset()))
+        arguments = arguments_of(body[newline + 1 :], string_params.get(name))
     except ValueError as e:  # JsonLimitError included
         message = f"The tool call cannot be read: {e}. {_FORMAT_HINT}"
         return broken_call(call_id, body, "invalid_arguments", message, name=name)
@@ -294,7 +308,7 @@ def _parse_call(body: str, call_id: str, string_params: Mapping[str, frozenset[s
     return ToolCall(id=call_id, name=name, arguments=arguments)
 
 
-def _arguments(text: str, raw_keys: frozenset[str] = frozenset()) -> dict[str, Any]:
+def arguments_of(text: str, raw_keys: frozenset[str] | None = None) -> dict[str, Any]:
     """The `<arg_key>`/`<arg_value>` pairs of a call body, in order (a repeated key: the last value wins, as in
     vLLM); the value of a key in `raw_keys` (a string-typed parameter) is kept as written. Raises ValueError
     saying what is wrong when anything but whitespace lies outside the pairs."""
@@ -314,7 +328,7 @@ def _arguments(text: str, raw_keys: frozenset[str] = frozenset()) -> dict[str, A
         if value_end < 0:
             raise ValueError(f"the value of {_preview(key)} is never closed with </arg_value>")
         written = text[pos + len(VALUE_OPEN) : value_end]
-        arguments[key] = written if key in raw_keys else _value(written.strip())
+        arguments[key] = written if raw_keys and key in raw_keys else _value(written.strip())
         pos = _skip_space(text, value_end + len(VALUE_CLOSE))
     check_json_value(arguments)  # a value kept as text, or a key, may hold what no tokenizer or log can take
     return arguments
