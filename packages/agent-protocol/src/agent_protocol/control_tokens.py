@@ -75,8 +75,9 @@ class ControlTokens:
 
     def __init__(self, tokenizer: Tokenizer, controls: dict[str, int]) -> None:
         self.tokenizer = tokenizer
-        #: control text -> id (the tokenizer's added tokens, less whitespace-only ones)
-        self.controls = {text: i for text, i in controls.items() if text.strip()}
+        #: control text -> id (the tokenizer's added tokens, less whitespace-only ones; SentencePiece's "▁" is a
+        #: space: Gemma 3 adds runs of it, which are also ordinary vocabulary that any run of spaces encodes to)
+        self.controls = {text: i for text, i in controls.items() if text.replace("\u2581", " ").strip()}
         self.ids = frozenset(self.controls.values())
         self._pattern = _trie_pattern(self.controls) if self.controls else None
         self._prefixes = {t[:k] for t in self.controls for k in range(1, len(t))}
