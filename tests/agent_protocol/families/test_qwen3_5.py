@@ -431,3 +431,46 @@ def test_feedback_after_a_cut_off_turn_closes_it_and_opens_the_next() -> None:
         feedback == "<|im_end|>\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n<think>\n"
     )
+
+
+def _round_trip_turns() -> list[dict[str, Any]]:
+    """The generated assistant turns in the form a parse returns: content and reasoning trimmed, no tag the parser
+    reads in the text, argument values strings (untyped, as parsed without schemas)."""
+    tags = ("<think>", "</think>", "<tool_call>", "<function=", "<parameter=", "</parameter>", "</function>")
+    out = []
+    for messages, _ in CONVERSATIONS:
+        for m in messages:
+            if m["role"] != "assistant" or not isinstance(m.get("content") or "", str):
+                continue
+            content = (m.get("content") or "").strip()
+            reasoning = (m.get("reasoning_content") or "").strip()
+            if any(t in content + reasoning for t in tags):
+                continue
+            calls = []
+            for c in m.get("tool_calls") or []:
+                arguments = c["function"]["arguments"]
+                if not isinstance(arguments, dict) or not all(
+                    isinstance(v, str) and v == v.strip("\n") and not any(t in v for t in tags)
+                    for v in arguments.values()
+                ):
+                    break
+                calls.append({"type": "function", "function": {"name": c["function"]["name"], "arguments": arguments}})
+            else:
+                out.append(
+                    {"role": "assistant", "content": content, "reasoning_content": reasoning, "tool_calls": calls}
+                )
+    return out
+
+
+@pytest.mark.parametrize("name", ["qwen3.5", "qwen3.6"])
+def test_parse_of_render_generation_is_the_turn(name: str) -> None:
+    turns = _round_trip_turns()
+    assert len(turns) >= 100 and sum(bool(t["tool_calls"]) for t in turns) >= 20
+    p = protocol(name)
+    for turn in turns:
+        action = p.parse_assistant_text(p.render_generation(turn))
+        assert action.issues == ()
+        assert (action.content, action.reasoning_content) == (turn["content"], turn["reasoning_content"])
+        assert [(c.name, c.arguments) for c in action.tool_calls] == [
+            (c["function"]["name"], c["function"]["arguments"]) for c in turn["tool_calls"]
+        ]
