@@ -54,7 +54,7 @@ def family_tokenizer(name: str) -> HFTokenizer:
         return load_family_tokenizer("deepseek_v3")
     if name == "gpt-oss":
         return load_family_tokenizer("gpt_oss")
-    if name == "glm-4.5":
+    if name.startswith("glm-"):  # GLM-4.5, 4.6, 4.7: the same control tokens; no GLM tokenizer in a registry
         return byte_level_tokenizer(GLM_SPECIAL_TOKENS, source="glm-byte-level (test)")
     if name == "mistral-v0.3":  # Mistral's v3 SentencePiece tokenizer, converted (tests/data/tokenizers/README.md)
         return load_family_tokenizer("mistral_v3")
