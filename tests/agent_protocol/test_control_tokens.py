@@ -56,8 +56,6 @@ def family_tokenizer(name: str) -> HFTokenizer:
         return load_family_tokenizer("gpt_oss")
     if name.startswith("glm-"):  # GLM-4.5, 4.6, 4.7: the same control tokens; no GLM tokenizer in a registry
         return byte_level_tokenizer(GLM_SPECIAL_TOKENS, source="glm-byte-level (test)")
-    if name == "mistral-v0.3":  # Mistral's v3 SentencePiece tokenizer, converted (tests/data/tokenizers/README.md)
-        return load_family_tokenizer("mistral_v3")
     if name.startswith("mistral"):
         return byte_level_tokenizer(MISTRAL_CONTROL_TOKENS, source="mistral-byte-level (test)")
     if name == "minimax-m2":
