@@ -397,7 +397,7 @@ _TABLE: Final[list[Family]] = [
             "through `AgentSession`",
             seams="GLM-4.5's role-token seams; thinking on, a turn without reasoning is `<think></think>` generated vs "
             "`</think>` in history; reasoning dropped after a new user message unless `clear_thinking=False`",
-            note="template: GLM-4.7-Flash's as llama.cpp ships it; GLM-4.7's not byte-verified",
+            note="template: GLM-4.7-Flash's as llama.cpp ships it, equal to GLM-4.7's as far as a mirror shows it",
         ),
     ),
     Family(
@@ -430,8 +430,10 @@ _TABLE: Final[list[Family]] = [
             golden="24 / 24",
             jinja="398 + 370 equal, 82 + 110 refusals matched (240 conversations each)",
             parser="`mistral`: the JSON list (v0.3) and `name[CALL_ID]id[ARGS]{json}` (v11+); 9-character call ids",
-            tito="text level (no Mistral tokenizer here): a byte-level tokenizer with Mistral's control tokens, "
-            "through `AgentSession`",
+            tito="`mistral-v0.3`: token level, Mistral's v3 SentencePiece tokenizer (mistral-common's, converted to "
+            "`tokenizer.json`; its ids equal mistral-common's on the golden conversations), through `AgentSession`; "
+            "`mistral-small-3.2`: text level (no tokenizer with `[CALL_ID]`/`[ARGS]` in a registry): a byte-level "
+            "tokenizer with Mistral's control tokens, through `AgentSession`",
             seams="`[AVAILABLE_TOOLS]` stays before the first user message (the template moves it to the last); "
             "v0.3's system text only in the prompt",
         ),
