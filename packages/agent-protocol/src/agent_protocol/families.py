@@ -114,7 +114,8 @@ _TABLE: Final[list[Family]] = [
             "Qwen3's ids: no Qwen3.5 tokenizer can be had verified); prompt + generations + feedback == official "
             "render on 37 generated episodes",
             seams="reasoning dropped before the last user query unless `preserve_thinking=True` (Qwen3.6; a new user "
-            "message moves it, tool results do not); content and reasoning trimmed; Qwen3.5 writes `True`/`None`",
+            "message moves it, tool results do not); content and reasoning trimmed; Qwen3.5 writes `True`/`None`; "
+            "tokens only: an empty reasoning's `\\n`+`\\n` vs `\\n\\n`, as Thinking-2507",
             note="Qwen/Qwen3.5-9B and Qwen/Qwen3.6-27B templates, images in user, assistant and tool messages",
         ),
     ),
