@@ -65,6 +65,7 @@ REAL_TOKENIZERS = {
     "llama3.1": "llama3.1",
     "llama3.2": "llama3.1",
     "deepseek-v3.1": "deepseek_v3",
+    "mistral-v0.3": "mistral_v3",
     "deepseek-v3.1-vllm-tools": "deepseek_v3",
 }
 

@@ -6,6 +6,7 @@ reference tokenization is mistral-common). The TITO tests use tests/support/byte
 with the 256 byte symbols and no merges, plus Mistral's control tokens as special tokens. Every text encodes and
 decodes back exactly, and `encode(a + b) == encode(a) + encode(b)` whenever the cut is not inside a control
 token, so a transcript that equals the official render *as text* also equals its tokens, and any seam shows up.
+`mistral-v0.3` is also checked id for id with Mistral's real v3 tokenizer: test_mistral_tokens.py.
 
 Seams pinned here (see the module docstring of agent_protocol.protocols.mistral):
 - `[AVAILABLE_TOOLS]` stays before the first user message in the transcript; the official render of the whole

@@ -329,12 +329,13 @@ _TABLE: Final[list[Family]] = [
             Member(name="deepseek-v3.2", model_types=("deepseek_v32",)),
         ),
         readme=ReadmeRow(
-            note="DeepSeek-V3.2 and V3.2-Exp's DSML format; no Jinja template: the official Python encoder is the "
-            "reference",
-            golden="10 / 12 (generated from the official encoder, tests/data/golden/deepseek_v3.2), and the 2 it "
-            "refuses (thinking mode, a final answer without reasoning) raise",
+            note="DeepSeek-V3.2's DSML format; no Jinja template: the official Python encoder is the reference. "
+            "V3.2-Exp, which kept V3.1's call format, is not covered",
+            golden="20 / 24 (generated from the official encoder, tests/data/golden/deepseek_v3.2; 6 cases x thinking "
+            "x 2 tools placements), and the 4 it refuses (thinking mode, a final answer without reasoning) raise",
             jinja="no template: 576 of 680 generated conversations (307 chat, 269 thinking; 472 with tools) equal "
-            "to the encoder's renders, the 104 it refuses refused",
+            "to the encoder's renders with each tools placement (DeepSeek's/SGLang's, vLLM's), the 104 it refuses "
+            "refused",
             parser='`deepseek_v32` tool parser (DSML `invoke`/`parameter`, `string="false"` values as JSON) + R1 '
             "reasoning in thinking mode",
             tito="token level, DeepSeek-V3 `tokenizer.json` with V3.1's `<think>`/`</think>` tokens (V3.2's own "
