@@ -474,3 +474,19 @@ def test_parse_of_render_generation_is_the_turn(name: str) -> None:
         assert [(c.name, c.arguments) for c in action.tool_calls] == [
             (c["function"]["name"], c["function"]["arguments"]) for c in turn["tool_calls"]
         ]
+
+
+def test_empty_reasoning_is_the_token_level_seam(tokenizer: HFTokenizer) -> None:
+    """Seam at the token level only (as for Qwen3-Thinking-2507): the prompt ends with `<think>\\n`, and a turn with
+    no reasoning starts `\\n</think>`; the text is the official render's, but re-tokenizing the whole render merges
+    the two newlines into one `\\n\\n` token, where the transcript holds `\\n` + `\\n` as sampled."""
+    p = protocol("qwen3.6")
+    messages = [{"role": "user", "content": "go"}]
+    turn = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"a": "1"}}}]}
+    prompt, generated = p.render_prompt(messages), p.render_generation(turn)
+    assert prompt.endswith("<think>\n") and generated.startswith("\n</think>\n\n<tool_call>")
+    whole = official_for("qwen3.6")([*messages, turn]).removesuffix("\n")
+    assert prompt + generated == whole  # the text: append-only
+    pieces = tokenizer.encode(prompt) + tokenizer.encode(generated)
+    assert pieces != tokenizer.encode(whole)  # the ids: "\n" + "\n" against "\n\n"
+    assert tokenizer.decode(pieces) == whole

@@ -42,7 +42,8 @@ differs): with `preserve_thinking` off (the default, and always for Qwen3.5) the
 last user query is dropped, which moves only when a user message arrives (tool results are `tool` messages, so a
 one-query agent episode is append-only); with it on there is no such seam. Re-rendering a parsed turn can change
 its bytes (whitespace around content and reasoning is trimmed, Qwen3.5 writes a boolean `True`), as for
-Qwen3-Coder.
+Qwen3-Coder. At the token level only, a turn with empty reasoning starts `\n</think>` after the prompt's
+`<think>\n`: the transcript holds `\n` + `\n` where tokenizing the whole render gives `\n\n`.
 """
 
 from __future__ import annotations
