@@ -52,9 +52,10 @@ them), keys stripped; a value is stripped and decoded as JSON, else as a Python 
 `_deserialize` does), else kept as the string. The tools of the request type the values, as vLLM's
 `_is_string_type` does: `with_tools(tools)` returns a copy whose parser keeps the value of a parameter whose
 schema says ``"type": "string"`` as the raw text between the tags, not stripped and not decoded (so "391" stays
-the string "391"), and decodes every other value as above (a number, object or array by its JSON); a protocol
-without tools (vLLM with no `tools` in the request) decodes every value. Content is the
-text before the first call, stripped; text after a call is dropped, as vLLM does. Stricter than vLLM, which
+the string "391"; as vLLM's parser at commit 081866a6, whose streaming rework keeps such values unstripped, where
+earlier versions stripped them), and decodes every other value as above (a number, object or array by its JSON);
+a protocol without tools (vLLM with no `tools` in the request) decodes every value. Content is the text before
+the first call, stripped; text after a call is dropped, as vLLM does. Stricter than vLLM, which
 skips or half-reads them: an unclosed call, a block without a name line and arguments outside the pair
 structure become coded issues, so a malformed call is never run.
 """
