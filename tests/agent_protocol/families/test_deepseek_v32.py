@@ -61,31 +61,52 @@ def test_every_golden_render_is_present() -> None:
     assert refused == [("single_tool_call", True), ("parallel_tool_calls", True)]
 
 
+#: tools_placement -> the suffix of its fields in the data ("text", "error"; "text_vllm", "error_vllm")
+PLACEMENTS = {"first_system": "", "vllm": "_vllm"}
+
+
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
 @pytest.mark.parametrize("entry", golden(), ids=lambda g: f"{g['case']}-thinking_{g['thinking']}")
-def test_render_matches_the_encoders_render(entry: dict[str, Any]) -> None:
+def test_render_matches_the_encoders_render(entry: dict[str, Any], placement: str) -> None:
     case = cases()[entry["case"]]
-    protocol = get_protocol(NAME, thinking=entry["thinking"])
+    suffix = PLACEMENTS[placement]
+    protocol = get_protocol(NAME, thinking=entry["thinking"], tools_placement=placement)
     for generation in (False, True):
-        if "error" in entry:  # a final answer without reasoning after the last user message, in thinking mode
+        if "error" + suffix in entry:  # a final answer without reasoning after the last user message, thinking on
             with pytest.raises(MessageError, match="neither reasoning_content nor tool calls"):
                 protocol.render_messages(case["messages"], tools=case["tools"], add_generation_prompt=generation)
             continue
         rendered = protocol.render_messages(case["messages"], tools=case["tools"], add_generation_prompt=generation)
-        assert rendered == entry["text"]
+        assert rendered == entry["text" + suffix]
+
+
+def test_the_two_placements_differ_only_with_a_leading_system_message() -> None:
+    differ = {g["case"] for g in golden() if "text" in g and g["text"] != g["text_vllm"]}
+    assert differ == {"single_tool_call", "tools_provided"}  # tools and a system prompt first
+    messages, tools = cases()["tools_provided"]["messages"], cases()["tools_provided"]["tools"]
+    system = messages[0]["content"]
+    official = get_protocol(NAME).render_prompt(messages, tools=tools)
+    vllm = get_protocol(NAME, tools_placement="vllm").render_prompt(messages, tools=tools)
+    assert official.startswith(f"<｜begin▁of▁sentence｜>{system}\n\n## Tools\n")  # after the system prompt
+    assert vllm.startswith("<｜begin▁of▁sentence｜>\n\n## Tools\n") and f"</functions>\n{system}<｜User｜>" in vllm
+    with pytest.raises(ValueError, match="tools_placement must be one of first_system, vllm"):
+        get_protocol(NAME, tools_placement="user")
 
 
 # -- 2. generated conversations against the encoder --------------------------------------------------------
 
 
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
 @pytest.mark.parametrize("thinking", [False, True], ids=["chat", "thinking"])
-def test_python_renderer_equals_the_encoder(thinking: bool) -> None:
-    protocol = get_protocol(NAME, thinking=thinking)
+def test_python_renderer_equals_the_encoder(thinking: bool, placement: str) -> None:
+    protocol = get_protocol(NAME, thinking=thinking, tools_placement=placement)
+    suffix = PLACEMENTS[placement]
     compared = refused = with_tools = 0
     for entry in generated()["conversations"] + generated()["episodes"]:
         if entry["thinking"] != thinking:
             continue
         for generation in (False, True):
-            if "error" in entry:
+            if "error" + suffix in entry:
                 with pytest.raises(MessageError, match=r"DeepSeek-V3\.2 encoder"):
                     protocol.render_messages(entry["messages"], tools=tools_of(entry), add_generation_prompt=generation)
                 refused += 1
@@ -93,7 +114,7 @@ def test_python_renderer_equals_the_encoder(thinking: bool) -> None:
             actual = protocol.render_messages(
                 entry["messages"], tools=tools_of(entry), add_generation_prompt=generation
             )
-            assert actual == entry["text"], f"seed {entry['seed']}"
+            assert actual == entry["text" + suffix], f"seed {entry['seed']}"
             compared += 1
             with_tools += entry["tools"] is not None
     assert compared >= 2 * 150 and refused > 0 and with_tools >= 2 * 90
@@ -143,7 +164,7 @@ def test_the_renders_shape() -> None:
         == ("<｜begin▁of▁sentence｜><｜User｜>q<｜Assistant｜><think>")
     )
     assert thinking.generation_prompt == "<｜Assistant｜><think>"
-    assert repr(thinking) == "DeepSeekV32Protocol(thinking=True)"
+    assert repr(thinking) == "DeepSeekV32Protocol(thinking=True, tools_placement='first_system')"
 
 
 def test_detected_by_model_type(tmp_path: Path) -> None:
