@@ -16,6 +16,7 @@ import copy
 import json
 import random
 import re
+import warnings
 from functools import cache
 from typing import Any
 
@@ -26,7 +27,7 @@ from hypothesis import strategies as st
 
 from agent_protocol import MessageError, get_protocol
 from agent_protocol.json_limits import check_json_value
-from agent_protocol.protocols.kimi_k2 import KimiK2Protocol, KimiK2ThinkingProtocol
+from agent_protocol.protocols.kimi_k2 import CallsNotRenderedWarning, KimiK2Protocol, KimiK2ThinkingProtocol
 from tests.agent_protocol.golden import GoldenRender, cases, renders
 from tests.support.byte_tokenizer import byte_level_tokenizer
 from tests.support.calculator_episode import run_calculator_episode
@@ -35,6 +36,9 @@ from tests.support.hf_jinja import official_template
 from tests.support.hostile_text import FUZZ, hostile_piece
 from tests.support.random_conversations import ConversationMix, conversation
 from tests.support.tool_shapes import TOOL_SHAPES
+
+#: kimi-k2 warns once per protocol object when calls go to its template (test_instruct_warns_that_calls_vanish)
+pytestmark = pytest.mark.filterwarnings("ignore::agent_protocol.protocols.kimi_k2.CallsNotRenderedWarning")
 
 STEMS = {"kimi-k2": "kimi_k2_instruct", "kimi-k2-thinking": "kimi_k2_thinking"}
 NAMES = sorted(STEMS)
@@ -176,6 +180,23 @@ def test_instruct_renders_no_tool_calls_and_refuses_null_content() -> None:
         official("kimi-k2", messages)
     with pytest.raises(MessageError, match=r"messages\[1\]\.content: is null; the official Kimi-K2-Instruct"):
         get_protocol("kimi-k2").render_messages(messages)
+
+
+def test_instruct_warns_that_calls_vanish() -> None:
+    protocol = get_protocol("kimi-k2")
+    plain = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    call = {"id": "functions.now:0", "function": {"name": "now", "arguments": {}}}
+    with_call = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        protocol.render_messages(plain, tools=TOOL_SHAPES)  # tools alone: the template lists them
+    with pytest.warns(CallsNotRenderedWarning, match="renders no tool calls") as caught:
+        protocol.render_messages(with_call)
+        protocol.render_messages(with_call)
+    assert len(caught) == 1 and caught[0].filename == __file__  # once per protocol object, at the caller
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        get_protocol("kimi-k2-thinking").render_messages(with_call)
 
 
 def test_thinking_keeps_reasoning_only_after_the_last_final_answer() -> None:

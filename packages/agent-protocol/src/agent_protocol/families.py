@@ -491,8 +491,8 @@ _TABLE: Final[list[Family]] = [
             tito="text level (no Kimi tokenizer in a registry: Kimi ships a tiktoken file): a byte-level tokenizer "
             "with Kimi's control tokens, through `AgentSession`",
             seams="`kimi-k2`: its template renders no tool calls, call ids or reasoning in history, so a sampled call "
-            "section is in the transcript only; `kimi-k2-thinking`: every turn up to the last final answer re-rendered "
-            "with an empty `<think></think>`",
+            "section is in the transcript only (`CallsNotRenderedWarning`, once per protocol object); "
+            "`kimi-k2-thinking`: every turn up to the last final answer re-rendered with an empty `<think></think>`",
         ),
     ),
     Family(

@@ -19,7 +19,8 @@ its text:
 - every message's text and `<|im_end|>`, nothing else: an assistant's tool calls and reasoning, a tool result's
   call id and every `name` are not rendered. The model writes calls (vLLM's `kimi_k2` parser reads them), but
   the conversation it is shown later has none of them. That is the template, kept as it is; the later revision
-  of the template that renders calls could not be found with its provenance (see SOURCES.md).
+  of the template that renders calls could not be found with its provenance (see SOURCES.md). The first render
+  of a conversation with calls warns (`CallsNotRenderedWarning`, once per protocol object).
 - null content fails in the template (it iterates it), so it is refused with the reason.
 
 `kimi-k2-thinking`:
@@ -56,7 +57,9 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Final
 
 from agent_protocol.broken_call import broken_call
@@ -67,7 +70,7 @@ from agent_protocol.json_limits import loads_bounded
 from agent_protocol.template_json import tojson, tojson_kept
 from agent_protocol.types import Action, IssueCode, Message, MessageLike, ParseIssue, ToolCall, ToolSpec
 
-__all__ = ["PROTOCOLS", "KimiK2Protocol", "KimiK2ThinkingProtocol"]
+__all__ = ["PROTOCOLS", "CallsNotRenderedWarning", "KimiK2Protocol", "KimiK2ThinkingProtocol"]
 
 IM_USER: Final = "<|im_user|>"
 IM_ASSISTANT: Final = "<|im_assistant|>"
@@ -82,6 +85,8 @@ CALL_BEGIN: Final = "<|tool_call_begin|>"
 ARGUMENT_BEGIN: Final = "<|tool_call_argument_begin|>"
 CALL_END: Final = "<|tool_call_end|>"
 
+_PACKAGE_DIR: Final = str(Path(__file__).parent.parent)
+
 GENERATION_PROMPT: Final = IM_ASSISTANT + "assistant" + IM_MIDDLE
 INSTRUCT_SYSTEM: Final = "You are a helpful assistant"
 THINKING_SYSTEM: Final = "You are Kimi, an AI assistant created by Moonshot AI."
@@ -92,6 +97,10 @@ _CALL_FORMAT: Final = (
     f"Write each call as {CALL_BEGIN}functions.NAME:INDEX{ARGUMENT_BEGIN}{{JSON arguments}}{CALL_END}, all of "
     f"them between {SECTION_BEGIN} and {SECTION_END}."
 )
+
+
+class CallsNotRenderedWarning(UserWarning):
+    """An assistant turn with tool calls went to a template that renders no calls in history."""
 
 
 class _KimiBase(ChatProtocol):
@@ -147,6 +156,21 @@ class KimiK2Protocol(_KimiBase):
 
     name = "kimi-k2"
     template = "Kimi-K2-Instruct"
+
+    def __init__(self) -> None:
+        self._warned_calls = False
+
+    def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
+        if not self._warned_calls and any(m.tool_calls for m in msgs):
+            self._warned_calls = True
+            warnings.warn(
+                "kimi-k2: the official Kimi-K2-Instruct chat template (its first revision) renders no tool calls and "
+                "no call ids in history, so a re-rendered conversation does not show the model its earlier calls; "
+                "an episode's transcript keeps them as sampled",
+                CallsNotRenderedWarning,
+                skip_file_prefixes=(_PACKAGE_DIR,),  # point at the caller, past render_prompt and render_messages
+            )
+        return super().render_coerced(msgs, specs, add_generation_prompt=add_generation_prompt)
 
     def _check(self, msgs: list[Message]) -> None:
         for index, message in enumerate(msgs):
