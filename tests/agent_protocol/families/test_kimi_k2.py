@@ -27,12 +27,13 @@ from hypothesis import strategies as st
 
 from agent_protocol import MessageError, get_protocol
 from agent_protocol.json_limits import check_json_value
+from agent_protocol.protocol_detection import protocol_for_template
 from agent_protocol.protocols.kimi_k2 import CallsNotRenderedWarning, KimiK2Protocol, KimiK2ThinkingProtocol
 from tests.agent_protocol.golden import GoldenRender, cases, renders
 from tests.support.byte_tokenizer import byte_level_tokenizer
 from tests.support.calculator_episode import run_calculator_episode
 from tests.support.family_checks import compare_with_jinja, episode_text, render_golden
-from tests.support.hf_jinja import official_template
+from tests.support.hf_jinja import TEMPLATES, official_template
 from tests.support.hostile_text import FUZZ, hostile_piece
 from tests.support.random_conversations import ConversationMix, conversation
 from tests.support.tool_shapes import TOOL_SHAPES
@@ -228,6 +229,19 @@ def test_string_arguments_render_canonically() -> None:
     compact[1]["tool_calls"][0]["function"]["arguments"] = '{"q":"\\u00e9"}'
     assert f'{ARG}{{"q": "é"}}{CALL_END}' in protocol.render_messages(compact)
     assert f'{ARG}{{"q":"\\u00e9"}}{CALL_END}' in official("kimi-k2-thinking", compact)
+
+
+def test_detection_names_each_template_and_not_its_variants() -> None:
+    instruct = (TEMPLATES / "kimi_k2_instruct.jinja").read_text(encoding="utf-8")
+    thinking = (TEMPLATES / "kimi_k2_thinking.jinja").read_text(encoding="utf-8")
+    assert protocol_for_template(instruct) == "kimi-k2"
+    assert protocol_for_template(thinking) == "kimi-k2-thinking"
+    # llama.cpp's own modified Thinking template numbers calls itself; K2.5's lists tools as TypeScript: neither
+    # renders this family's bytes, so neither is named
+    modified = thinking.replace("{%- set ns = namespace(", "{%- set tool_response_queue = namespace(ids=[]) -%}\n"
+                                "{%- set ns = namespace(", 1)  # fmt: skip
+    assert protocol_for_template(modified) is None
+    assert protocol_for_template(thinking.replace("{%- if tools -%}", "{%- if tools_ts_str -%}", 1)) is None
 
 
 def test_registry() -> None:
