@@ -443,9 +443,9 @@ def _episode(rng: random.Random, *, thinking: bool) -> list[dict[str, Any]]:
 def with_sampled_turns(name: str, rendered: str, messages: list[dict[str, Any]]) -> str:
     """The official render `rendered` of `messages`, with each assistant turn as the model sampled it where the
     template renders it otherwise (the seams): Kimi-K2-Instruct's template drops the call section, which is put
-    back before the turn's `<|im_end|>`; Kimi-K2-Thinking's renders an empty `<think></think>` for every turn up
-    to the last final answer, which gets back the turn's reasoning. Nothing else is touched."""
-    protocol = get_protocol(name)
+    back before the turn's `<|im_end|>` as the Kimi-K2-Thinking template writes the same calls (the one format
+    both models generate); Kimi-K2-Thinking's renders an empty `<think></think>` for every turn up to the last
+    final answer, which gets back the turn's reasoning. Nothing else is touched."""
     parts = rendered.split(IM_ASSISTANT)
     turns = [m for m in messages if m["role"] == "assistant"]
     head = "assistant" + IM_MIDDLE
@@ -454,7 +454,9 @@ def with_sampled_turns(name: str, rendered: str, messages: list[dict[str, Any]])
         assert part.startswith(head)
         if name == "kimi-k2":
             if message.get("tool_calls"):
-                section = protocol.render_generation({**message, "content": ""}).removesuffix(IM_END)
+                calls = [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": message["tool_calls"]}]
+                shown = official("kimi-k2-thinking", calls)
+                section = shown[shown.index(SECTION_BEGIN) : shown.rindex(SECTION_END) + len(SECTION_END)]
                 end = part.index(IM_END)
                 parts[k + 1] = part[:end] + section + part[end:]
         elif message.get("reasoning_content") and part.startswith(head + "<think></think>"):
