@@ -1,9 +1,9 @@
 """Untrusted text never yields a control-token id, in any of the registered families (`agent_protocol.control_tokens`).
 
 Every family is checked with a tokenizer that has its control tokens: the official tokenizers of Qwen3 (the Qwen
-families), Llama 3.1, DeepSeek-V3 and gpt-oss, and byte-level tokenizers with the families' special tokens for
-GLM-4.5 and Mistral (tests/support/byte_tokenizer.py), and for a family with none here one with the control strings
-its own frame writes. The user and tool texts are drawn by hypothesis from the
+families), Llama 3.1, DeepSeek-V3, gpt-oss and Mistral v0.3 (v3 SentencePiece), and byte-level tokenizers with the
+families' special tokens for GLM-4.5 and Mistral Small 3.2 (tests/support/byte_tokenizer.py), and for a family with
+none here one with the control strings its own frame writes. The user and tool texts are drawn by hypothesis from the
 tokenizer's own control strings, pieces of them, whitespace and ordinary text. For each conversation:
 
 - the ids decode to the official render of the conversation, byte for byte;
@@ -56,6 +56,8 @@ def family_tokenizer(name: str) -> HFTokenizer:
         return load_family_tokenizer("gpt_oss")
     if name.startswith("glm-"):  # GLM-4.5, 4.6, 4.7: the same control tokens; no GLM tokenizer in a registry
         return byte_level_tokenizer(GLM_SPECIAL_TOKENS, source="glm-byte-level (test)")
+    if name == "mistral-v0.3":  # Mistral's v3 SentencePiece tokenizer, converted (tests/data/tokenizers/README.md)
+        return load_family_tokenizer("mistral_v3")
     if name.startswith("mistral"):
         return byte_level_tokenizer(MISTRAL_CONTROL_TOKENS, source="mistral-byte-level (test)")
     if name == "minimax-m2":

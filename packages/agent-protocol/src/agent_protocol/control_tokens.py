@@ -18,10 +18,12 @@ finds the control strings the tokenizer would match (leftmost-longest, as `token
 and encodes every match that overlaps marked text as plain text: by the tokenizer's model alone, with no added
 vocabulary (what Hugging Face's ``split_special_tokens`` gives for special tokens), one character at a time
 when that still yields a control id. Everything else is cut and encoded exactly as the tokenizer cuts at an
-added token, so the decoded ids are the rendered text, byte for byte, and the only ids that differ from Hugging
-Face's are those of control strings inside untrusted text. That is a deliberate difference from the official
-template's tokenization for such conversations (docs/RELIABILITY.md); `special_tokens_in_text=True` where a
-`Conversation` is built (`apps/serve --special-tokens-in-text`) restores Hugging Face's behaviour.
+added token (a piece after a cut as the text it continues: without the "▁" a SentencePiece-style `Metaspace`
+prepends to a text's first piece only), so the decoded ids are the rendered text, byte for byte, and the only
+ids that differ from Hugging Face's are those of control strings inside untrusted text. That is a deliberate
+difference from the official template's tokenization for such conversations (docs/RELIABILITY.md);
+`special_tokens_in_text=True` where a `Conversation` is built (`apps/serve --special-tokens-in-text`) restores
+Hugging Face's behaviour.
 
 The control strings are the tokenizer's added tokens (special or not: Qwen's `<tool_call>` is not special),
 less those made of whitespace only. System and assistant text is the operator's and the model's: it is not
@@ -89,6 +91,7 @@ class ControlTokens:
         self._lasts = _char_class({t[-1] for t in self.controls})
         self._plain: dict[str, list[int]] = {}
         self._model_only: tokenizers.Tokenizer | bool | None = False  # False: not built yet
+        self._continuation: tokenizers.Tokenizer | bool | None = False  # False: not built yet; None: not needed
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Tokenizer) -> ControlTokens:
@@ -181,12 +184,23 @@ class ControlTokens:
             if spans[k][0] >= b:  # the match lies wholly before the next marked span: the frame's own token
                 continue
             if a > at:
-                ids.extend(self.tokenizer.encode(clean[at:a]))
+                ids.extend(self._encode_piece(clean[at:a], first=at == 0))
             ids.extend(self.plain_ids(match.group()))
             at = b
         if at < len(clean):
-            ids.extend(self.tokenizer.encode(clean[at:]))
+            ids.extend(self._encode_piece(clean[at:], first=at == 0))
         return ids
+
+    def _encode_piece(self, piece: str, *, first: bool) -> list[int]:
+        """A piece of the text, cut where the text goes on: a SentencePiece-style tokenizer whose `Metaspace`
+        prepends "▁" to the first piece of a text only (Mistral's) must not prepend it to a piece after a cut."""
+        if first:
+            return self.tokenizer.encode(piece)
+        if self._continuation is False:
+            self._continuation = _without_first_prefix(_backend_of(self.tokenizer))
+        if isinstance(self._continuation, tokenizers.Tokenizer):
+            return list(self._continuation.encode(piece, add_special_tokens=False).ids)
+        return self.tokenizer.encode(piece)
 
     def plain_ids(self, control: str) -> list[int]:
         """`control` (one control string) encoded as text: by the tokenizer's model with no added vocabulary, or
@@ -212,16 +226,48 @@ class ControlTokens:
 _built: weakref.WeakKeyDictionary[Any, ControlTokens] = weakref.WeakKeyDictionary()
 
 
-def _strip_added_tokens(tokenizer: Tokenizer) -> tokenizers.Tokenizer | None:
-    """The tokenizer's `tokenizers` backend with its added vocabulary removed (the model's own vocabulary only)."""
+def _backend_of(tokenizer: Tokenizer) -> tokenizers.Tokenizer | None:
     backend = tokenizer.backend if isinstance(tokenizer, HFTokenizer) else None
     if backend is None:
         hf = getattr(tokenizer, "hf", None)
         backend = getattr(hf, "backend_tokenizer", None)
-    if not isinstance(backend, tokenizers.Tokenizer):
+    return backend if isinstance(backend, tokenizers.Tokenizer) else None
+
+
+def _never_prepend(spec: dict[str, Any]) -> bool:
+    """Set every `Metaspace` pre-tokenizer of a tokenizer.json spec whose `prepend_scheme` is "first" to "never";
+    returns whether there was one."""
+    changed = False
+    pre = spec.get("pre_tokenizer") or {}
+    for part in [pre, *(pre.get("pretokenizers") or [])]:
+        if part.get("type") == "Metaspace" and part.get("prepend_scheme") == "first":
+            part["prepend_scheme"] = "never"
+            changed = True
+    return changed
+
+
+def _without_first_prefix(backend: tokenizers.Tokenizer | None) -> tokenizers.Tokenizer | None:
+    """`backend` as it encodes a piece that continues a text (None: it encodes every piece alike already)."""
+    if backend is None:
+        return None
+    spec = json.loads(backend.to_str())
+    if not _never_prepend(spec):
+        return None
+    try:
+        return tokenizers.Tokenizer.from_str(json.dumps(spec))
+    except Exception:  # tokenizers raises a bare Exception on a spec it cannot load
+        return None
+
+
+def _strip_added_tokens(tokenizer: Tokenizer) -> tokenizers.Tokenizer | None:
+    """The tokenizer's `tokenizers` backend with its added vocabulary removed (the model's own vocabulary only),
+    encoding a control string as the text it continues (no first-piece "▁" of a `Metaspace`)."""
+    backend = _backend_of(tokenizer)
+    if backend is None:
         return None
     spec = json.loads(backend.to_str())
     spec["added_tokens"] = []
+    _never_prepend(spec)
     try:
         return tokenizers.Tokenizer.from_str(json.dumps(spec))
     except Exception:  # tokenizers raises a bare Exception on a spec it cannot load; the fallback is per character
