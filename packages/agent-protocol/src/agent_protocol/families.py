@@ -465,6 +465,30 @@ _TABLE: Final[list[Family]] = [
         ),
     ),
     Family(
+        module="nemotron",
+        members=(
+            Member(
+                name="nemotron-nano-v2",
+                marks=("<SPECIAL_11>Assistant", "<TOOLCALL>", "/no_think", "<AVAILABLE_TOOLS>"),
+                template="nemotron_nano_v2",
+            ),
+        ),
+        readme=ReadmeRow(
+            golden="12 / 12 (generated from the official template)",
+            jinja="1,200 (300 conversations x 2 variants x gen prompt, every tool shape): 352 + 302 equal, 144 "
+            "refusals the template raises matched, 402 refused here (a later system message, which the template drops; "
+            "null tool content; a switch against `enable_thinking`)",
+            parser="NVIDIA's `nemotron_json` tool parser (the vLLM plugin shipped with the model: the first "
+            "`<TOOLCALL>` JSON list; vLLM has none of its own) + `deepseek_r1` reasoning with thinking on",
+            tito="text level (no Nemotron tokenizer in a registry here): a byte-level tokenizer with the "
+            "template's control tokens, through `AgentSession`",
+            seams="a generated turn's think part (`<think>\\n\\n`, reasoning, `</think>`; `<think></think>` with "
+            "thinking off) is never in history; content stripped in history; a conversation ending on a turn renders "
+            "it otherwise (a think opener, its calls as a turn of their own)",
+            note="nvidia/NVIDIA-Nemotron-Nano-9B-v2; Nemotron 3 Nano and Llama-3.3-Nemotron-Super-49B-v1.5 not done",
+        ),
+    ),
+    Family(
         module="kimi_k2",
         members=(
             Member(
