@@ -176,6 +176,56 @@ def test_refusals_and_the_tools_warning() -> None:
         get_protocol("llama4", tools_in_user_message=False).render_messages(user, tools=[])  # an empty list: no
 
 
+def _parts(text: str) -> list[dict[str, str]]:
+    return [{"type": "text", "text": text[:2]}, {"type": "text", "text": text[2:]}]
+
+
+def _joined(content: Any) -> Any:
+    return "".join(p["text"] for p in content) if isinstance(content, list) else content
+
+
+def test_lists_of_text_parts_render_joined_where_the_template_joins_them() -> None:
+    """Content as a list of text parts: the template writes the parts' text in a user, assistant or later system
+    message (as the protocol does, joined), and the protocol refuses the three places where it does not."""
+    llama = get_protocol("llama4")
+    joined = [
+        {"role": "system", "content": [{"type": "text", "text": " one part "}]},
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": _parts("an answer")},
+        {"role": "system", "content": _parts("later rules")},
+        {"role": "user", "content": _parts("more\n")},
+    ]
+    for generation in (False, True):
+        assert llama.render_messages(joined, add_generation_prompt=generation) == official(
+            "llama4", joined, None, generation
+        )
+    calls = [{"id": "c0", "type": "function", "function": {"name": "f", "arguments": {}}}]
+    with_call = [
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": _parts("look"), "tool_calls": calls},
+    ]
+    assert llama.render_messages(with_call) == official("llama4", with_call)
+    refused = [
+        ([{"role": "system", "content": _parts("rules")}, {"role": "user", "content": "u"}], None, "first part"),
+        ([{"role": "user", "content": _parts("carrier")}], TOOL_SHAPES, "Python list"),
+        ([{"role": "user", "content": "u"}, {"role": "tool", "content": _parts("result")}], None, "as JSON"),
+    ]
+    for messages, tools, match in refused:
+        with pytest.raises(MessageError, match=match):
+            llama.render_messages(messages, tools=tools)
+        # the template renders something other than the joined text there
+        strings = [{**m, "content": _joined(m["content"])} for m in messages]
+        assert official("llama4", messages, tools) != official("llama4", strings, tools)
+    with pytest.raises(MessageError, match="as JSON"):
+        llama.render_feedback([{"role": "tool", "content": _parts("result")}])
+    # a list is fine where the template joins it: the tools' message when the tools go to the system block
+    in_system = get_protocol("llama4", tools_in_user_message=False)
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": _parts("carrier")}]
+    assert in_system.render_messages(messages, tools=TOOL_SHAPES) == official(
+        "llama4__tools_in_system", messages, TOOL_SHAPES
+    )
+
+
 # -- the llama4_json parser -----------------------------------------------------------------------------------
 
 CALL = '{"name": "lookup", "parameters": {"q": "Paris"}}'

@@ -272,7 +272,8 @@ _TABLE: Final[list[Family]] = [
             note="Llama 4 Scout / Maverick",
             golden="12 / 12 (generated from the official template)",
             jinja="800 (200 conversations with every tool shape and up to 3 calls a turn x 2 variants x gen prompt): "
-            "790 equal, 10 refusals matched",
+            "790 equal, 10 refusals matched; content as lists of text parts equal where the template joins them, "
+            "refused where it does not; images refused",
             parser="`llama4_json` (= `llama3_json`): `<\\|python_start\\|>` block as content, then `{...}` calls "
             "with `parameters`/`arguments`, any number",
             tito="text level (no Llama 4 tokenizer in a registry here): a byte-level tokenizer with Llama 4's "

@@ -16,10 +16,14 @@ tool-call turn as `<|python_start|>{content}<|python_end|>` followed by each cal
 nothing between them (the template takes any number of calls); tool results in the `ipython` role dumped as JSON
 strings. The template writes no date (it sets `date_string` and never prints it), so there is no `today` option.
 Two places follow vLLM's chat preprocessing rather than the bare Jinja: null content renders as empty text (Jinja
-would print "None" or fail), and string arguments are parsed to the object they hold. Not supported: image parts
-(`<|image|>`; a message with an image is refused, as for every text-only family), and an assistant message given
-with `"tool_calls": []` (the template renders nothing at all for it; a `Message` cannot tell that list from no
-calls, so it renders as an answer).
+would print "None" or fail), and string arguments are parsed to the object they hold. Content given as a list of text parts
+is joined, as the template joins it, except in three places where the template writes something else and which
+are refused: a first system message of several parts (it keeps the first part), the message that carries the
+tools (it writes the list's Python repr) and a tool message (it writes the list as JSON). Not supported: image
+parts (`<|image|>`, which Llama 4's processor expands in its own way, which no engine here does; a message with an
+image is refused, as for every text-only family), and an assistant message given with `"tool_calls": []` (the
+template renders nothing at all for it; a `Message` cannot tell that list from no calls, so it renders as an
+answer).
 
 Parsing follows vLLM's `llama4_json` tool parser, which is its `llama3_json` one (`Llama3JsonToolParser`, registered
 under both names): a leading `<|python_start|>...<|python_end|>` block is the turn's content, and what follows is
@@ -38,7 +42,7 @@ the block), and a turn ended by `<|end_of_text|>` or cut off (the feedback close
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
@@ -46,7 +50,7 @@ from agent_protocol.errors import MessageError
 from agent_protocol.protocols.llama3 import EOT as LLAMA3_EOT
 from agent_protocol.protocols.llama3 import parse_llama3_turn
 from agent_protocol.template_json import tojson, tojson_kept
-from agent_protocol.types import Action, Message, MessageLike, ToolSpec
+from agent_protocol.types import Action, Message, MessageLike, ToolSpec, ToolSpecLike
 
 __all__ = ["PROTOCOLS", "Llama4Protocol", "ToolsNotShownWarning", "parse_llama4_turn"]
 
@@ -103,6 +107,19 @@ class Llama4Protocol(ChatProtocol):
 
     # -- rendering ---------------------------------------------------------------------------------------
 
+    def render_messages(
+        self,
+        messages: Iterable[MessageLike],
+        *,
+        tools: Iterable[ToolSpecLike] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> str:
+        """As every family's, after refusing content given as a list of parts where the template does not join
+        the parts' text (see `_refuse_part_lists`)."""
+        messages = list(messages)
+        _refuse_part_lists(messages, tools_message=tools is not None and self.tools_in_user_message)
+        return super().render_messages(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+
     def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
         # `specs` None: no tools given, which the template tells from an empty list
         if not msgs:
@@ -154,6 +171,7 @@ class Llama4Protocol(ChatProtocol):
     ) -> str:
         """`ended_by` does not matter here: `<|eot|>` and `<|eom|>` both close the turn and are already in the
         transcript, and the next block starts with its own header."""
+        _refuse_part_lists(messages, tools_message=False, first=False)
         msgs = feedback_messages(messages)
         body = "".join(_render_message(msg) for msg in msgs)
         return ("" if turn_closed else EOT) + body + self.generation_prompt
@@ -165,6 +183,34 @@ class Llama4Protocol(ChatProtocol):
 
     def parse_turn(self, text: str, *, call_id_prefix: str = "call") -> Action:
         return parse_llama4_turn(text, call_id_prefix=call_id_prefix)
+
+
+def _refuse_part_lists(messages: Sequence[MessageLike], *, tools_message: bool, first: bool = True) -> None:
+    """Content given as a list of parts renders as the parts' text joined everywhere but in three places, where
+    the template does something else with the list, and which are refused: a first system message of several
+    parts (the template takes the first part's text), the message that carries the tools (it writes the list's
+    Python repr) and a tool message (it writes the list as JSON)."""
+    carrier = None
+    if first and messages:
+        head = messages[0]
+        carrier = 1 if isinstance(head, dict) and head.get("role") == "system" else 0
+        if isinstance(head, Message):
+            carrier = 1 if head.role == "system" else 0
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+            continue
+        parts = message["content"]
+        where = f"messages[{index}].content"
+        if message.get("role") == "tool":
+            raise MessageError(where, "the official Llama 4 template writes a tool message's list of parts as JSON")
+        if first and index == 0 and message.get("role") == "system" and len(parts) != 1:
+            raise MessageError(where, "the official Llama 4 template keeps only the first part of a system message")
+        if tools_message and index == carrier:
+            raise MessageError(
+                where,
+                "the official Llama 4 template writes the list of parts of the message that carries the tools "
+                "as a Python list",
+            )
 
 
 def _tool_listing(specs: list[ToolSpec]) -> str:
