@@ -66,6 +66,7 @@ REAL_TOKENIZERS = {
     "llama3.2": "llama3.1",
     "deepseek-v3.1": "deepseek_v3",
     "mistral-v0.3": "mistral_v3",
+    "llama4": "llama4",
     "deepseek-v3.1-vllm-tools": "deepseek_v3",
 }
 

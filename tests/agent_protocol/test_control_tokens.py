@@ -1,10 +1,11 @@
 """Untrusted text never yields a control-token id, in any of the registered families (`agent_protocol.control_tokens`).
 
 Every family is checked with a tokenizer that has its control tokens: the official tokenizers of Qwen3 (the Qwen
-families), Llama 3.1, DeepSeek-V3, gpt-oss and Mistral v0.3 (v3 SentencePiece), and byte-level tokenizers with the
-families' special tokens for GLM-4.5 and Mistral Small 3.2 (tests/support/byte_tokenizer.py), and for a family with
-none here one with the control strings its own frame writes. The user and tool texts are drawn by hypothesis from the
-tokenizer's own control strings, pieces of them, whitespace and ordinary text. For each conversation:
+families), Llama 3.1, Llama 4, DeepSeek-V3, gpt-oss and Mistral v0.3 (v3 SentencePiece), and byte-level tokenizers
+with the families' special tokens for GLM-4.5 and Mistral Small 3.2 (tests/support/byte_tokenizer.py), and for a
+family with none here one with the control strings its own frame writes. The user and tool texts are drawn by
+hypothesis from the tokenizer's own control strings, pieces of them, whitespace and ordinary text. For each
+conversation:
 
 - the ids decode to the official render of the conversation, byte for byte;
 - they hold exactly the control ids the frame writes: as many as the same conversation with every user and tool
@@ -27,7 +28,6 @@ from hypothesis import strategies as st
 from agent_protocol import ChatProtocol, HFTokenizer, Message, coerce_messages, get_protocol, list_protocols
 from agent_protocol.control_tokens import CLOSE, OPEN, ControlTokens, added_tokens, unmarked
 from tests.agent_protocol.families.test_glm45 import GLM_SPECIAL_TOKENS
-from tests.agent_protocol.families.test_llama4 import LLAMA4_SPECIAL_TOKENS
 from tests.agent_protocol.families.test_minimax_m2 import MINIMAX_SPECIAL_TOKENS
 from tests.agent_protocol.families.test_mistral import CONTROL_TOKENS as MISTRAL_CONTROL_TOKENS
 from tests.agent_protocol.families.test_qwen3_vl import data_url
@@ -46,8 +46,8 @@ NO_TOOL_ROLE = {"gemma3"}  # its template refuses tool results: the "tool" text 
 def family_tokenizer(name: str) -> HFTokenizer:
     if name.startswith("qwen"):
         return HFTokenizer.from_file(qwen3_tokenizer_path())
-    if name == "llama4":  # no Llama 4 tokenizer here: its control tokens on bytes
-        return byte_level_tokenizer(LLAMA4_SPECIAL_TOKENS, source="llama4-byte-level (test)")
+    if name == "llama4":  # built from Meta's tiktoken ranks (tests/data/tokenizers/README.md)
+        return load_family_tokenizer("llama4")
     if name.startswith("llama"):
         return load_family_tokenizer("llama3.1")
     if name.startswith("deepseek"):

@@ -1,7 +1,7 @@
 """Llama 4 Scout / Maverick instruct (`agent_protocol.protocols.llama4`): renders against the golden files and the
 official Jinja, the `llama4_json` (= `llama3_json`) parser, the feedback after a generated turn and its seams, and
-token-in-token-out through a session, at the text level (no Llama 4 tokenizer can be had from a registry here: a
-byte-level tokenizer with Llama 4's control tokens stands in).
+token-in-token-out (golden episodes and a session) at the token level with Llama 4's tokenizer, built from Meta's
+tiktoken ranks in PyPI's llama-models and checked against Meta's own tokenizer's ids.
 
 Jinja-side adaptations (`as_vllm_passes`, tests/support/family_checks.py), where the protocol follows vLLM's chat
 preprocessing and not the bare template: null content is passed as "" (the bare template prints "None", or fails
@@ -19,10 +19,9 @@ from typing import Any
 import jinja2
 import pytest
 
-from agent_protocol import ChatProtocol, HFTokenizer, MessageError, get_protocol
+from agent_protocol import ChatProtocol, HFTokenizer, MessageError, TokenTranscript, get_protocol
 from agent_protocol.protocols.llama4 import ToolsNotShownWarning
 from tests.agent_protocol.golden import GoldenRender, cases, renders
-from tests.support.byte_tokenizer import byte_level_tokenizer
 from tests.support.calculator_episode import run_calculator_episode
 from tests.support.family_checks import (
     as_vllm_passes,
@@ -32,6 +31,7 @@ from tests.support.family_checks import (
     is_episode,
     render_golden,
 )
+from tests.support.family_tokenizers import DATA, load_family_tokenizer
 from tests.support.hf_jinja import render_official
 from tests.support.random_conversations import ConversationMix, choose, conversation, random_tools
 from tests.support.tool_shapes import TOOL_SHAPES
@@ -421,28 +421,56 @@ def test_seams_are_where_we_document_them(seam: str) -> None:
     assert sampled.replace(held, rendered) == expected
 
 
-# -- token-in-token-out, at the text level ----------------------------------------------------------------------
+# -- token-in-token-out with Llama 4's tokenizer ---------------------------------------------------------------
 
-#: Llama 4's control tokens as the template and the model write them (each one id in the real vocabulary)
-LLAMA4_SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|header_start|>", "<|header_end|>", "<|eom|>",
-                         "<|eot|>", "<|python_start|>", "<|python_end|>", "<|image|>"]  # fmt: skip
+BOS_ID, END_OF_TEXT_ID, HEADER_START_ID, HEADER_END_ID, EOM_ID, EOT_ID = 200000, 200001, 200005, 200006, 200007, 200008
+PYTHON_START_ID, PYTHON_END_ID = 200016, 200017
 
 
 @cache
-def llama4_byte_tokenizer() -> HFTokenizer:
-    return byte_level_tokenizer(LLAMA4_SPECIAL_TOKENS, source="llama4-byte-level (test)")
+def tokenizer_of_llama4() -> HFTokenizer:
+    return load_family_tokenizer("llama4")
 
 
-def test_byte_tokenizer_round_trips_text() -> None:
-    tokenizer = llama4_byte_tokenizer()
-    text = get_protocol("llama4").render_messages(cases()["multi_turn_reasoning"]["messages"], tools=TOOL_SHAPES)
-    ids = tokenizer.encode(text)
-    assert tokenizer.decode(ids) == text
-    for token in LLAMA4_SPECIAL_TOKENS:
-        token_id = tokenizer.token_to_id(token)
-        assert token_id is not None and token_id >= 256 and tokenizer.encode(token) == [token_id]
+def test_the_tokenizer_is_metas() -> None:
+    """The tokenizer.json built from Meta's tiktoken ranks (tests/data/tokenizers/README.md) encodes as Meta's own
+    tokenizer (llama-models' `Tokenizer`, its ids kept as data): the golden renders and random texts."""
+    tokenizer = tokenizer_of_llama4()
+    expected = json.loads((DATA / "llama4.meta_ids.json").read_text(encoding="utf-8"))
+    assert len(expected["texts"]) == 57 and "llama-models 0.3.0" in expected["source"]
+    for sample in expected["texts"]:
+        assert tokenizer.encode(sample["text"]) == sample["ids"]
+        assert tokenizer.decode(sample["ids"]) == sample["text"]
+    specials = {"<|begin_of_text|>": BOS_ID, "<|end_of_text|>": END_OF_TEXT_ID, "<|header_start|>": HEADER_START_ID,
+                "<|header_end|>": HEADER_END_ID, "<|eom|>": EOM_ID, "<|eot|>": EOT_ID,
+                "<|python_start|>": PYTHON_START_ID, "<|python_end|>": PYTHON_END_ID}  # fmt: skip
+    for text, token_id in specials.items():
+        assert tokenizer.token_to_id(text) == token_id and tokenizer.encode(text) == [token_id]
     stops = [tokenizer.token_to_id(t) for t in get_protocol("llama4").stop_texts]
-    assert None not in stops
+    assert stops == [EOT_ID, EOM_ID, END_OF_TEXT_ID]  # the model's generation_config eos ids
+
+
+@pytest.mark.parametrize("golden", EPISODES, ids=lambda g: g.id)
+def test_golden_episodes_are_token_in_token_out(golden: GoldenRender) -> None:
+    """Each piece tokenized alone (prompt, generated turns, feedback) and appended gives, id for id, the
+    tokenization of the official render: every piece starts at a special token or right after the header's
+    "\\n\\n", where the pre-tokenizer splits anyway."""
+    tokenizer = tokenizer_of_llama4()
+    case = cases()[golden.case]
+    protocol = get_protocol("llama4")
+    transcript = TokenTranscript()
+    messages = case["messages"]
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    transcript.append_prompt(
+        tokenizer.encode(protocol.render_prompt(messages[: turns[0] if turns else None], tools=case["tools"]))
+    )
+    for position, index in enumerate(turns):
+        transcript.append_action(tokenizer.encode(protocol.render_generation(messages[index])))
+        end = turns[position + 1] if position + 1 < len(turns) else len(messages)
+        if end > index + 1:
+            transcript.append_observation(tokenizer.encode(protocol.render_feedback(messages[index + 1 : end])))
+    assert transcript.ids == tokenizer.encode(golden.text)
+    assert transcript.ids[0] == BOS_ID
 
 
 def llama4_call(expression: str, *, content: str = "", closer: str = "<|eot|>") -> str:
@@ -463,7 +491,7 @@ def _official_ids(tokenizer: HFTokenizer, trajectory: Any) -> list[int]:
 
 @pytest.mark.parametrize("content", ["", "I will use the calculator."])
 def test_session_is_token_in_token_out(content: str) -> None:
-    tokenizer = llama4_byte_tokenizer()
+    tokenizer = tokenizer_of_llama4()
     script = [llama4_call("17 * 23", content=content), "The answer is 391.<|eot|>"]
     episode = run_calculator_episode(get_protocol("llama4"), tokenizer, script, logprob=-0.5)
     result, engine = episode.result, episode.engine
@@ -483,31 +511,32 @@ def test_session_is_token_in_token_out(content: str) -> None:
     )
 
 
-#: seam id -> (the first generated turn, the text the transcript holds around the call, the official render's)
+#: seam id -> (the first generated turn, the text whose ids the transcript holds after the call, the official
+#: render's there)
 TOKEN_SEAMS = {
-    "eom": (
-        llama4_call("17 * 23", closer="<|eom|>"),
-        "}<|eom|><|header_start|>ipython",
-        "}<|eot|><|header_start|>ipython",
-    ),
-    "end_of_text": (
-        llama4_call("17 * 23", closer="<|end_of_text|>"),
-        "}<|end_of_text|><|eot|><|header_start|>ipython",
-        "}<|eot|><|header_start|>ipython",
-    ),
+    # <|eom|> closes the turn (a turn end: no token added); history writes <|eot|>
+    "eom": (llama4_call("17 * 23", closer="<|eom|>"), "<|eom|><|header_start|>", "<|eot|><|header_start|>"),
+    # <|end_of_text|> stops the engine but is no turn end: the feedback closes the turn with <|eot|>
+    "end_of_text": (llama4_call("17 * 23", closer="<|end_of_text|>"), "<|end_of_text|><|eot|>", "<|eot|>"),
 }
 
 
 @pytest.mark.parametrize("seam", sorted(TOKEN_SEAMS))
 def test_session_seams_are_pinned(seam: str) -> None:
     first, held, rendered = TOKEN_SEAMS[seam]
-    tokenizer = llama4_byte_tokenizer()
+    tokenizer = tokenizer_of_llama4()
     episode = run_calculator_episode(get_protocol("llama4"), tokenizer, [first, "The answer is 391.<|eot|>"])
     result = episode.result
     assert result.final_answer == "The answer is 391." and result.trajectory.errors == []
     (segment,) = result.trajectory.segments
     a, b = segment.action_ranges[0]
     assert segment.ids[a:b] == tokenizer.encode(first)
-    text = tokenizer.decode(segment.ids)
-    expected = tokenizer.decode(_official_ids(tokenizer, result.trajectory))
-    assert text.count(held) == 1 and text.replace(held, rendered) == expected
+    expected = _official_ids(tokenizer, result.trajectory)
+    # exactly one place differs, and it is the seam: substituting its ids gives the official ids, id for id
+    assert _replace_once(segment.ids, tokenizer.encode(held), tokenizer.encode(rendered)) == expected
+
+
+def _replace_once(ids: list[int], old: list[int], new: list[int]) -> list[int]:
+    starts = [i for i in range(len(ids) - len(old) + 1) if ids[i : i + len(old)] == old]
+    assert len(starts) == 1, starts
+    return ids[: starts[0]] + new + ids[starts[0] + len(old) :]
