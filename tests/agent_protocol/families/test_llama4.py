@@ -226,6 +226,26 @@ def test_lists_of_text_parts_render_joined_where_the_template_joins_them() -> No
     )
 
 
+def test_an_assistant_message_with_an_empty_call_list_renders_nothing() -> None:
+    """`"tool_calls": []` (some clients send it with every answer): the template writes nothing for the message,
+    unless it is the one that carries the tools, whose content it writes there."""
+    llama = get_protocol("llama4")
+    empty = {"role": "assistant", "content": "an answer", "tool_calls": []}
+    for messages, tools in [
+        ([{"role": "user", "content": "u"}, empty, {"role": "user", "content": "v"}], None),
+        ([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, empty], TOOL_SHAPES),
+        ([{"role": "system", "content": "s"}, empty, {"role": "user", "content": "u"}], TOOL_SHAPES),
+        ([empty, {"role": "user", "content": "u"}], None),
+    ]:
+        for generation in (False, True):
+            expected = official("llama4", messages, tools, generation)
+            assert llama.render_messages(messages, tools=tools, add_generation_prompt=generation) == expected
+    assert "an answer" not in official("llama4", [{"role": "user", "content": "u"}, empty])
+    first = [empty, {"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    with pytest.raises(MessageError, match="empty tool_calls list before a system message"):
+        llama.render_messages(first)
+
+
 # -- the llama4_json parser -----------------------------------------------------------------------------------
 
 CALL = '{"name": "lookup", "parameters": {"q": "Paris"}}'

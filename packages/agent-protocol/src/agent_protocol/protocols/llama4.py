@@ -16,14 +16,14 @@ tool-call turn as `<|python_start|>{content}<|python_end|>` followed by each cal
 nothing between them (the template takes any number of calls); tool results in the `ipython` role dumped as JSON
 strings. The template writes no date (it sets `date_string` and never prints it), so there is no `today` option.
 Two places follow vLLM's chat preprocessing rather than the bare Jinja: null content renders as empty text (Jinja
-would print "None" or fail), and string arguments are parsed to the object they hold. Content given as a list of text parts
-is joined, as the template joins it, except in three places where the template writes something else and which
-are refused: a first system message of several parts (it keeps the first part), the message that carries the
-tools (it writes the list's Python repr) and a tool message (it writes the list as JSON). Not supported: image
-parts (`<|image|>`, which Llama 4's processor expands in its own way, which no engine here does; a message with an
-image is refused, as for every text-only family), and an assistant message given with `"tool_calls": []` (the
-template renders nothing at all for it; a `Message` cannot tell that list from no calls, so it renders as an
-answer).
+would print "None" or fail), and string arguments are parsed to the object they hold. Content given as a list of
+text parts is joined, as the template joins it, except in three places where the template writes something else
+and which are refused: a first system message of several parts (it keeps the first part), the message that
+carries the tools (it writes the list's Python repr) and a tool message (it writes the list as JSON). An assistant
+message given as a dict with `"tool_calls": []` is left out, as the template writes nothing for it (a `Message`
+with no calls stands for one without the key). Not supported: image parts (`<|image|>`, which Llama 4's processor
+expands in its own way, which no engine here does; a message with an image is refused, as for every text-only
+family).
 
 Parsing follows vLLM's `llama4_json` tool parser, which is its `llama3_json` one (`Llama3JsonToolParser`, registered
 under both names): a leading `<|python_start|>...<|python_end|>` block is the turn's content, and what follows is
@@ -115,9 +115,12 @@ class Llama4Protocol(ChatProtocol):
         add_generation_prompt: bool = False,
     ) -> str:
         """As every family's, after refusing content given as a list of parts where the template does not join
-        the parts' text (see `_refuse_part_lists`)."""
+        the parts' text (see `_refuse_part_lists`) and leaving out what it renders nothing for (see
+        `_without_empty_call_lists`)."""
         messages = list(messages)
-        _refuse_part_lists(messages, tools_message=tools is not None and self.tools_in_user_message)
+        tools_message = tools is not None and self.tools_in_user_message
+        _refuse_part_lists(messages, tools_message=tools_message)
+        messages = _without_empty_call_lists(messages, tools_message=tools_message)
         return super().render_messages(messages, tools=tools, add_generation_prompt=add_generation_prompt)
 
     def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
@@ -211,6 +214,35 @@ def _refuse_part_lists(messages: Sequence[MessageLike], *, tools_message: bool, 
                 "the official Llama 4 template writes the list of parts of the message that carries the tools "
                 "as a Python list",
             )
+
+
+def _without_empty_call_lists(messages: list[MessageLike], *, tools_message: bool) -> list[MessageLike]:
+    """`messages` less each assistant message given with `"tool_calls": []`: the template's loop writes nothing at
+    all for one (its plain branch skips a message that has the key, its call branch one whose list is empty), as
+    vLLM passes it. The message that carries the tools is kept (the template writes its content there)."""
+    carrier = 1 if messages and _role(messages[0]) == "system" else 0
+    kept = [
+        message
+        for index, message in enumerate(messages)
+        if not (
+            isinstance(message, dict)
+            and message.get("role") == "assistant"
+            and message.get("tool_calls") == []
+            and not (tools_message and index == carrier)
+        )
+    ]
+    if kept and messages and kept[0] is not messages[0] and _role(kept[0]) == "system":
+        raise MessageError(
+            "messages[0]",
+            "an assistant message with an empty tool_calls list before a system message: the official Llama 4 "
+            "template renders nothing for it, and the protocol cannot render the system message after it as the "
+            "template does; leave tool_calls out",
+        )
+    return kept
+
+
+def _role(message: MessageLike) -> object:
+    return message.role if isinstance(message, Message) else message.get("role")
 
 
 def _tool_listing(specs: list[ToolSpec]) -> str:
