@@ -13,14 +13,19 @@ from itertools import pairwise
 from typing import Any
 
 import jinja2
+import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent_protocol import MessageError, get_protocol
+from agent_protocol.json_limits import check_json_value
 from agent_protocol.protocol_detection import protocol_for_template
 from agent_protocol.protocols.glm47 import Glm47Protocol
 from tests.agent_protocol.families.test_glm45 import (
     CONVERSATIONS,
     ENDOFTEXT,
+    GLM_PIECES,
     OBSERVATION,
     ROLE_TOKENS,
     USER,
@@ -200,6 +205,18 @@ def test_malformed_calls_become_coded_issues(text: str, code: str, words: str) -
     (call,) = action.tool_calls
     assert call.error is not None and call.error.code == code and words in call.error.message, call
     assert not action.valid_tool_calls
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.sampled_from(GLM_PIECES) | st.text(max_size=8), max_size=30).map("".join))
+def test_parser_never_raises_on_glm_shaped_garbage(text: str) -> None:
+    bound = get_protocol("glm-4.7").with_tools([TOOL_SHAPES[0]])
+    for protocol in (get_protocol("glm-4.7"), bound):
+        action = protocol.parse_turn(text)  # parse_turn, not the catching boundary
+        for call in action.tool_calls:
+            check_json_value(call.arguments)
+            if call.ok:
+                msgspec.json.encode(call.arguments)
 
 
 def _generated(rng: random.Random, *, reasoning: bool) -> dict[str, Any]:
