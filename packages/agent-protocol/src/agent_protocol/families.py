@@ -135,7 +135,12 @@ _TABLE: Final[list[Family]] = [
                 absent=(_THINKING_HEADER, "enable_thinking"),
                 template="qwen3_4b_instruct_2507",
             ),
-            Member(name="qwen3-thinking-2507", marks=(*_QWEN3, _THINKING_HEADER), template="qwen3_4b_thinking_2507"),
+            Member(
+                name="qwen3-thinking-2507",
+                marks=(*_QWEN3, _THINKING_HEADER),
+                absent=("truncate_history_thinking",),  # Nemotron 3 Nano's template has the same header
+                template="qwen3_4b_thinking_2507",
+            ),
         ),
         readme=ReadmeRow(
             golden="48 / 48",
@@ -185,7 +190,14 @@ _TABLE: Final[list[Family]] = [
     ),
     Family(
         module="qwen3_coder",
-        members=(Member(name="qwen3-coder", marks=(_IM, "<function=", "<parameter="), template="qwen3_coder"),),
+        members=(
+            Member(
+                name="qwen3-coder",
+                marks=(_IM, "<function=", "<parameter="),
+                absent=("truncate_history_thinking",),  # Nemotron 3 Nano's template writes the same calls
+                template="qwen3_coder",
+            ),
+        ),
         readme=ReadmeRow(
             golden="12 / 12",
             jinja="400 with every tool shape in its XML listing",
@@ -486,7 +498,31 @@ _TABLE: Final[list[Family]] = [
             seams="a generated turn's think part (`<think>\\n\\n`, reasoning, `</think>`; `<think></think>` with "
             "thinking off) is never in history; content stripped in history; a conversation ending on a turn renders "
             "it otherwise (a think opener, its calls as a turn of their own)",
-            note="nvidia/NVIDIA-Nemotron-Nano-9B-v2; Nemotron 3 Nano and Llama-3.3-Nemotron-Super-49B-v1.5 not done",
+            note="nvidia/NVIDIA-Nemotron-Nano-9B-v2; Llama-3.3-Nemotron-Super-49B-v1.5 not done",
+        ),
+    ),
+    Family(
+        module="nemotron3",
+        members=(
+            Member(
+                name="nemotron-3-nano",
+                marks=(_IM, "truncate_history_thinking", "<tool_call>", "render_extra_keys"),
+                template="nemotron3_nano",
+            ),
+        ),
+        readme=ReadmeRow(
+            golden="12 / 12 (generated from the official template)",
+            jinja="1,280 (160 conversations x 4 variants (`enable_thinking` x `truncate_history_thinking`) x gen "
+            "prompt, every tool shape): 1,160 equal, 120 refused here (null user or tool content, which the template "
+            "prints as `None`)",
+            parser="`qwen3_coder` (typed by the episode's tool schemas, `with_tools`) + NVIDIA's `nano_v3` reasoning "
+            "(`deepseek_r1`, content when thinking is off)",
+            tito="text level (no Nemotron tokenizer in a registry here): a byte-level tokenizer with the "
+            "template's control tokens, through `AgentSession`",
+            seams="reasoning before the last user message dropped (`truncate_history_thinking`, on by default; a "
+            "one-query episode is append-only); empty reasoning generated as `\\n</think>\\n`, `<think></think>` in "
+            "history; content and reasoning trimmed in history",
+            note="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B",
         ),
     ),
     Family(
