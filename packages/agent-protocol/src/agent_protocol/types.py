@@ -224,6 +224,14 @@ def coerce_messages(messages: Iterable[MessageLike], *, images: bool = False) ->
     return out
 
 
+def has_image_parts(content: object) -> bool:
+    """Whether OpenAI content (as a client sent it) is a list holding an ``image_url`` part. A text-only family's
+    own checks of a list of parts leave such a message to `coerce_messages`, whose refusal says it is text-only."""
+    return isinstance(content, list) and any(
+        isinstance(part, Mapping) and part.get("type") == "image_url" for part in content
+    )
+
+
 _TEXT_ONLY: Final = "holds an image, and this chat protocol is text-only; use a vision-language protocol (qwen3-vl)"
 
 

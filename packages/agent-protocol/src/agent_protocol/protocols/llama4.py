@@ -46,11 +46,11 @@ from collections.abc import Iterable, Sequence
 from typing import Final
 
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
-from agent_protocol.errors import MessageError
+from agent_protocol.errors import MessageError, TemplateGapWarning
 from agent_protocol.protocols.llama3 import EOT as LLAMA3_EOT
 from agent_protocol.protocols.llama3 import parse_llama3_turn
 from agent_protocol.template_json import tojson, tojson_kept
-from agent_protocol.types import Action, Message, MessageLike, ToolSpec, ToolSpecLike
+from agent_protocol.types import Action, Message, MessageLike, ToolSpec, ToolSpecLike, has_image_parts
 
 __all__ = ["PROTOCOLS", "Llama4Protocol", "ToolsNotShownWarning", "parse_llama4_turn"]
 
@@ -76,7 +76,7 @@ _USER_TOOLS: Final = (
 _END_MARKERS: Final = (EOT, EOM, END_OF_TEXT)
 
 
-class ToolsNotShownWarning(UserWarning):
+class ToolsNotShownWarning(TemplateGapWarning):
     """Tools were given where the official Llama 4 template shows them nowhere (tools in the system block, and no
     system message)."""
 
@@ -202,6 +202,8 @@ def _refuse_part_lists(messages: Sequence[MessageLike], *, tools_message: bool, 
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("content"), list):
             continue
+        if has_image_parts(message["content"]):
+            continue  # refused by `coerce_messages` as text-only, which is what is wrong with it
         parts = message["content"]
         where = f"messages[{index}].content"
         if message.get("role") == "tool":

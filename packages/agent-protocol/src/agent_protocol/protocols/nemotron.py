@@ -57,7 +57,16 @@ from agent_protocol.errors import JsonLimitError, MessageError
 from agent_protocol.json_call import arguments_object, json_kind
 from agent_protocol.json_limits import loads_bounded
 from agent_protocol.template_json import tojson, tojson_kept
-from agent_protocol.types import Action, Message, MessageLike, ParseIssue, ToolCall, ToolSpec, ToolSpecLike
+from agent_protocol.types import (
+    Action,
+    Message,
+    MessageLike,
+    ParseIssue,
+    ToolCall,
+    ToolSpec,
+    ToolSpecLike,
+    has_image_parts,
+)
 
 __all__ = ["END", "PROTOCOLS", "NemotronNanoV2Protocol"]
 
@@ -297,7 +306,8 @@ def _body(msgs: list[Message]) -> str:
 
 def _refuse_parts(messages: list[Any]) -> None:
     for index, message in enumerate(messages):
-        if isinstance(message, Mapping) and isinstance(message.get("content"), list):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, list) and not has_image_parts(content):  # images: refused as text-only
             raise MessageError(
                 f"messages[{index}].content", "the official Nemotron template takes string content, not a list of parts"
             )

@@ -67,6 +67,7 @@ from agent_protocol.types import (
     ToolSpec,
     ToolSpecLike,
     coerce_tools,
+    has_image_parts,
 )
 from agent_protocol.xml_call_parser import Schemas, parse_xml_calls
 
@@ -298,7 +299,8 @@ class Nemotron3NanoProtocol(ChatMLProtocol):
 
 def _refuse_parts(messages: list[Any]) -> None:
     for index, message in enumerate(messages):
-        if isinstance(message, Mapping) and isinstance(message.get("content"), list):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, list) and not has_image_parts(content):  # images: refused as text-only
             raise MessageError(
                 f"messages[{index}].content", "the official Nemotron 3 template writes a list of parts as text"
             )
