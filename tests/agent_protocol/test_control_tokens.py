@@ -38,6 +38,8 @@ from tests.support.hostile_text import FUZZ
 from tests.support.qwen3_tokenizer import qwen3_tokenizer_path
 
 PROTOCOLS = list_protocols()
+#: what a template leaves out is not what this test is about (the family tests check each warning)
+pytestmark = pytest.mark.filterwarnings("ignore::agent_protocol.TemplateGapWarning")
 NO_TOOLS = {"qwen2.5-vl", "gemma3"}  # their official templates render no tools
 NO_TOOL_ROLE = {"gemma3"}  # its template refuses tool results: the "tool" text rides in a user turn
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from agent_env import EpisodeRecord
-from agent_protocol import list_protocols
+from agent_protocol import MessageError, list_protocols
 from agent_runtime import BudgetPolicy, CompactionPolicy, Recipe, load_recipe
 from examples._smoke import Prompt, qwen3_tokenizer, reply, runtime_for, scripted_engine, tool_call
 from examples.compact import smoke as compact_smoke_mode
@@ -121,10 +121,19 @@ def test_qwen3_answers_every_question_with_both_tools(qwen3_smoke: qwen3_smoke_m
     assert qwen3_smoke.streamed[-1].startswith("[final]") and "reward=1.00" in qwen3_smoke.streamed[-1]
 
 
-#: the recipe is a tool agent: every family but qwen2.5-vl, whose official template renders no tools (it refuses them)
-TOOL_FAMILIES = [name for name in list_protocols() if name != "qwen2.5-vl"]
+#: the recipe is a tool agent: every family whose official template renders tools (qwen2.5-vl's and gemma3's have no
+#: tool format, and those protocols refuse tools)
+NO_TOOL_FAMILIES = {"qwen2.5-vl", "gemma3"}
+TOOL_FAMILIES = [name for name in list_protocols() if name not in NO_TOOL_FAMILIES]
 
 
+@pytest.mark.parametrize("protocol", sorted(NO_TOOL_FAMILIES))
+def test_the_recipe_refuses_a_family_without_a_tool_format_saying_so(protocol: str) -> None:
+    with pytest.raises(MessageError, match="renders no tool"):
+        asyncio.run(qwen3_smoke_mode.run_smoke(count=1, out=False, protocol=protocol))
+
+
+@pytest.mark.filterwarnings("ignore::agent_protocol.TemplateGapWarning")  # checked in the family tests
 @pytest.mark.parametrize("protocol", TOOL_FAMILIES)
 def test_the_qwen3_recipe_runs_in_every_family(protocol: str) -> None:
     # The same agent in each family's format, on its tokenizer: the policy reads prompts with a reader learned

@@ -13,6 +13,7 @@ from agent_protocol.errors import (
     MessageError,
     ProtocolDetectionError,
     ProtocolError,
+    TemplateGapWarning,
     TokenizerLoadError,
     UnknownProtocolError,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "ReadmeRow",
     "SeesImages",
     "Span",
+    "TemplateGapWarning",
     "ThinkingMode",
     "TokenTranscript",
     "Tokenizer",

@@ -12,6 +12,7 @@ __all__ = [
     "MessageError",
     "ProtocolDetectionError",
     "ProtocolError",
+    "TemplateGapWarning",
     "TokenizerLoadError",
     "UnknownProtocolError",
 ]
@@ -66,3 +67,11 @@ class TokenizerLoadError(ProtocolError):
         self.path = path
         self.reason = reason
         super().__init__(f"cannot load tokenizer from {path}: {reason}")
+
+
+class TemplateGapWarning(UserWarning):
+    """A family's official chat template leaves out part of what it was given (deepseek-v3.1 and llama4 without a
+    system message show no tools; kimi-k2's first template renders no earlier tool calls). The render is still the
+    official one, byte for byte, but the model never sees that part: the message names a variant or a fix. Each
+    family warns once per protocol object; `warnings.filterwarnings("ignore", category=TemplateGapWarning)`
+    silences all of them."""

@@ -66,7 +66,7 @@ from typing import Final
 
 from agent_protocol.broken_call import raw_preview
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
-from agent_protocol.errors import JsonLimitError, MessageError
+from agent_protocol.errors import JsonLimitError, MessageError, TemplateGapWarning
 from agent_protocol.json_call import json_kind
 from agent_protocol.json_limits import loads_bounded
 from agent_protocol.template_json import tojson
@@ -96,7 +96,7 @@ _CALL_FORMAT: Final = (
 )
 
 
-class ToolsNotRenderedWarning(UserWarning):
+class ToolsNotRenderedWarning(TemplateGapWarning):
     """Tools were given to a protocol whose official template does not show them to the model."""
 
 

@@ -64,7 +64,7 @@ from typing import Final
 
 from agent_protocol.broken_call import broken_call
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
-from agent_protocol.errors import JsonLimitError, MessageError
+from agent_protocol.errors import JsonLimitError, MessageError, TemplateGapWarning
 from agent_protocol.json_call import json_kind
 from agent_protocol.json_limits import loads_bounded
 from agent_protocol.template_json import tojson, tojson_kept
@@ -99,7 +99,7 @@ _CALL_FORMAT: Final = (
 )
 
 
-class CallsNotRenderedWarning(UserWarning):
+class CallsNotRenderedWarning(TemplateGapWarning):
     """An assistant turn with tool calls went to a template that renders no calls in history."""
 
 
