@@ -15,19 +15,22 @@ vocabulary, and is said so when used.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from agent_protocol import ChatProtocol, HFTokenizer, Message, Tokenizer, ToolSpec
+from agent_protocol import ChatProtocol, HFTokenizer, Message, MessageError, TemplateGapWarning, Tokenizer, ToolSpec
 from agent_runtime import ScriptedEngine
 
-__all__ = ["FamilyPrompt", "FamilyReader", "family_engine", "family_tokenizer"]
+__all__ = ["FamilyPrompt", "FamilyReader", "family_engine", "family_tokenizer", "require_tool_format"]
 
 _MARK: Final = 'MARK"7Q'  # a quote, to see whether the family JSON-escapes the content it embeds
 _CALL_ID: Final = "abcdefghi"  # 9 characters: Mistral's templates refuse other call ids
+_LISTING: Final = 200  # a user edge longer than this holds a tool listing (see FamilyReader)
 _EDGE: Final = 24  # characters kept on each side of the marker: enough to tell a user turn from a tool result
 #: families whose model writes call ids in a fixed form that their parser reads the function's name from
 _MODEL_CALL_IDS: Final = {"kimi-k2": "functions.{name}:{index}", "kimi-k2-thinking": "functions.{name}:{index}"}
@@ -41,6 +44,8 @@ _OWN_TOKENIZERS: Final = {
     "deepseek-v3.1": "deepseek_v3",
     "deepseek-v3.1-vllm-tools": "deepseek_v3",
     "deepseek-v3.2": "deepseek_v3",
+    "gemma3": "gemma3",
+    "gemma3-vllm-pythonic": "gemma3",
 }
 
 
@@ -112,7 +117,10 @@ class FamilyReader:
         tool = protocol.render_feedback(
             [{"role": "tool", "tool_call_id": _CALL_ID, "name": "probe_tool", "content": _MARK}], ended_by=ended_by
         )
-        self._user = _edges(user, "probe_tool", whole_after=True)
+        before, after, escaped = _edges(user, "probe_tool", whole_after=True)
+        if len(before) > _LISTING:  # the tool listing opens the user's turn, after the system text in the same
+            before = before[-_EDGE:]  # turn (gemma3-vllm-pythonic): the question follows the listing's end
+        self._user = (before, after, escaped)
         self._tool = self._pattern(*_edges(tool, "probe_tool"))
 
     @staticmethod
@@ -137,11 +145,30 @@ class FamilyReader:
 Turn = Mapping[str, Any]
 
 
+def require_tool_format(protocol: ChatProtocol, tools: Sequence[ToolSpec]) -> None:
+    """Refuse, before any episode runs, a family with no tool format (qwen2.5-vl's and gemma3's templates): the
+    smoke's agent calls tools. A family that refuses a generated call or the tool list has none. The probe renders
+    on a copy, with template-gap warnings silenced (a family warns once per protocol object: the episodes' own
+    renders still warn), so a family that only leaves the tool list out (deepseek-v3.1) still runs."""
+    probe = copy.copy(protocol)
+    call = {"id": _CALL_ID, "type": "function", "function": {"name": tools[0].name if tools else "f", "arguments": {}}}
+    try:
+        probe.render_generation({"role": "assistant", "content": "", "tool_calls": [call]})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TemplateGapWarning)
+            probe.render_messages([{"role": "user", "content": "q"}], tools=list(tools), add_generation_prompt=True)
+    except MessageError as e:
+        raise MessageError(
+            "protocol", f"{protocol.name} renders no tool format, and this smoke's agent calls tools ({e})"
+        ) from e
+
+
 def family_engine(
     policy: Callable[[FamilyPrompt], Turn], protocol: ChatProtocol, tokenizer: Tokenizer, tools: Sequence[ToolSpec]
 ) -> ScriptedEngine:
     """A `ScriptedEngine` whose policy reads each prompt with a `FamilyReader` and answers with an assistant
     message (an OpenAI dict), written by `protocol` the way the model generates it and tokenized by `tokenizer`."""
+    require_tool_format(protocol, tools)
     read = FamilyReader(protocol, tools)
 
     def answer(prompt_ids: Sequence[int]) -> str:

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -122,15 +123,17 @@ def test_qwen3_answers_every_question_with_both_tools(qwen3_smoke: qwen3_smoke_m
 
 
 #: the recipe is a tool agent: every family whose official template renders tools (qwen2.5-vl's and gemma3's have no
-#: tool format, and those protocols refuse tools)
+#: tool format: qwen2.5-vl refuses tools, gemma3 renders them as its template does, dropped, with a warning, and
+#: refuses to generate a call; the smoke probes each family and refuses these before any episode runs)
 NO_TOOL_FAMILIES = {"qwen2.5-vl", "gemma3"}
 TOOL_FAMILIES = [name for name in list_protocols() if name not in NO_TOOL_FAMILIES]
 
 
 @pytest.mark.parametrize("protocol", sorted(NO_TOOL_FAMILIES))
 def test_the_recipe_refuses_a_family_without_a_tool_format_saying_so(protocol: str) -> None:
-    with pytest.raises(MessageError, match="renders no tool"):
+    with pytest.raises(MessageError, match=f"{re.escape(protocol)} renders no tool format") as info:
         asyncio.run(qwen3_smoke_mode.run_smoke(count=1, out=False, protocol=protocol))
+    assert info.value.location == "protocol"  # refused by the smoke's probe, before any episode
 
 
 @pytest.mark.filterwarnings("ignore::agent_protocol.TemplateGapWarning")  # checked in the family tests

@@ -1,6 +1,7 @@
 """Gemma 3 instruction-tuned (`gemma3`, `agent_protocol.protocols.gemma3`): the golden renders, the Python renderer
-against the official Jinja on generated conversations (its refusals matched), what the protocol refuses beyond the
-template (tools, tool messages, images), the plain-content parser, feedback that continues the official render
+against the official Jinja on generated conversations with and without tools (its refusals matched), tools, calls
+and tool messages rendered as the template renders them with a warning, what the protocol refuses beyond the
+template (images, text parts it would trim apart), the plain-content parser, feedback that continues the official render
 (the whitespace seam pinned), detection, and token-in-token-out with the official Gemma 3 tokenizer.
 
 The official template (`tests/data/golden/templates/gemma3_it.jinja`, provenance in SOURCES.md) is rendered as
@@ -13,13 +14,22 @@ from __future__ import annotations
 import copy
 import json
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
 import jinja2
 import pytest
 
-from agent_protocol import HFTokenizer, MessageError, TokenTranscript, detect_protocol, get_protocol
+from agent_protocol import (
+    HFTokenizer,
+    MessageError,
+    TemplateGapWarning,
+    TokenTranscript,
+    detect_protocol,
+    get_protocol,
+)
+from agent_protocol.protocols.gemma3 import ToolsDroppedWarning
 from tests.agent_protocol.golden import GoldenRender, cases, renders
 from tests.support.calculator_episode import run_calculator_episode
 from tests.support.family_checks import (
@@ -33,6 +43,7 @@ from tests.support.family_checks import (
 )
 from tests.support.family_tokenizers import load_family_tokenizer
 from tests.support.hf_jinja import TEMPLATES, official_template, special_tokens
+from tests.support.random_conversations import random_tools
 from tests.support.tool_shapes import TOOL_SHAPES
 
 STEM = "gemma3_it"
@@ -72,23 +83,20 @@ def test_every_golden_render_is_present() -> None:
 @pytest.mark.parametrize("golden", RENDERS, ids=lambda g: g.id)
 def test_golden_render_byte_for_byte(golden: GoldenRender) -> None:
     case = cases()[golden.case]
-    protocol = get_protocol(NAME)
     if golden.refused:
-        with pytest.raises(MessageError, match=r"renders no tools|alternate"):
-            render_golden(golden)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TemplateGapWarning)  # the calls and tool results: see below
+            with pytest.raises(MessageError, match="alternate"):
+                render_golden(golden)
         with pytest.raises(jinja2.TemplateError, match="Conversation roles must alternate"):
             official(case["messages"], case["tools"], golden.add_generation_prompt)
         return
     expected = official(case["messages"], case["tools"], golden.add_generation_prompt)
     assert expected == golden.text
-    if case["tools"]:  # tools_provided: the template drops the tool list; the protocol refuses it, and renders
-        with pytest.raises(MessageError, match="renders no tools") as info:  # the rest as the template does
-            render_golden(golden)
-        assert info.value.location == "tools"
+    if case["tools"]:  # tools_provided: the template drops the tool list, and the protocol warns that it does
         assert "get_weather" not in golden.text and "search" not in golden.text
-        assert protocol.render_messages(case["messages"], add_generation_prompt=golden.add_generation_prompt) == (
-            golden.text
-        )
+        with pytest.warns(ToolsDroppedWarning):
+            assert render_golden(golden) == golden.text
         return
     assert render_golden(golden) == golden.text
 
@@ -125,10 +133,12 @@ def _content(rng: random.Random) -> Any:
     return rng.choice(TEXTS)
 
 
-def gemma_conversation(rng: random.Random) -> list[dict[str, Any]]:
+def gemma_conversation(rng: random.Random, *, tools: bool = False) -> list[dict[str, Any]]:
     """Mostly alternating user/assistant turns after an optional system message (a string or one text part), with
     system messages where a model turn would stand, null contents, text-part lists, reasoning the template drops,
-    and now and then a role out of turn (which the template refuses)."""
+    and now and then a role out of turn (which the template refuses). With `tools`, assistant turns carry calls
+    (which the template drops), followed by their tool results or not, and tool messages stand where a model turn
+    would (a `tool` turn) or out of turn."""
     messages: list[dict[str, Any]] = []
     if rng.random() < 0.5:
         text = rng.choice(TEXTS)
@@ -143,12 +153,25 @@ def gemma_conversation(rng: random.Random) -> list[dict[str, Any]]:
         message: dict[str, Any] = {"role": role, "content": _content(rng)}
         if role == "assistant" and rng.random() < 0.2:
             message["reasoning_content"] = rng.choice(TEXTS)
+        if tools and role == "assistant" and rng.random() < 0.4:
+            message["tool_calls"] = [{**CALL, "id": f"c{k}"} for k in range(rng.randint(1, 2))]
+        if tools and role != "user" and rng.random() < 0.2:
+            message = {"role": "tool", "tool_call_id": "c0", "content": rng.choice(TEXTS)}
         messages.append(message)
+        if tools and message.get("tool_calls") and rng.random() < 0.3:
+            messages.append({"role": "tool", "tool_call_id": "c0", "content": rng.choice(TEXTS)})  # out of turn
     return messages or [{"role": "user", "content": rng.choice(TEXTS)}]
+
+
+CALL = {"id": "c0", "type": "function", "function": {"name": "lookup", "arguments": {"q": "x"}}}
 
 
 CONVERSATIONS = [
     (gemma_conversation(random.Random(seed)), random.Random(seed).choice([None, []])) for seed in range(200)
+]
+#: with tools (the template drops the list), tool calls (dropped) and tool messages (`tool` turns)
+TOOL_CONVERSATIONS = [
+    (gemma_conversation(rng := random.Random(1000 + seed), tools=True), random_tools(rng)) for seed in range(200)
 ]
 
 
@@ -163,6 +186,33 @@ def test_python_renderer_equals_official_jinja() -> None:
     )
     assert compared + refused == 400
     assert compared >= 250 and refused >= 40, (compared, refused)
+
+
+@pytest.mark.filterwarnings("ignore::agent_protocol.TemplateGapWarning")  # checked below
+def test_python_renderer_equals_official_jinja_with_tools_calls_and_tool_messages() -> None:
+    compared, refused = compare_with_jinja(
+        get_protocol(NAME),
+        official,
+        TOOL_CONVERSATIONS,
+        refused_by=(jinja2.TemplateError,),
+        refusal="alternate|Invalid content type",
+        template_error="Conversation roles must alternate|Invalid content type",
+    )
+    assert compared + refused == 400
+    assert compared >= 150 and refused >= 40, (compared, refused)
+    rendered = [(ms, tools) for ms, tools in TOOL_CONVERSATIONS if not _refused(ms, tools)]
+    with_tools = sum(bool(tools) for _, tools in rendered)
+    with_calls = sum(any(m.get("tool_calls") for m in ms) for ms, _ in rendered)
+    with_tool_turns = sum(any(m["role"] == "tool" for m in ms) for ms, _ in rendered)
+    assert with_tools >= 40 and with_calls >= 20 and with_tool_turns >= 20, (with_tools, with_calls, with_tool_turns)
+
+
+def _refused(messages: list[dict[str, Any]], tools: Any) -> bool:
+    try:
+        official(messages, tools)
+    except jinja2.TemplateError:
+        return True
+    return False
 
 
 def test_generated_conversations_reach_every_shape() -> None:
@@ -180,37 +230,58 @@ def test_empty_conversation_is_refused_as_the_template_fails_on_it() -> None:
         get_protocol(NAME).render_messages([])
 
 
-# -- refusals beyond the template ---------------------------------------------------------------------------------
-
-CALL = {"id": "c0", "type": "function", "function": {"name": "lookup", "arguments": {"q": "x"}}}
+# -- tools: rendered as the template renders them (dropped, or a `tool` turn), with a warning -------------------
 
 
-def test_tools_are_refused_where_the_template_drops_them() -> None:
+def test_tools_are_dropped_as_the_template_drops_them_with_a_warning() -> None:
     messages = [{"role": "user", "content": "q"}]
     assert official(messages, TOOL_SHAPES, True) == official(messages, None, True)  # dropped without a word
-    with pytest.raises(MessageError, match="renders no tools") as info:
-        get_protocol(NAME).render_messages(messages, tools=TOOL_SHAPES)
-    assert info.value.location == "tools"
-    assert get_protocol(NAME).render_messages(messages, tools=[]) == official(messages, [], False)
-
-
-def test_tool_calls_and_tool_messages_are_refused() -> None:
     protocol = get_protocol(NAME)
-    calls = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "Looking.", "tool_calls": [CALL]}]
+    with pytest.warns(ToolsDroppedWarning, match="no tool format") as caught:
+        assert protocol.render_messages(messages, tools=TOOL_SHAPES, add_generation_prompt=True) == official(
+            messages, TOOL_SHAPES, True
+        )
+    assert issubclass(ToolsDroppedWarning, TemplateGapWarning)
+    assert caught[0].filename == __file__  # the warning points at the caller
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per protocol object
+        assert protocol.render_prompt(messages, tools=TOOL_SHAPES) == official(messages, TOOL_SHAPES, True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no tools, no warning
+        assert get_protocol(NAME).render_messages(messages, tools=[]) == official(messages, [], False)
+
+
+def test_tool_calls_are_dropped_and_tool_messages_are_tool_turns() -> None:
+    calls = [{"role": "user", "content": "q"}, {"role": "assistant", "content": " Looking. ", "tool_calls": [CALL]}]
     assert "lookup" not in official(calls)  # the template drops the calls
-    with pytest.raises(MessageError, match="renders no tools, tool calls") as info:
-        protocol.render_messages(calls)
-    assert info.value.location == "messages[1].tool_calls"
+    with pytest.warns(ToolsDroppedWarning, match="tool calls went to"):
+        assert get_protocol(NAME).render_messages(calls) == official(calls)
     # a tool result where a model turn stands renders as a `tool` turn, a role Gemma 3 has not got
-    results = [{"role": "user", "content": "q"}, {"role": "tool", "tool_call_id": "c0", "content": "42"}]
-    assert "<start_of_turn>tool\n42" in official(results)
-    with pytest.raises(MessageError, match="renders no tools, tool calls or tool results") as info:
-        protocol.render_messages(results)
-    assert info.value.location == "messages[1].role"
-    with pytest.raises(MessageError, match="renders no tools"):
-        protocol.render_feedback([{"role": "tool", "tool_call_id": "c0", "content": "42"}])
-    with pytest.raises(MessageError, match="renders no tools"):
-        protocol.render_generation(calls[1])
+    results = [{"role": "user", "content": "q"}, {"role": "tool", "tool_call_id": "c0", "content": " 42 "}]
+    assert "<start_of_turn>tool\n42<end_of_turn>" in official(results)
+    with pytest.warns(ToolsDroppedWarning, match="a tool message went to"):
+        assert get_protocol(NAME).render_messages(results, add_generation_prompt=True) == official(results, None, True)
+    # after a call the tool result stands where a user turn must: the template refuses it, and so does the protocol
+    with pytest.raises(jinja2.TemplateError, match="alternate"):
+        official([*calls, results[1]])
+    with pytest.warns(ToolsDroppedWarning), pytest.raises(MessageError, match="alternate"):
+        get_protocol(NAME).render_messages([*calls, results[1]])
+    with pytest.raises(MessageError, match="a tool result cannot stand there"):
+        get_protocol(NAME).render_feedback([results[1]])
+    # null content with calls: the template raises "Invalid content type"
+    with pytest.raises(jinja2.TemplateError, match="Invalid content type"):
+        official([calls[0], {**calls[1], "content": None}])
+    with pytest.raises(MessageError, match="Invalid content type"):
+        get_protocol(NAME).render_messages([calls[0], {**calls[1], "content": None}])
+
+
+def test_a_turn_with_calls_cannot_be_generated() -> None:
+    with pytest.raises(MessageError, match="renders no tool calls") as info:
+        get_protocol(NAME).render_generation({"role": "assistant", "content": "", "tool_calls": [CALL]})
+    assert info.value.location == "message.tool_calls"
+
+
+# -- refusals beyond the template ---------------------------------------------------------------------------------
 
 
 def test_images_are_refused() -> None:
@@ -428,6 +499,9 @@ def test_token_in_token_out_through_the_session(tokenizer: HFTokenizer) -> None:
     assert segment.ids[0] == 2 and segment.ids.count(2) == 1  # one <bos>
 
 
-def test_a_session_with_tools_is_refused(tokenizer: HFTokenizer) -> None:
-    with pytest.raises(MessageError, match="renders no tools"):
-        run_calculator_episode(NAME, tokenizer, ["x<end_of_turn>"], rewards="none")
+def test_a_session_with_tools_warns_and_renders_the_official_prompt(tokenizer: HFTokenizer) -> None:
+    with pytest.warns(ToolsDroppedWarning, match="tools went to"):
+        episode = run_calculator_episode(NAME, tokenizer, ["x<end_of_turn>"], rewards="none")
+    (segment,) = episode.result.trajectory.segments
+    messages = [m.to_openai() for m in episode.result.trajectory.messages]
+    assert segment.ids == tokenizer.encode(official(messages).removesuffix("\n"))  # no tool list in it

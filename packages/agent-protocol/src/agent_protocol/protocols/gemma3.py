@@ -1,4 +1,4 @@
-"""The Gemma 3 family's chat format (google/gemma-3-*-it), in Python: turns, no tools, no reasoning.
+"""The Gemma 3 family's chat format (google/gemma-3-*-it), in Python: turns, no tool format, no reasoning.
 
     <bos><start_of_turn>user
     You are terse.
@@ -16,11 +16,16 @@ text trimmed + `<end_of_turn>\\n`, with `assistant` written `model`; `<start_of_
 
 What the template refuses is refused here, with its reason: roles that do not alternate user/model/user/... after
 the first system message (a user message must stand at every even place, anything else at every odd one), a null
-content ("Invalid content type"), an empty conversation. What it would render wrong or drop is refused too:
-- tools: the template renders no tool list (`tools=` would be dropped without a word), no tool calls and no tool
-  role of its own (a `tool` message would be written as a `<start_of_turn>tool` turn the model never saw); there is
-  no official Gemma 3 tool format (vLLM's `tool_chat_template_gemma3_pythonic.jinja` is vLLM's own template). A
-  tool agent wants another family.
+content ("Invalid content type"), an empty conversation. What it drops, or renders in a role Gemma 3 never saw, is
+rendered as it renders it, with a warning (`ToolsDroppedWarning`, a `TemplateGapWarning`, once per protocol object):
+the template has no tool format. It writes no tool list (`tools=` is dropped without a word), no tool calls (an
+assistant turn with calls is its content alone; null content is refused, as the template raises "Invalid content
+type" on it) and no tool role of its own: a `tool` message is a `<start_of_turn>tool` turn, and since it is not a
+user turn the alternation check refuses it where a user turn must stand, right after a model turn (so tool results
+can never follow a call). There is no official Gemma 3 tool format; `gemma3-vllm-pythonic`
+(protocols/gemma3_pythonic.py) renders vLLM's own tool template. A generated turn has no calls to write:
+`render_generation` refuses a message with calls.
+What this module refuses beyond the template:
 - images: the template writes `<start_of_image>` for an `image` part, which Gemma 3's processor expands into the
   image's soft tokens; this module is text-only (the expansion is not modelled), so a message with an image is
   refused as in every text-only family.
@@ -36,24 +41,32 @@ keeps what was sampled).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final
 
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
-from agent_protocol.errors import MessageError
+from agent_protocol.errors import MessageError, TemplateGapWarning
 from agent_protocol.types import Action, Message, MessageLike, ToolSpec, ToolSpecLike
 
-__all__ = ["BOS", "END_OF_TURN", "PROTOCOLS", "START_OF_TURN", "Gemma3Protocol"]
+__all__ = ["BOS", "END_OF_TURN", "PROTOCOLS", "START_OF_TURN", "Gemma3Protocol", "ToolsDroppedWarning"]
 
 BOS: Final = "<bos>"
 START_OF_TURN: Final = "<start_of_turn>"
 END_OF_TURN: Final = "<end_of_turn>"
 
 _ALTERNATE: Final = "the official Gemma 3 template requires roles to alternate user/assistant/user/assistant/... "
-_NO_TOOLS: Final = (
-    "the official Gemma 3 template renders no tools, tool calls or tool results (it has no tool format); "
-    "use a family with tools"
+_NO_CALLS: Final = (
+    "the official Gemma 3 template renders no tool calls (it has no tool format), so a Gemma 3 model generates "
+    "none; use gemma3-vllm-pythonic or another family with tools"
 )
+_PACKAGE_DIR: Final = str(Path(__file__).parent.parent)
+
+
+class ToolsDroppedWarning(TemplateGapWarning):
+    """Tools, tool calls or tool messages went to the official Gemma 3 template, which has no tool format: it drops
+    the tool list and the calls, and writes a tool message as a `tool` turn."""
 
 
 def _trim(text: str) -> str:
@@ -67,6 +80,24 @@ class Gemma3Protocol(ChatProtocol):
     name = "gemma3"
     end_of_turn = END_OF_TURN
     stop_texts = (END_OF_TURN,)
+
+    def __init__(self) -> None:
+        self._warned_tools = False
+
+    def __repr__(self) -> str:
+        return "Gemma3Protocol()"
+
+    def _warn_tools_dropped(self, what: str) -> None:
+        if self._warned_tools:
+            return
+        self._warned_tools = True
+        warnings.warn(
+            f"gemma3: {what} went to the official Gemma 3 template, which has no tool format: it renders no tool "
+            "list and no tool calls, and writes a tool message as a `tool` turn the model never saw; use "
+            "get_protocol('gemma3-vllm-pythonic') (vLLM's Gemma 3 tool template) for a tool agent",
+            ToolsDroppedWarning,
+            skip_file_prefixes=(_PACKAGE_DIR,),  # point at the caller, past render_prompt and render_messages
+        )
 
     @property
     def generation_prompt(self) -> str:
@@ -86,12 +117,12 @@ class Gemma3Protocol(ChatProtocol):
 
     def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
         if specs:
-            raise MessageError("tools", _NO_TOOLS)
+            self._warn_tools_dropped("tools")
         if not msgs:
             raise MessageError(
                 "messages", "the official Gemma 3 template reads messages[0]: it renders no empty conversation"
             )
-        _check_messages(msgs)
+        self._check_messages(msgs)
         prefix = ""
         start = 0
         if msgs[0].role == "system":
@@ -109,7 +140,7 @@ class Gemma3Protocol(ChatProtocol):
     def render_generation(self, message: MessageLike) -> str:
         msg = generated_message(message)
         if msg.tool_calls:
-            raise MessageError("message.tool_calls", _NO_TOOLS)
+            raise MessageError("message.tool_calls", _NO_CALLS)
         if msg.reasoning_content is not None:
             raise MessageError("message.reasoning_content", "Gemma 3 generates no reasoning: its template has none")
         return (msg.content or "") + END_OF_TURN
@@ -119,15 +150,26 @@ class Gemma3Protocol(ChatProtocol):
     ) -> str:
         _check_text_parts(list(messages), system_first=False)
         msgs = feedback_messages(messages)
-        _check_messages(msgs)
         for place, msg in enumerate(msgs):
             if (msg.role == "user") != (place % 2 == 0):
                 raise MessageError(
                     f"messages[{place}].role",
-                    _ALTERNATE + "(the feedback after a model turn opens with a user message)",
+                    _ALTERNATE + "(the feedback after a model turn opens with a user message; a tool result cannot "
+                    "stand there, the template has no tool format)",
                 )
+        self._check_messages(msgs)
         close = "" if turn_closed else END_OF_TURN
         return close + "\n" + "".join(_turn(msg, "") for msg in msgs) + self.generation_prompt
+
+    def _check_messages(self, msgs: list[Message]) -> None:
+        """Refuse what the template refuses (null content); warn where it drops calls or writes a `tool` turn."""
+        for index, msg in enumerate(msgs):
+            if msg.content is None:
+                raise MessageError(
+                    f"messages[{index}].content", "null; the official Gemma 3 template raises 'Invalid content type'"
+                )
+            if msg.role == "tool" or msg.tool_calls:
+                self._warn_tools_dropped("tool calls" if msg.tool_calls else "a tool message")
 
     def parse_turn(self, text: str, *, call_id_prefix: str = "call") -> Action:
         """Plain content, as vLLM serves this template (it has no Gemma 3 tool or reasoning parser for it): the
@@ -138,19 +180,6 @@ class Gemma3Protocol(ChatProtocol):
 def _turn(msg: Message, prefix: str) -> str:
     role = "model" if msg.role == "assistant" else msg.role
     return f"{START_OF_TURN}{role}\n{prefix}{_trim(msg.content or '')}{END_OF_TURN}\n"
-
-
-def _check_messages(msgs: list[Message]) -> None:
-    """Refuse what the template refuses (null content) or cannot express (tools)."""
-    for index, msg in enumerate(msgs):
-        if msg.role == "tool":
-            raise MessageError(f"messages[{index}].role", _NO_TOOLS)
-        if msg.tool_calls:
-            raise MessageError(f"messages[{index}].tool_calls", _NO_TOOLS)
-        if msg.content is None:
-            raise MessageError(
-                f"messages[{index}].content", "null; the official Gemma 3 template raises 'Invalid content type'"
-            )
 
 
 def _check_text_parts(messages: list[Any], *, system_first: bool) -> None:
