@@ -69,6 +69,8 @@ REAL_TOKENIZERS = {
     "mistral-v0.3": "mistral_v3",
     "llama4": "llama4",
     "deepseek-v3.1-vllm-tools": "deepseek_v3",
+    "nemotron-super-v1.5": "llama3.1",  # Llama 3.3 based: Llama 3's vocabulary and header tokens
+    "gemma3-vllm-pythonic": "gemma3",
 }
 
 
@@ -86,6 +88,8 @@ def bench_family(name: str, template: str) -> Family | None:
         with warnings.catch_warnings():  # a probe: deepseek-v3.1 warns that its template shows no tools
             warnings.simplefilter("ignore")
             protocol.render_messages([{"role": "user", "content": "x"}], tools=[TOOLS[0]])
+        call = {"id": "abcdefghi", "type": "function", "function": {"name": "f", "arguments": {}}}
+        protocol.render_generation({"role": "assistant", "content": "", "tool_calls": [call]})  # gemma3: no calls
     except MessageError:
         return None
     # Llama 4's template calls strftime_now and never prints the date: the protocol then takes no `today`

@@ -52,6 +52,8 @@ def family_tokenizer(name: str) -> HFTokenizer:
         return load_family_tokenizer("llama4")
     if name.startswith("llama"):
         return load_family_tokenizer("llama3.1")
+    if name == "nemotron-super-v1.5":  # Llama 3.3 based: Llama 3's vocabulary and header tokens
+        return load_family_tokenizer("llama3.1")
     if name.startswith("deepseek"):
         return load_family_tokenizer("deepseek_v3")
     if name == "gpt-oss":
@@ -64,7 +66,7 @@ def family_tokenizer(name: str) -> HFTokenizer:
         return byte_level_tokenizer(MISTRAL_CONTROL_TOKENS, source="mistral-byte-level (test)")
     if name == "minimax-m2":
         return byte_level_tokenizer(MINIMAX_SPECIAL_TOKENS, source="minimax-byte-level (test)")
-    if name == "gemma3":
+    if name in ("gemma3", "gemma3-vllm-pythonic"):  # the official Gemma 3 tokenizer.json, for both templates
         return load_family_tokenizer("gemma3")
     return byte_level_tokenizer(written_controls(name), source=f"{name}-byte-level (test)")
 

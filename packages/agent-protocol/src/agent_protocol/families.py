@@ -465,16 +465,40 @@ _TABLE: Final[list[Family]] = [
             ),
         ),
         readme=ReadmeRow(
-            golden="10 / 12 (generated from the official template): 4 renders equal, the 6 the template refuses "
-            "(roles must alternate) refused; `tools_provided` refused here, where the template drops the tool list",
-            jinja="400 (200 conversations x gen prompt: system text as a string or a part, text-part lists, null "
-            "content, roles out of turn, system turns where a model turn stands): 294 equal, 106 refusals matched",
+            golden="12 / 12 (generated from the official template): 6 renders equal (`tools_provided` with a "
+            "warning: the template drops the tool list), the 6 the template refuses (roles must alternate) refused",
+            jinja="800 (400 conversations x gen prompt: system text as a string or a part, text-part lists, null "
+            "content, roles out of turn, system turns where a model turn stands): 200 without tools, 294 equal and "
+            "106 refusals matched; 200 with tools, tool calls and tool messages, 268 equal and 132 refusals matched",
             parser="plain content: vLLM has no tool or reasoning parser for this template",
             tito="token level, official Gemma 3 `tokenizer.json`, golden cases id for id and through `AgentSession` "
-            "(no tools)",
+            "(with tools: the prompt shows none)",
             seams="a turn's content is trimmed in history (a generated turn with outer whitespace re-renders "
-            "without it); tools, tool messages and images refused",
+            "without it); no tool format: the tool list and calls dropped, a tool message a `tool` turn, with a "
+            "`TemplateGapWarning`; a turn with calls cannot be generated; images refused",
             note="google/gemma-3-*-it",
+        ),
+    ),
+    Family(
+        module="gemma3_pythonic",
+        members=(
+            Member(
+                name="gemma3-vllm-pythonic",
+                marks=("<start_of_turn>", "Tools (functions) are available", "<tool_response>"),
+                template="gemma3_vllm_pythonic",
+            ),
+        ),
+        readme=ReadmeRow(
+            golden="12 / 12 (generated from vLLM's template)",
+            jinja="400 (200 conversations x gen prompt: every tool shape, an empty tool list, parallel calls, tool "
+            "results, null content, roles out of turn): 266 equal, 134 refusals matched",
+            parser="`pythonic` (vLLM): a Python list of calls with literal keyword arguments, read with `ast` (never "
+            "evaluated); a turn that starts like one and cannot be read is a broken call with a coded issue",
+            tito="token level, official Gemma 3 `tokenizer.json`, through `AgentSession` with tools",
+            seams="the template writes no `, ` between a call's arguments and spells booleans and nulls in JSON "
+            "(`f(a=1b=true)`), where the model writes what the parser reads (`f(a=1, b=True)`); a turn's content is "
+            "trimmed in history; negative numbers cannot be generated (vLLM's parser reads none)",
+            note="google/gemma-3-*-it; vLLM's own tool template, not official",
         ),
     ),
     Family(
@@ -498,7 +522,7 @@ _TABLE: Final[list[Family]] = [
             seams="a generated turn's think part (`<think>\\n\\n`, reasoning, `</think>`; `<think></think>` with "
             "thinking off) is never in history; content stripped in history; a conversation ending on a turn renders "
             "it otherwise (a think opener, its calls as a turn of their own)",
-            note="nvidia/NVIDIA-Nemotron-Nano-9B-v2; Llama-3.3-Nemotron-Super-49B-v1.5 not done",
+            note="nvidia/NVIDIA-Nemotron-Nano-9B-v2; Llama-3.3-Nemotron-Super-49B-v1.5 is `nemotron-super-v1.5`",
         ),
     ),
     Family(
@@ -523,6 +547,34 @@ _TABLE: Final[list[Family]] = [
             "one-query episode is append-only); empty reasoning generated as `\\n</think>\\n`, `<think></think>` in "
             "history; content and reasoning trimmed in history",
             note="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B",
+        ),
+    ),
+    Family(
+        module="nemotron_super",
+        members=(
+            Member(
+                name="nemotron-super-v1.5",
+                marks=("<|start_header_id|>", "<TOOLCALL>", "/no_think", "<AVAILABLE_TOOLS>"),
+                template="nemotron_super_v1_5",
+            ),
+        ),
+        readme=ReadmeRow(
+            golden="12 / 12 (generated from the official template)",
+            jinja="800 (200 conversations x 2 variants (`enable_thinking`; the off one with `/no_think` in its system "
+            "prompt) x gen prompt, every tool shape): 292 + 338 equal, 24 refusals the template raises matched (null "
+            "assistant or first system content), 100 refused here (a later system message, which the template drops; "
+            "null user or tool content, which it prints as `None`), 46 a switch against `enable_thinking`",
+            parser="NVIDIA's `llama_nemotron_json` tool parser (the vLLM plugin the model card serves it with: the "
+            "first `<TOOLCALL>` JSON list; vLLM has none of its own) + `deepseek_r1` reasoning with thinking on",
+            tito="token level with the Llama 3.1 tokenizer as a stand-in (Llama 3's vocabulary; the template's "
+            "`<\\|begin_of_text\\|>`, header and `<\\|eot_id\\|>` tokens checked to be its added tokens with Llama "
+            "3.1's ids; `<TOOLCALL>` and `<think>` are text in it; Super v1.5's own `tokenizer.json` is not in a "
+            "registry here), golden renders and through `AgentSession`",
+            seams="thinking on: a generated turn's `<think>`reasoning`</think>` is never in history (the template "
+            "keeps an assistant turn's text after its last `</think>`); thinking off: the generation prompt's empty "
+            "`<think></think>` block is in the transcript only; the mode is read from the first system message only",
+            note="nvidia/Llama-3_3-Nemotron-Super-49B-v1_5; the v1 models (Llama-3.1-Nemotron-Nano-8B-v1, "
+            "Llama-3.3-Nemotron-Super-49B-v1) are not covered: their templates differ (no tool list, content trimmed)",
         ),
     ),
     Family(
