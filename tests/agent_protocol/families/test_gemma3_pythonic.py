@@ -258,6 +258,7 @@ def test_parse_plain_content(text: str) -> None:
         ("[f(a=1), g.h()]", "missing_name"),
         ("[f(a=(" * 300 + ")" * 300, "malformed_turn"),
         ("[f(a=1" + "0" * 5000 + ")]", "malformed_turn"),
+        ('[f(a="\\ud800")]', "invalid_arguments"),  # a lone surrogate is not text
     ],
 )
 def test_parse_keeps_an_unreadable_call_list_as_a_broken_call(text: str, code: str) -> None:

@@ -78,11 +78,12 @@ def _calls(text: str, call_id_prefix: str) -> list[ToolCall]:
     if len(module.body) != 1 or not isinstance(module.body[0], ast.Expr):
         raise _Unreadable("malformed_turn", "text follows the list of calls")
     listed = module.body[0].value
-    if not isinstance(listed, ast.List) or not all(isinstance(e, ast.Call) for e in listed.elts):
+    elements = listed.elts if isinstance(listed, ast.List) else []
+    found = [e for e in elements if isinstance(e, ast.Call)]
+    if not isinstance(listed, ast.List) or len(found) != len(elements):
         raise _Unreadable("malformed_turn", "not a list of function calls")
     calls = []
-    for index, call in enumerate(listed.elts):
-        assert isinstance(call, ast.Call)  # checked above; narrows the type
+    for index, call in enumerate(found):
         if not isinstance(call.func, ast.Name):
             raise _Unreadable("missing_name", f"call {index} is not a call of a plain function name")
         if call.args:
@@ -94,6 +95,7 @@ def _calls(text: str, call_id_prefix: str) -> list[ToolCall]:
             arguments[kw.arg] = _literal(kw.value, call.func.id)
         try:
             normal = loads_bounded(json.dumps(arguments, ensure_ascii=False))
+            check_json_value(normal)  # a `\ud800` escape in a Python string is a lone surrogate, not text
         except (TypeError, ValueError, JsonLimitError) as e:
             raise _Unreadable("invalid_arguments", f"{call.func.id}: arguments are not JSON ({e})") from None
         calls.append(ToolCall(id=f"{call_id_prefix}_{index}", name=call.func.id, arguments=normal))
