@@ -198,6 +198,41 @@ def test_history_writes_no_comma_between_arguments() -> None:
     assert get_protocol(NAME).render_messages(messages) == official(messages)
 
 
+def test_an_empty_call_list_is_a_call_turn_and_null_calls_are_refused() -> None:
+    protocol = get_protocol(NAME)
+    result = {"role": "tool", "tool_call_id": "c", "content": "r"}
+    for messages in (
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": " a ", "tool_calls": []}],
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": []}, result],
+        [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "", "tool_calls": []},
+            {"role": "assistant", "content": "b"},
+        ],
+    ):
+        for tools in (None, TOOL_SHAPES[:1]):
+            expected = official(messages, tools, True)
+            assert "<start_of_turn>model\n[]" in expected
+            assert protocol.render_messages(messages, tools=tools, add_generation_prompt=True) == expected
+    # `[]` is not counted in the alternation: a user message right after it is refused, as the template refuses it
+    after = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "", "tool_calls": []},
+        {"role": "user", "content": "u"},
+    ]
+    with pytest.raises(jinja2.TemplateError, match="alternate"):
+        official(after)
+    with pytest.raises(MessageError, match="alternate"):
+        protocol.render_messages(after)
+    null = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": None}]
+    with pytest.raises(TypeError):  # the template iterates None
+        official(null)
+    with pytest.raises(MessageError, match="null") as info:
+        protocol.render_messages(null)
+    assert info.value.location == "messages[1].tool_calls"
+    assert protocol.render_messages(null[:1]) == official(null[:1])  # and the next render forgets the empty list
+
+
 # -- parsing: vLLM's pythonic parser --------------------------------------------------------------------------
 
 

@@ -29,8 +29,9 @@ vLLM's `pythonic` tool parser. This module renders that template byte for byte, 
   to follow a call turn (the model answers them next), any other to follow a turn without calls (a user message
   first). So tool results after a turn without calls, which the template would write as `user` turns, are
   refused here when a user message follows them (no episode writes results without calls).
-- `tool_calls: []` reads as no calls (the template would write `[]`); call arguments are objects (vLLM parses a
-  JSON string before it renders).
+- An assistant message given `tool_calls: []` is a call turn with no calls, as the template takes it (`[]`, not
+  counted in the alternation); `tool_calls: null` is refused (the template fails iterating it). Call arguments
+  are objects (vLLM parses a JSON string before it renders).
 
 Parsing follows vLLM's `pythonic` tool parser (agent_protocol.pythonic_calls): a turn that is a Python list of
 calls with literal keyword arguments is calls and no content; any other turn is content; a turn that starts like a
@@ -47,15 +48,15 @@ turn's content is trimmed in history (a generated turn with outer whitespace re-
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Iterable, Mapping, Sequence, Set
+from typing import Any, Final
 
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import MessageError
 from agent_protocol.protocols.gemma3 import BOS, END_OF_TURN, START_OF_TURN, Gemma3Protocol
 from agent_protocol.pythonic_calls import read_pythonic, write_pythonic
 from agent_protocol.template_json import tojson, tojson_kept
-from agent_protocol.types import Action, Message, MessageLike, ToolCall, ToolSpec
+from agent_protocol.types import Action, Message, MessageLike, ToolCall, ToolSpec, ToolSpecLike
 
 __all__ = ["PROTOCOLS", "TOOL_PREAMBLE", "Gemma3PythonicProtocol"]
 
@@ -82,11 +83,31 @@ class Gemma3PythonicProtocol(Gemma3Protocol):
     """Gemma 3 turns with vLLM's pythonic tool template (see the module docstring)."""
 
     name = "gemma3-vllm-pythonic"
+    #: indices of the messages given `tool_calls: []` in the conversation being rendered (see render_messages)
+    _empty_calls: frozenset[int] = frozenset()
 
     def __repr__(self) -> str:
         return "Gemma3PythonicProtocol()"
 
+    def render_messages(
+        self,
+        messages: Iterable[MessageLike],
+        *,
+        tools: Iterable[ToolSpecLike] | None = None,
+        add_generation_prompt: bool = False,
+    ) -> str:
+        empty: frozenset[int] = frozenset()
+        if isinstance(messages, Iterable) and not isinstance(messages, (str, bytes, Mapping)):
+            messages = list(messages)
+            empty = _empty_call_lists(messages)
+        self._empty_calls = empty
+        try:
+            return super().render_messages(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+        finally:
+            self._empty_calls = frozenset()
+
     def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
+        empty = self._empty_calls
         if not msgs:
             raise MessageError("messages", f"{_TEMPLATE} reads messages[0]: it renders no empty conversation")
         _check_null_content(msgs, 0)
@@ -94,12 +115,13 @@ class Gemma3PythonicProtocol(Gemma3Protocol):
         if msgs[0].role == "system":
             prefix, start = (msgs[0].content or "") + "\n\n", 1
         loop = msgs[start:]
-        _check_alternation(loop, start, first_counted=0)
+        listed = {i - start for i in empty}  # places in `loop` of the turns given `tool_calls: []`
+        _check_alternation(loop, start, first_counted=0, listed=listed)
         if specs is not None:
             prefix += TOOL_PREAMBLE + tojson_kept([s.to_openai() for s in specs], indent=4) + "\n\n"
         out = [BOS]
         for place, msg in enumerate(loop):
-            out.append(_turn(msg, prefix if place == 0 else ""))
+            out.append(_turn(msg, prefix if place == 0 else "", listed=place in listed))
         if add_generation_prompt:
             out.append(self.generation_prompt)
         return "".join(out)
@@ -146,12 +168,29 @@ def _check_null_content(msgs: list[Message], offset: int) -> None:
             )
 
 
-def _check_alternation(msgs: list[Message], offset: int, *, first_counted: int, feedback: bool = False) -> None:
-    """The template's check: the messages that are neither tool messages nor turns with calls alternate, a user
-    message at every even place."""
+def _empty_call_lists(messages: list[Any]) -> frozenset[int]:
+    """The indices of assistant messages given `tool_calls: []`, which the template renders as a call turn (`[]`,
+    not counted in the alternation); `tool_calls: null` is refused, as the template fails iterating it."""
+    empty = set()
+    for index, message in enumerate(messages):
+        if isinstance(message, Mapping) and "tool_calls" in message:
+            if message["tool_calls"] is None:
+                raise MessageError(
+                    f"messages[{index}].tool_calls", f"null; {_TEMPLATE} iterates a `tool_calls` key it is given"
+                )
+            if message["tool_calls"] == [] and message.get("role") == "assistant":
+                empty.add(index)
+    return frozenset(empty)
+
+
+def _check_alternation(
+    msgs: list[Message], offset: int, *, first_counted: int, feedback: bool = False, listed: Set[int] = frozenset()
+) -> None:
+    """The template's check: the messages that are neither tool messages nor turns with a `tool_calls` list (an
+    empty one included: `listed`) alternate, a user message at every even place."""
     place = first_counted
     for index, msg in enumerate(msgs):
-        if msg.role == "tool" or msg.tool_calls:
+        if msg.role == "tool" or msg.tool_calls or index in listed:
             continue
         if (msg.role == "user") != (place % 2 == 0):
             why = f"(got {msg.role})"
@@ -171,12 +210,12 @@ def _calls(calls: Sequence[ToolCall]) -> str:
     return "[" + ", ".join(written) + "]"
 
 
-def _turn(msg: Message, prefix: str) -> str:
+def _turn(msg: Message, prefix: str, *, listed: bool = False) -> str:
     role = {"assistant": "model", "tool": "user"}.get(msg.role, msg.role)
     body = (msg.content or "").strip()
     if msg.role == "tool":
         body = TOOL_RESPONSE_OPEN + body + TOOL_RESPONSE_CLOSE
-    calls = _calls(msg.tool_calls) if msg.tool_calls else ""
+    calls = _calls(msg.tool_calls) if msg.tool_calls or listed else ""
     return f"{START_OF_TURN}{role}\n{prefix}{calls}{body}{END_OF_TURN}\n"
 
 
