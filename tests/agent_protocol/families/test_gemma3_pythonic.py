@@ -21,7 +21,7 @@ from typing import Any
 import jinja2
 import pytest
 
-from agent_protocol import HFTokenizer, MessageError, detect_protocol, get_protocol
+from agent_protocol import HFTokenizer, MessageError, TokenTranscript, detect_protocol, get_protocol
 from tests.agent_protocol.golden import GoldenRender, cases, renders
 from tests.support.calculator_episode import run_calculator_episode
 from tests.support.family_checks import (
@@ -482,9 +482,18 @@ def test_generated_episodes_are_token_in_token_out(tokenizer: HFTokenizer) -> No
         turns = [m for m in messages if m["role"] == "assistant"]
         if not turns or not all(_seamless(m) for m in turns):
             continue
-        assert tokenizer.encode(episode_text(protocol, messages, tools)) == tokenizer.encode(
-            official_episode(official, messages, tools)
-        )
+        expected = tokenizer.encode(official_episode(official, messages, tools))
+        assert tokenizer.encode(episode_text(protocol, messages, tools)) == expected
+        # piece by piece, as a session lays them down: no token merges across a seam of the pieces
+        indices = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        transcript = TokenTranscript()
+        transcript.append_prompt(tokenizer.encode(protocol.render_prompt(messages[: indices[0]], tools=tools)))
+        for position, index in enumerate(indices):
+            transcript.append_action(tokenizer.encode(protocol.render_generation(messages[index])))
+            end = indices[position + 1] if position + 1 < len(indices) else len(messages)
+            if end > index + 1:
+                transcript.append_observation(tokenizer.encode(protocol.render_feedback(messages[index + 1 : end])))
+        assert transcript.ids == expected
         compared += 1
     assert compared >= 15, compared
 
