@@ -53,10 +53,19 @@ from typing import Any, Final
 
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import MessageError
-from agent_protocol.protocols.gemma3 import BOS, END_OF_TURN, START_OF_TURN, Gemma3Protocol
+from agent_protocol.protocols.gemma3 import BOS, END_OF_TURN, START_OF_TURN, Gemma3Protocol, _check_text_parts
 from agent_protocol.pythonic_calls import read_pythonic, write_pythonic
 from agent_protocol.template_json import tojson, tojson_kept
-from agent_protocol.types import Action, Message, MessageLike, ToolCall, ToolSpec, ToolSpecLike
+from agent_protocol.types import (
+    Action,
+    Message,
+    MessageLike,
+    ToolCall,
+    ToolSpec,
+    ToolSpecLike,
+    coerce_messages,
+    coerce_tools,
+)
 
 __all__ = ["PROTOCOLS", "TOOL_PREAMBLE", "Gemma3PythonicProtocol"]
 
@@ -83,8 +92,6 @@ class Gemma3PythonicProtocol(Gemma3Protocol):
     """Gemma 3 turns with vLLM's pythonic tool template (see the module docstring)."""
 
     name = "gemma3-vllm-pythonic"
-    #: indices of the messages given `tool_calls: []` in the conversation being rendered (see render_messages)
-    _empty_calls: frozenset[int] = frozenset()
 
     def __repr__(self) -> str:
         return "Gemma3PythonicProtocol()"
@@ -96,18 +103,24 @@ class Gemma3PythonicProtocol(Gemma3Protocol):
         tools: Iterable[ToolSpecLike] | None = None,
         add_generation_prompt: bool = False,
     ) -> str:
+        """As every family's, and the indices of the messages given `tool_calls: []` (which coercion forgets) are
+        read from the caller's dicts first and passed down: no state is kept on the protocol, which serves
+        concurrent renders."""
         empty: frozenset[int] = frozenset()
         if isinstance(messages, Iterable) and not isinstance(messages, (str, bytes, Mapping)):
             messages = list(messages)
+            _check_text_parts(messages, system_first=True)
             empty = _empty_call_lists(messages)
-        self._empty_calls = empty
-        try:
-            return super().render_messages(messages, tools=tools, add_generation_prompt=add_generation_prompt)
-        finally:
-            self._empty_calls = frozenset()
+        msgs = coerce_messages(messages, images=self.accepts_images)
+        specs = None if tools is None else coerce_tools(tools)
+        return self._render(msgs, specs, add_generation_prompt=add_generation_prompt, empty=empty)
 
     def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
-        empty = self._empty_calls
+        return self._render(msgs, specs, add_generation_prompt=add_generation_prompt, empty=frozenset())
+
+    def _render(
+        self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool, empty: frozenset[int]
+    ) -> str:
         if not msgs:
             raise MessageError("messages", f"{_TEMPLATE} reads messages[0]: it renders no empty conversation")
         _check_null_content(msgs, 0)
