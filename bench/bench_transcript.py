@@ -221,7 +221,12 @@ def run(family: Family, turns: int, repeats: int) -> dict[str, Any]:
     b_ids_per_turn: list[list[int]] = []
     a_ids_per_turn: list[list[int]] = []
     for repeat in range(repeats):
-        # Each method runs over the whole episode on its own, so none pollutes another's caches.
+        # Each method runs over the whole episode on its own, so none pollutes another's caches. The tokenizer's
+        # piece caches are emptied first: the tool results are new to it in every repeat, as in an episode (kept,
+        # the second repeat would find each whole result cached, and (a) would time dictionary lookups)
+        for cache in (tokenizer.pieces, tokenizer.short_pieces):
+            if cache is not None:
+                cache.clear()
         transcript = TokenTranscript()
         transcript.append_prompt(tokenizer.encode(protocol.render_prompt(prefix, tools=TOOLS)))
         for turn in range(turns):  # (a) append the sampled ids, tokenize only the delta
