@@ -232,6 +232,21 @@ def has_image_parts(content: object) -> bool:
     )
 
 
+def refuse_part_lists(messages: Iterable[MessageLike], why: str) -> Iterable[MessageLike]:
+    """The caller's messages (a list, when they are one to walk) with a `MessageError` saying `why` for the first
+    dict whose content is a list of parts: a text-only template that takes strings runs this before
+    `coerce_messages`. A list holding an image is left to `coerce_messages`, which refuses it as text-only; what is
+    not a list of messages is left to it too (it says what it is)."""
+    if not isinstance(messages, Iterable) or isinstance(messages, (str, bytes, Mapping)):
+        return messages
+    listed = list(messages)
+    for index, message in enumerate(listed):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, list) and not has_image_parts(content):
+            raise MessageError(f"messages[{index}].content", why)
+    return listed
+
+
 _TEXT_ONLY: Final = "holds an image, and this chat protocol is text-only; use a vision-language protocol (qwen3-vl)"
 
 

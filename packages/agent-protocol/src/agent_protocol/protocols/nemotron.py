@@ -46,26 +46,21 @@ Where the plugin drops a malformed call, a coded issue is kept here.
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Iterable, Sequence
+from typing import Final
 
-from agent_protocol.broken_call import broken_call
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
-from agent_protocol.errors import JsonLimitError, MessageError
-from agent_protocol.json_call import arguments_object, json_kind
-from agent_protocol.json_limits import loads_bounded
-from agent_protocol.template_json import tojson, tojson_kept
+from agent_protocol.errors import MessageError
+from agent_protocol.nemotron_json import CALL_OPEN, TOOLS_HEAD, parse_calls, render_calls, tool_function
+from agent_protocol.template_json import tojson_kept
 from agent_protocol.types import (
     Action,
     Message,
     MessageLike,
     ParseIssue,
-    ToolCall,
     ToolSpec,
     ToolSpecLike,
-    has_image_parts,
+    refuse_part_lists,
 )
 
 __all__ = ["END", "PROTOCOLS", "NemotronNanoV2Protocol"]
@@ -75,10 +70,6 @@ USER: Final = "<SPECIAL_11>User\n"
 ASSISTANT: Final = "<SPECIAL_11>Assistant\n"
 END: Final = "<SPECIAL_12>"
 THINK_END: Final = "</think>"
-CALL_OPEN, CALL_CLOSE = "<TOOLCALL>", "</TOOLCALL>"
-_CALL_BLOCK: Final = re.compile(r"<TOOLCALL>(.*?)</TOOLCALL>", re.DOTALL)
-
-_TOOLS_HEAD: Final = "You can use the following tools to assist the user if required:\n<AVAILABLE_TOOLS>["
 _TOOLS_TAIL: Final = (
     "]</AVAILABLE_TOOLS>\n\n"
     "If you decide to call any tool(s), use the following format:\n"
@@ -89,7 +80,6 @@ _TOOLS_TAIL: Final = (
     "Based on the tool responses, you can call additional tools if needed, correct tool calls if any errors are "
     "found, or just respond to the user."
 )
-_FORMAT: Final = 'Write calls as <TOOLCALL>[{"name": "...", "arguments": {...}}]</TOOLCALL>.'
 
 
 def _switch(text: str) -> bool | None:
@@ -105,9 +95,8 @@ def _unswitched(text: str | None) -> str:
     return (text or "").replace("/think", "").replace("/no_think", "").strip()
 
 
-def _calls(calls: Sequence[ToolCall]) -> str:
-    body = ", ".join(f'{{"name": "{c.name}", "arguments": {tojson(c.arguments)}}}' for c in calls)
-    return f"{CALL_OPEN}[{body}]{CALL_CLOSE}"
+#: why a list of parts is refused (the template takes string content)
+_PART_LISTS: Final = "the official Nemotron template takes string content, not a list of parts"
 
 
 class NemotronNanoV2Protocol(ChatProtocol):
@@ -135,9 +124,7 @@ class NemotronNanoV2Protocol(ChatProtocol):
         tools: Iterable[ToolSpecLike] | None = None,
         add_generation_prompt: bool = False,
     ) -> str:
-        if isinstance(messages, Iterable) and not isinstance(messages, (str, bytes, Mapping)):
-            messages = list(messages)
-            _refuse_parts(messages)
+        messages = refuse_part_lists(messages, _PART_LISTS)
         return super().render_messages(messages, tools=tools, add_generation_prompt=add_generation_prompt)
 
     def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
@@ -151,8 +138,8 @@ class NemotronNanoV2Protocol(ChatProtocol):
         system = _unswitched(msgs[0].content) if has_system else ""
         out = [SYSTEM, system]
         if specs:
-            listed = ", ".join(tojson_kept(_function(spec)) for spec in specs)
-            out.append(("\n\n" if system else "") + _TOOLS_HEAD + listed + _TOOLS_TAIL)
+            listed = ", ".join(tojson_kept(tool_function(spec)) for spec in specs)
+            out.append(("\n\n" if system else "") + TOOLS_HEAD + listed + _TOOLS_TAIL)
         out.append("\n\n")
         last: Message | None = rest.pop() if rest[-1].role == "assistant" else None
         out.append(_body(rest))
@@ -163,7 +150,7 @@ class NemotronNanoV2Protocol(ChatProtocol):
             if last_content:
                 out.append(ASSISTANT + self.think + last_content + f"\n{END}\n\n")
             if last.tool_calls:
-                out.append(ASSISTANT + _calls(last.tool_calls) + f"\n{END}\n\n")
+                out.append(ASSISTANT + render_calls(last.tool_calls) + f"\n{END}\n\n")
         return "".join(out)
 
     def render_generation(self, message: MessageLike) -> str:
@@ -176,13 +163,13 @@ class NemotronNanoV2Protocol(ChatProtocol):
                 "message.reasoning_content", "thinking is off (enable_thinking=False): the model writes no reasoning"
             )
         content = msg.content or ""
-        calls = ("\n\n" if content else "") + _calls(msg.tool_calls) if msg.tool_calls else ""
+        calls = ("\n\n" if content else "") + render_calls(msg.tool_calls) if msg.tool_calls else ""
         return f"{head}{content}{calls}\n{END}"
 
     def render_feedback(
         self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
     ) -> str:
-        _refuse_parts(list(messages))
+        refuse_part_lists(messages, _PART_LISTS)
         msgs = feedback_messages(
             messages,
             system_refused="the official Nemotron template renders only the first system message (it drops the others)",
@@ -234,50 +221,11 @@ class NemotronNanoV2Protocol(ChatProtocol):
             return Action(content=body, reasoning_content=reasoning)
         content = body[: body.rfind(CALL_OPEN)]
         content = content.removesuffix("\n\n")
-        return Action(content=content, reasoning_content=reasoning, tool_calls=_parse_calls(body, call_id_prefix))
-
-
-def _parse_calls(body: str, prefix: str) -> tuple[ToolCall, ...]:
-    match = _CALL_BLOCK.search(body)
-    if match is None:
-        raw = body[body.find(CALL_OPEN) :]
-        return (broken_call(f"{prefix}_0", raw, "unclosed_tag", f"Your <TOOLCALL> block was never closed. {_FORMAT}"),)
-    listed = match.group(1).strip()
-    listed = listed if listed.startswith("[") else "[" + listed
-    listed = listed if listed.endswith("]") else listed + "]"
-    try:
-        items = loads_bounded(listed)
-    except (json.JSONDecodeError, JsonLimitError) as e:
-        return (
-            broken_call(
-                f"{prefix}_0", match.group(0), "invalid_json", f"Your tool calls are not JSON ({e}). {_FORMAT}"
-            ),
+        return Action(
+            content=content,
+            reasoning_content=reasoning,
+            tool_calls=parse_calls(body, call_id_prefix, strict=False),
         )
-    if not isinstance(items, list):
-        items = [items]
-    calls = []
-    for k, item in enumerate(items):
-        call_id = f"{prefix}_{k}"
-        raw = json.dumps(item, ensure_ascii=False) if not isinstance(item, str) else item
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
-            calls.append(
-                broken_call(call_id, raw, "missing_name", f"A call has no name, it is {json_kind(item)}. {_FORMAT}")
-            )
-            continue
-        arguments, problem = arguments_object(item.get("arguments", {}))
-        if problem is not None:
-            calls.append(broken_call(call_id, raw, "invalid_arguments", f"{problem} {_FORMAT}", name=item["name"]))
-            continue
-        calls.append(ToolCall(id=call_id, name=item["name"], arguments=arguments, raw=None))
-    return tuple(calls) or (
-        broken_call(f"{prefix}_0", match.group(0), "missing_name", f"Your <TOOLCALL> list is empty. {_FORMAT}"),
-    )
-
-
-def _function(spec: ToolSpec) -> Any:
-    """What the template dumps for a tool: its `function` object, or the spec itself when it has none."""
-    source = spec.to_openai()
-    return source.get("function", source)
 
 
 def _body(msgs: list[Message]) -> str:
@@ -299,18 +247,9 @@ def _body(msgs: list[Message]) -> str:
             content = content.strip()
             out.append(ASSISTANT + content)
             if msg.tool_calls:
-                out.append(("\n\n" if content else "") + _calls(msg.tool_calls))
+                out.append(("\n\n" if content else "") + render_calls(msg.tool_calls))
             out.append(f"\n{END}\n\n")
     return "".join(out)
-
-
-def _refuse_parts(messages: list[Any]) -> None:
-    for index, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, Mapping) else None
-        if isinstance(content, list) and not has_image_parts(content):  # images: refused as text-only
-            raise MessageError(
-                f"messages[{index}].content", "the official Nemotron template takes string content, not a list of parts"
-            )
 
 
 def _nemotron_nano_v2(*, enable_thinking: bool = True) -> ChatProtocol:

@@ -67,7 +67,7 @@ from agent_protocol.types import (
     ToolSpec,
     ToolSpecLike,
     coerce_tools,
-    has_image_parts,
+    refuse_part_lists,
 )
 from agent_protocol.xml_call_parser import Schemas, parse_xml_calls
 
@@ -174,6 +174,10 @@ def _assistant(msg: Message, *, truncated: bool) -> str:
     return f"{IM_START}assistant\n{content.strip()}{IM_END}\n"
 
 
+#: why a list of parts is refused (the template takes string content)
+_PART_LISTS: Final = "the official Nemotron 3 template writes a list of parts as text"
+
+
 class Nemotron3NanoProtocol(ChatMLProtocol):
     """The Nemotron 3 Nano template, with its two switches as options."""
 
@@ -218,15 +222,13 @@ class Nemotron3NanoProtocol(ChatMLProtocol):
         tools: Iterable[ToolSpecLike] | None = None,
         add_generation_prompt: bool = False,
     ) -> str:
-        if isinstance(messages, Iterable) and not isinstance(messages, (str, bytes, Mapping)):
-            messages = list(messages)
-            _refuse_parts(messages)
+        messages = refuse_part_lists(messages, _PART_LISTS)
         return super().render_messages(messages, tools=tools, add_generation_prompt=add_generation_prompt)
 
     def render_feedback(
         self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
     ) -> str:
-        _refuse_parts(list(messages))
+        refuse_part_lists(messages, _PART_LISTS)
         return super().render_feedback(messages, turn_closed=turn_closed, ended_by=ended_by)
 
     def _checked(self, msgs: list[Message]) -> list[Message]:
@@ -295,15 +297,6 @@ class Nemotron3NanoProtocol(ChatMLProtocol):
             return Action(content="", reasoning_content=text, error=issue)
         content, calls = parse_xml_calls(text, schemas=self.schemas, call_id_prefix=call_id_prefix)
         return Action(content=content, reasoning_content=reasoning, tool_calls=tuple(calls))
-
-
-def _refuse_parts(messages: list[Any]) -> None:
-    for index, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, Mapping) else None
-        if isinstance(content, list) and not has_image_parts(content):  # images: refused as text-only
-            raise MessageError(
-                f"messages[{index}].content", "the official Nemotron 3 template writes a list of parts as text"
-            )
 
 
 def _nemotron_3_nano(*, enable_thinking: bool = True, truncate_history_thinking: bool = True) -> ChatMLProtocol:

@@ -42,27 +42,22 @@ plugin fail: `invalid_json` here), the content is the text before the last `<TOO
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Iterable, Sequence
+from typing import Final
 
-from agent_protocol.broken_call import broken_call
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
-from agent_protocol.errors import JsonLimitError, MessageError
-from agent_protocol.json_call import arguments_object, json_kind
-from agent_protocol.json_limits import loads_bounded
+from agent_protocol.errors import MessageError
+from agent_protocol.nemotron_json import CALL_OPEN, TOOLS_HEAD, parse_calls, render_calls, tool_function
 from agent_protocol.protocols.llama3 import BOS, EOT, _header
-from agent_protocol.template_json import tojson, tojson_kept
+from agent_protocol.template_json import tojson_kept
 from agent_protocol.types import (
     Action,
     Message,
     MessageLike,
     ParseIssue,
-    ToolCall,
     ToolSpec,
     ToolSpecLike,
-    has_image_parts,
+    refuse_part_lists,
 )
 
 __all__ = ["PROTOCOLS", "NemotronSuperProtocol"]
@@ -70,10 +65,6 @@ __all__ = ["PROTOCOLS", "NemotronSuperProtocol"]
 NAME: Final = "nemotron-super-v1.5"
 THINK_START, THINK_END = "<think>", "</think>"
 EMPTY_THINK: Final = "<think>\n\n</think>\n\n"
-CALL_OPEN, CALL_CLOSE = "<TOOLCALL>", "</TOOLCALL>"
-_CALL_BLOCK: Final = re.compile(r"<TOOLCALL>(.*?)</TOOLCALL>", re.DOTALL)
-
-_TOOLS_HEAD: Final = "You can use the following tools to assist the user if required:\n<AVAILABLE_TOOLS>["
 _TOOLS_TAIL: Final = (
     "]</AVAILABLE_TOOLS>\n\n"
     "If you decide to call any tool(s), use the following format:\n"
@@ -84,7 +75,6 @@ _TOOLS_TAIL: Final = (
     "Based on the results returned by the tool(s), you can call additional tools if needed, correct tool calls if "
     "any errors are found, or just respond with the answer to the user."
 )
-_FORMAT: Final = 'Write calls as <TOOLCALL>[{"name": "...", "arguments": {...}}]</TOOLCALL>.'
 
 
 def system_switch(text: str) -> tuple[str, bool | None]:
@@ -96,15 +86,8 @@ def system_switch(text: str) -> tuple[str, bool | None]:
     return text, None
 
 
-def _calls(calls: Sequence[ToolCall]) -> str:
-    body = ", ".join(f'{{"name": "{c.name}", "arguments": {tojson(c.arguments)}}}' for c in calls)
-    return f"{CALL_OPEN}[{body}]{CALL_CLOSE}"
-
-
-def _function(spec: ToolSpec) -> Any:
-    """What the template dumps for a tool: its `function` object, or the spec itself when it has none."""
-    source = spec.to_openai()
-    return source.get("function", source)
+#: why a list of parts is refused (the template takes string content)
+_PART_LISTS: Final = "the official Nemotron Super template takes string content, not a list of parts"
 
 
 class NemotronSuperProtocol(ChatProtocol):
@@ -128,9 +111,7 @@ class NemotronSuperProtocol(ChatProtocol):
         tools: Iterable[ToolSpecLike] | None = None,
         add_generation_prompt: bool = False,
     ) -> str:
-        if isinstance(messages, Iterable) and not isinstance(messages, (str, bytes, Mapping)):
-            messages = list(messages)
-            _refuse_parts(messages)
+        messages = refuse_part_lists(messages, _PART_LISTS)
         return super().render_messages(messages, tools=tools, add_generation_prompt=add_generation_prompt)
 
     def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
@@ -164,7 +145,7 @@ class NemotronSuperProtocol(ChatProtocol):
                 "enable_thinking=False: write /no_think in the system prompt",
             )
         if specs:
-            out.append(_TOOLS_HEAD + ", ".join(tojson_kept(_function(spec)) for spec in specs) + _TOOLS_TAIL)
+            out.append(TOOLS_HEAD + ", ".join(tojson_kept(tool_function(spec)) for spec in specs) + _TOOLS_TAIL)
         out.append(EOT)
         out.append(_body(msgs[1:] if first.role == "system" else msgs))
         if add_generation_prompt:
@@ -180,13 +161,13 @@ class NemotronSuperProtocol(ChatProtocol):
             raise MessageError(
                 "message.reasoning_content", "thinking is off (enable_thinking=False): the model writes no reasoning"
             )
-        calls = _calls(msg.tool_calls) if msg.tool_calls else ""
+        calls = render_calls(msg.tool_calls) if msg.tool_calls else ""
         return f"{head}{msg.content or ''}{calls}{EOT}"
 
     def render_feedback(
         self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None
     ) -> str:
-        _refuse_parts(list(messages))
+        refuse_part_lists(messages, _PART_LISTS)
         msgs = feedback_messages(
             messages,
             system_refused="the official Nemotron Super template renders only the first system message (it drops "
@@ -231,52 +212,11 @@ class NemotronSuperProtocol(ChatProtocol):
         if CALL_OPEN not in body:
             return Action(content=body, reasoning_content=reasoning)
         content = body[: body.rfind(CALL_OPEN)]
-        return Action(content=content, reasoning_content=reasoning, tool_calls=_parse_calls(body, call_id_prefix))
-
-
-def _parse_calls(body: str, prefix: str) -> tuple[ToolCall, ...]:
-    match = _CALL_BLOCK.search(body)
-    if match is None:
-        raw = body[body.find(CALL_OPEN) :]
-        return (broken_call(f"{prefix}_0", raw, "unclosed_tag", f"Your <TOOLCALL> block was never closed. {_FORMAT}"),)
-    listed = match.group(1).strip()
-    listed = listed if listed.startswith("[") else "[" + listed
-    try:
-        if not listed.endswith("]"):
-            raise json.JSONDecodeError("the list is not closed with ]", listed, len(listed))
-        items = loads_bounded(listed)
-    except (json.JSONDecodeError, JsonLimitError) as e:
-        return (
-            broken_call(
-                f"{prefix}_0", match.group(0), "invalid_json", f"Your tool calls are not a JSON list ({e}). {_FORMAT}"
-            ),
+        return Action(
+            content=content,
+            reasoning_content=reasoning,
+            tool_calls=parse_calls(body, call_id_prefix, strict=True),
         )
-    if not isinstance(items, list):
-        items = [items]
-    calls = []
-    for k, item in enumerate(items):
-        call_id = f"{prefix}_{k}"
-        raw = json.dumps(item, ensure_ascii=False) if not isinstance(item, str) else item
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
-            calls.append(
-                broken_call(call_id, raw, "missing_name", f"A call has no name, it is {json_kind(item)}. {_FORMAT}")
-            )
-            continue
-        if "arguments" not in item:
-            calls.append(
-                broken_call(
-                    call_id, raw, "invalid_arguments", f'The call has no "arguments". {_FORMAT}', name=item["name"]
-                )
-            )
-            continue
-        arguments, problem = arguments_object(item["arguments"])
-        if problem is not None:
-            calls.append(broken_call(call_id, raw, "invalid_arguments", f"{problem} {_FORMAT}", name=item["name"]))
-            continue
-        calls.append(ToolCall(id=call_id, name=item["name"], arguments=arguments, raw=None))
-    return tuple(calls) or (
-        broken_call(f"{prefix}_0", match.group(0), "missing_name", f"Your <TOOLCALL> list is empty. {_FORMAT}"),
-    )
 
 
 def _body(msgs: list[Message]) -> str:
@@ -291,7 +231,7 @@ def _body(msgs: list[Message]) -> str:
                 content = content.split(THINK_END)[-1].lstrip()
             out.append(_header("assistant") + content)
             if msg.tool_calls:
-                out.append(_calls(msg.tool_calls))
+                out.append(render_calls(msg.tool_calls))
             out.append(EOT)
         elif msg.role == "tool":
             if index == 0 or msgs[index - 1].role != "tool":
@@ -300,16 +240,6 @@ def _body(msgs: list[Message]) -> str:
             following = msgs[index + 1].role if index + 1 < len(msgs) else None
             out.append(", " if following == "tool" else "]</TOOL_RESPONSE>" + EOT)
     return "".join(out)
-
-
-def _refuse_parts(messages: list[Any]) -> None:
-    for index, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, Mapping) else None
-        if isinstance(content, list) and not has_image_parts(content):  # images: refused as text-only
-            raise MessageError(
-                f"messages[{index}].content",
-                "the official Nemotron Super template takes string content, not a list of parts",
-            )
 
 
 def _nemotron_super(*, enable_thinking: bool = True) -> ChatProtocol:
