@@ -34,15 +34,15 @@ import ast
 import json
 import math
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from agent_protocol.broken_call import raw_preview
 from agent_protocol.errors import JsonLimitError
 from agent_protocol.json_limits import check_json_value, loads_bounded
-from agent_protocol.types import ParseIssue, ToolCall
+from agent_protocol.types import ParseIssue, ToolCall, ToolSpecLike, coerce_tools
 
-__all__ = ["convert_value", "parse_xml_calls"]
+__all__ = ["convert_value", "parse_xml_calls", "schemas_of"]
 
 CALL_OPEN: Final = "<tool_call>"
 CALL_CLOSE: Final = "</tool_call>"
@@ -57,6 +57,17 @@ _INTEGER_PREFIXES: Final = ("int", "uint", "long", "short", "unsigned")
 
 #: tool name -> the `properties` of its JSON schema
 Schemas = Mapping[str, Mapping[str, Any]]
+
+
+def schemas_of(tools: Iterable[ToolSpecLike]) -> dict[str, Mapping[str, Any]]:
+    """Each tool's parameter `properties` (`{}` where it has none), the schemas `parse_xml_calls` types values by, as
+    vLLM takes them from the tools of the request (a later tool of the same name wins)."""
+    schemas: dict[str, Mapping[str, Any]] = {}
+    for spec in coerce_tools(tools):
+        parameters = spec.function.get("parameters")
+        properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
+        schemas[spec.name] = properties if isinstance(properties, Mapping) else {}
+    return schemas
 
 
 def parse_xml_calls(

@@ -57,6 +57,7 @@ from typing import Any, Final
 from agent_protocol.chat_protocol import generated_message
 from agent_protocol.chatml import GENERATION_PROMPT, IM_END, IM_START, ChatMLProtocol, strip_end_marker
 from agent_protocol.errors import MessageError
+from agent_protocol.protocols.qwen3_coder import _TOOLS_FOOTER, _extra_keys, _jinja_string, _text_or_json
 from agent_protocol.template_json import tojson
 from agent_protocol.types import (
     Action,
@@ -66,50 +67,21 @@ from agent_protocol.types import (
     ToolCall,
     ToolSpec,
     ToolSpecLike,
-    coerce_tools,
     refuse_part_lists,
 )
-from agent_protocol.xml_call_parser import Schemas, parse_xml_calls
+from agent_protocol.xml_call_parser import Schemas, parse_xml_calls, schemas_of
 
 __all__ = ["PROTOCOLS", "Nemotron3NanoProtocol"]
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _EMPTY_THINK: Final = "<think></think>"
 _TOOLS_HEADER: Final = "# Tools\n\nYou have access to the following functions:\n\n<tools>"
-_TOOLS_FOOTER: Final = (
-    "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
-    "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
-    "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n"
-    "</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified "
-    "format: an inner <function=...></function> block must be nested within <tool_call></tool_call> XML tags\n"
-    "- Required parameters MUST be specified\n- You may provide optional reasoning for your function call in "
-    "natural language BEFORE the function call, but NOT after\n- If there is no function call available, answer "
-    "the question like normal with your current knowledge and do not tell the user about function calls\n"
-    "</IMPORTANT>"
-)
-
-
-def _string(value: Any) -> str:
-    """Jinja's `string` filter (and `~`): Python's `str`."""
-    return value if isinstance(value, str) else str(value)
-
-
-def _value(value: Any) -> str:
-    """How the template writes a value: mappings and non-string sequences as JSON, anything else through `string`."""
-    return tojson(value) if isinstance(value, (Mapping, list, tuple)) else _string(value)
-
-
-def _extra_keys(fields: Any, handled: tuple[str, ...]) -> str:
-    """The template's `render_extra_keys` macro."""
-    if not isinstance(fields, Mapping):
-        return ""
-    return "".join(f"\n<{key}>{_value(value)}</{key}>" for key, value in fields.items() if key not in handled)
 
 
 def _tool_listing(function: Mapping[str, Any]) -> str:
-    out = [f"\n<function>\n<name>{_string(function.get('name'))}</name>"]
+    out = [f"\n<function>\n<name>{_jinja_string(function.get('name'))}</name>"]
     if "description" in function:
-        out.append(f"\n<description>{_string(function['description']).strip()}</description>")
+        out.append(f"\n<description>{_jinja_string(function['description']).strip()}</description>")
     out.append("\n<parameters>")
     parameters = function.get("parameters")
     properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
@@ -118,9 +90,9 @@ def _tool_listing(function: Mapping[str, Any]) -> str:
             out.append(f"\n<parameter>\n<name>{name}</name>")
             if isinstance(fields, Mapping):
                 if "type" in fields:
-                    out.append(f"\n<type>{_string(fields['type'])}</type>")
+                    out.append(f"\n<type>{_jinja_string(fields['type'])}</type>")
                 if "description" in fields:
-                    out.append(f"\n<description>{_string(fields['description']).strip()}</description>")
+                    out.append(f"\n<description>{_jinja_string(fields['description']).strip()}</description>")
                 if "enum" in fields:
                     out.append(f"\n<enum>{tojson(fields['enum'])}</enum>")
             out.append(_extra_keys(fields, ("name", "type", "description", "enum")))
@@ -138,7 +110,9 @@ def _calls(calls: Sequence[ToolCall]) -> str:
     out = []
     for call in calls:
         out.append(f"<tool_call>\n<function={call.name}>\n")
-        out.extend(f"<parameter={key}>\n{_value(value)}\n</parameter>\n" for key, value in call.arguments.items())
+        out.extend(
+            f"<parameter={key}>\n{_text_or_json(value)}\n</parameter>\n" for key, value in call.arguments.items()
+        )
         out.append("</function>\n</tool_call>\n")
     return "".join(out)
 
@@ -200,11 +174,7 @@ class Nemotron3NanoProtocol(ChatMLProtocol):
 
     def with_tools(self, tools: Iterable[ToolSpecLike]) -> Nemotron3NanoProtocol:
         """A copy whose parser types parameter values by the JSON schemas of `tools`, as vLLM does."""
-        schemas: dict[str, Mapping[str, Any]] = {}
-        for spec in coerce_tools(tools):
-            parameters = spec.function.get("parameters")
-            properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
-            schemas[spec.name] = properties if isinstance(properties, Mapping) else {}
+        schemas = schemas_of(tools)
         return Nemotron3NanoProtocol(
             enable_thinking=self.enable_thinking,
             truncate_history_thinking=self.truncate_history_thinking,

@@ -64,24 +64,14 @@ from agent_protocol.chatml import (
 from agent_protocol.control_tokens import unmarked
 from agent_protocol.errors import MessageError
 from agent_protocol.hermes_parser import split_reasoning
+from agent_protocol.protocols.qwen3_coder import _TOOLS_FOOTER
 from agent_protocol.template_json import tojson, tojson_kept
-from agent_protocol.types import Action, Message, MessageLike, ToolCall, ToolSpec, ToolSpecLike, coerce_tools
-from agent_protocol.xml_call_parser import Schemas, parse_xml_calls
+from agent_protocol.types import Action, Message, MessageLike, ToolCall, ToolSpec, ToolSpecLike
+from agent_protocol.xml_call_parser import Schemas, parse_xml_calls, schemas_of
 
 __all__ = ["PROTOCOLS", "Qwen35Protocol"]
 
 _TOOLS_HEADER: Final = "# Tools\n\nYou have access to the following functions:\n\n<tools>"
-_TOOLS_FOOTER: Final = (
-    "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
-    "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
-    "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n"
-    "</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified "
-    "format: an inner <function=...></function> block must be nested within <tool_call></tool_call> XML tags\n"
-    "- Required parameters MUST be specified\n- You may provide optional reasoning for your function call in "
-    "natural language BEFORE the function call, but NOT after\n- If there is no function call available, answer "
-    "the question like normal with your current knowledge and do not tell the user about function calls\n"
-    "</IMPORTANT>"
-)
 _EMPTY_THINK: Final = "<think>\n\n</think>\n\n"
 # Jinja's `trim`: Python's str.strip()
 
@@ -121,11 +111,7 @@ class Qwen35Protocol(ChatMLProtocol):
     def with_tools(self, tools: Iterable[ToolSpecLike]) -> Qwen35Protocol:
         """A copy whose parser types parameter values by the JSON schemas of `tools`, as vLLM does with the
         tools of the request."""
-        schemas: dict[str, Mapping[str, Any]] = {}
-        for spec in coerce_tools(tools):
-            parameters = spec.function.get("parameters")
-            properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
-            schemas[spec.name] = properties if isinstance(properties, Mapping) else {}
+        schemas = schemas_of(tools)
         return Qwen35Protocol(
             self.name,
             enable_thinking=self.enable_thinking,

@@ -38,8 +38,8 @@ from typing import Any, Final
 from agent_protocol.chat_protocol import generated_message
 from agent_protocol.chatml import IM_END, IM_START, ChatMLProtocol, strip_end_marker
 from agent_protocol.template_json import tojson
-from agent_protocol.types import Action, Message, MessageLike, ToolCall, ToolSpec, ToolSpecLike, coerce_tools
-from agent_protocol.xml_call_parser import Schemas, parse_xml_calls
+from agent_protocol.types import Action, Message, MessageLike, ToolCall, ToolSpec, ToolSpecLike
+from agent_protocol.xml_call_parser import Schemas, parse_xml_calls, schemas_of
 
 __all__ = ["PROTOCOLS", "Qwen3CoderProtocol"]
 
@@ -72,11 +72,7 @@ class Qwen3CoderProtocol(ChatMLProtocol):
     def with_tools(self, tools: Iterable[ToolSpecLike]) -> Qwen3CoderProtocol:
         """A copy whose parser converts parameter values by the JSON-schema types of `tools` (the tools the
         model is shown), as vLLM does with the tools of the request."""
-        schemas: dict[str, Mapping[str, Any]] = {}
-        for spec in coerce_tools(tools):
-            parameters = spec.function.get("parameters")
-            properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
-            schemas[spec.name] = properties if isinstance(properties, Mapping) else {}
+        schemas = schemas_of(tools)
         return Qwen3CoderProtocol(schemas)
 
     # -- rendering ---------------------------------------------------------------------------------------
