@@ -32,12 +32,20 @@ from agent_protocol.json_call import arguments_object, json_kind
 from agent_protocol.json_limits import loads_bounded
 from agent_protocol.types import Action, ParseIssue, ToolCall
 
-__all__ = ["parse_hermes_turn", "split_reasoning", "split_tool_calls"]
+__all__ = ["MISSING_THINK_END", "parse_hermes_turn", "split_reasoning", "split_tool_calls"]
 
 THINK_OPEN: Final = "<think>"
 THINK_CLOSE: Final = "</think>"
 CALL_OPEN: Final = "<tool_call>"
 CALL_CLOSE: Final = "</tool_call>"
+
+
+#: the issue of a thinking turn whose reasoning has no `</think>`, for every family that reads `<think>` reasoning
+MISSING_THINK_END: Final = ParseIssue(
+    code="missing_think_end",
+    message="Your reasoning was never closed with </think>, so no answer or tool call was read. "
+    "Close the reasoning with </think> before answering or calling a tool.",
+)
 
 
 def parse_hermes_turn(text: str, *, reasoning_open: bool = False, call_id_prefix: str = "call") -> Action:
@@ -64,12 +72,7 @@ def split_reasoning(text: str, *, reasoning_open: bool = False) -> tuple[str | N
     open_at = text.find(THINK_OPEN)
     if open_at >= 0 or reasoning_open:
         reasoning = text[open_at + len(THINK_OPEN) :] if open_at >= 0 else text
-        issue = ParseIssue(
-            code="missing_think_end",
-            message="Your reasoning was never closed with </think>, so no answer or tool call was read. "
-            "Close the reasoning with </think> before answering or calling a tool.",
-        )
-        return reasoning.strip("\n"), "", issue
+        return reasoning.strip("\n"), "", MISSING_THINK_END
     return None, text, None
 
 

@@ -67,6 +67,7 @@ from typing import Final
 from agent_protocol.broken_call import raw_preview
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import JsonLimitError, MessageError, TemplateGapWarning
+from agent_protocol.hermes_parser import MISSING_THINK_END
 from agent_protocol.json_call import json_kind
 from agent_protocol.json_limits import loads_bounded
 from agent_protocol.template_json import tojson
@@ -316,12 +317,7 @@ def _split_reasoning(body: str, *, closed: bool) -> tuple[str | None, str, Parse
         return body[:close_at].split(THINK_OPEN, 1)[-1], body[close_at + len(THINK_CLOSE) :], None
     if THINK_OPEN not in body and (closed or CALLS_BEGIN in body):
         return None, body, None
-    issue = ParseIssue(
-        code="missing_think_end",
-        message=f"Your reasoning was never closed with {THINK_CLOSE}, so no answer or tool call was read. "
-        f"Close the reasoning with {THINK_CLOSE} before answering or calling a tool.",
-    )
-    return body.split(THINK_OPEN, 1)[-1], "", issue
+    return body.split(THINK_OPEN, 1)[-1], "", MISSING_THINK_END
 
 
 def _split_tool_calls(body: str, *, call_id_prefix: str) -> tuple[str, list[ToolCall]]:

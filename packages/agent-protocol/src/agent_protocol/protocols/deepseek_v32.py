@@ -53,6 +53,7 @@ from typing import Any, Final, Literal
 from agent_protocol.broken_call import raw_preview
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import JsonLimitError, MessageError
+from agent_protocol.hermes_parser import MISSING_THINK_END
 from agent_protocol.json_limits import loads_bounded
 from agent_protocol.types import Action, IssueCode, Message, MessageLike, ParseIssue, ToolCall, ToolSpec
 
@@ -227,12 +228,7 @@ class DeepSeekV32Protocol(ChatProtocol):
         if self.thinking:
             close_at = body.find(THINK_CLOSE)
             if close_at < 0:
-                issue = ParseIssue(
-                    code="missing_think_end",
-                    message=f"Your reasoning was never closed with {THINK_CLOSE}, so no answer or tool call was "
-                    f"read. Close the reasoning with {THINK_CLOSE} before answering or calling a tool.",
-                )
-                return Action(content="", reasoning_content=body.split(THINK_OPEN, 1)[-1], error=issue)
+                return Action(content="", reasoning_content=body.split(THINK_OPEN, 1)[-1], error=MISSING_THINK_END)
             reasoning, body = body[:close_at].split(THINK_OPEN, 1)[-1], body[close_at + len(THINK_CLOSE) :]
         begin = body.find(CALLS_BEGIN)
         if begin < 0:

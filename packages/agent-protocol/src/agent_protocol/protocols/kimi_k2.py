@@ -65,10 +65,11 @@ from typing import Final
 from agent_protocol.broken_call import broken_call
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import JsonLimitError, MessageError, TemplateGapWarning
+from agent_protocol.hermes_parser import MISSING_THINK_END
 from agent_protocol.json_call import json_kind
 from agent_protocol.json_limits import loads_bounded
 from agent_protocol.template_json import tojson, tojson_kept
-from agent_protocol.types import Action, IssueCode, Message, MessageLike, ParseIssue, ToolCall, ToolSpec
+from agent_protocol.types import Action, IssueCode, Message, MessageLike, ToolCall, ToolSpec
 
 __all__ = ["PROTOCOLS", "CallsNotRenderedWarning", "KimiK2Protocol", "KimiK2ThinkingProtocol"]
 
@@ -240,12 +241,7 @@ class KimiK2ThinkingProtocol(_KimiBase):
         elif (section := body.find(SECTION_BEGIN)) >= 0:
             reasoning, rest = body[start:section], body[section:]  # the call section ends the reasoning
         else:
-            issue = ParseIssue(
-                code="missing_think_end",
-                message=f"Your reasoning was never closed with {THINK_CLOSE}, so no answer or tool call was read. "
-                f"Close the reasoning with {THINK_CLOSE} before answering or calling a tool.",
-            )
-            return Action(content="", reasoning_content=body[start:], error=issue)
+            return Action(content="", reasoning_content=body[start:], error=MISSING_THINK_END)
         action = self._content_and_calls(rest, call_id_prefix)
         return Action(content=action.content, reasoning_content=reasoning, tool_calls=action.tool_calls)
 

@@ -51,13 +51,13 @@ from typing import Final
 
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import MessageError
+from agent_protocol.hermes_parser import MISSING_THINK_END
 from agent_protocol.nemotron_json import CALL_OPEN, TOOLS_HEAD, parse_calls, render_calls, tool_function
 from agent_protocol.template_json import tojson_kept
 from agent_protocol.types import (
     Action,
     Message,
     MessageLike,
-    ParseIssue,
     ToolSpec,
     ToolSpecLike,
     refuse_part_lists,
@@ -209,12 +209,7 @@ class NemotronNanoV2Protocol(ChatProtocol):
         reasoning: str | None = None
         if self.enable_thinking:
             if THINK_END not in text:
-                issue = ParseIssue(
-                    code="missing_think_end",
-                    message="Your reasoning was never closed with </think>, so no answer or tool call was read. "
-                    "Close the reasoning with </think> before answering or calling a tool.",
-                )
-                return Action(content="", reasoning_content=text.removesuffix(END), error=issue)
+                return Action(content="", reasoning_content=text.removesuffix(END), error=MISSING_THINK_END)
             reasoning, text = text.split(THINK_END, 1)
         body = text[: -len(END)].removesuffix("\n") if text.endswith(END) else text
         if CALL_OPEN not in body:

@@ -57,13 +57,13 @@ from typing import Any, Final
 from agent_protocol.chat_protocol import generated_message
 from agent_protocol.chatml import GENERATION_PROMPT, IM_END, IM_START, ChatMLProtocol, strip_end_marker
 from agent_protocol.errors import MessageError
+from agent_protocol.hermes_parser import MISSING_THINK_END
 from agent_protocol.protocols.qwen3_coder import _TOOLS_FOOTER, _extra_keys, _jinja_string, _text_or_json
 from agent_protocol.template_json import tojson
 from agent_protocol.types import (
     Action,
     Message,
     MessageLike,
-    ParseIssue,
     ToolCall,
     ToolSpec,
     ToolSpecLike,
@@ -259,12 +259,7 @@ class Nemotron3NanoProtocol(ChatMLProtocol):
             reasoning = thought.split(THINK_OPEN, 1)[-1].removesuffix("\n")
             text = text.removeprefix("\n")
         elif self.enable_thinking:
-            issue = ParseIssue(
-                code="missing_think_end",
-                message="Your reasoning was never closed with </think>, so no answer or tool call was read. "
-                "Close the reasoning with </think> before answering or calling a tool.",
-            )
-            return Action(content="", reasoning_content=text, error=issue)
+            return Action(content="", reasoning_content=text, error=MISSING_THINK_END)
         content, calls = parse_xml_calls(text, schemas=self.schemas, call_id_prefix=call_id_prefix)
         return Action(content=content, reasoning_content=reasoning, tool_calls=tuple(calls))
 

@@ -47,6 +47,7 @@ from typing import Final
 
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import MessageError
+from agent_protocol.hermes_parser import MISSING_THINK_END
 from agent_protocol.nemotron_json import CALL_OPEN, TOOLS_HEAD, parse_calls, render_calls, tool_function
 from agent_protocol.protocols.llama3 import BOS, EOT, _header
 from agent_protocol.template_json import tojson_kept
@@ -54,7 +55,6 @@ from agent_protocol.types import (
     Action,
     Message,
     MessageLike,
-    ParseIssue,
     ToolSpec,
     ToolSpecLike,
     refuse_part_lists,
@@ -202,12 +202,7 @@ class NemotronSuperProtocol(ChatProtocol):
         if self.enable_thinking:
             body = body.partition(THINK_START)[2] if THINK_START in body else body
             if THINK_END not in body:
-                issue = ParseIssue(
-                    code="missing_think_end",
-                    message="Your reasoning was never closed with </think>, so no answer or tool call was read. "
-                    "Close the reasoning with </think> before answering or calling a tool.",
-                )
-                return Action(content="", reasoning_content=body, error=issue)
+                return Action(content="", reasoning_content=body, error=MISSING_THINK_END)
             reasoning, _, body = body.partition(THINK_END)
         if CALL_OPEN not in body:
             return Action(content=body, reasoning_content=reasoning)
