@@ -144,16 +144,25 @@ class Glm45Protocol(ChatProtocol):
     # -- rendering ---------------------------------------------------------------------------------------
 
     def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
-        out = [PREFIX, _tools_block(specs or [])]
+        out = [PREFIX, self._tools_block(specs or [])]
         last_user = max((i for i, m in enumerate(msgs) if m.role == "user"), default=-1)
         for index, msg in enumerate(msgs):
             if msg.role == "assistant":
-                out.append(ASSISTANT + _render_assistant(msg, show_reasoning=index > last_user))
+                out.append(ASSISTANT + self._history_turn(msg, after_last_user=index > last_user))
             else:
                 out.append(self._render_other(msg, index, follows_tool=index > 0 and msgs[index - 1].role == "tool"))
         if add_generation_prompt:
             out.append(self.generation_prompt)
         return "".join(out)
+
+    def _tools_block(self, specs: list[ToolSpec]) -> str:
+        """The tool list as the template writes it (GLM-4.7 overrides this with its own layout)."""
+        return _tools_block(specs)
+
+    def _history_turn(self, msg: Message, *, after_last_user: bool) -> str:
+        """An assistant turn in history; its reasoning shown after the last user message only (GLM-4.7 overrides
+        this with its own layout and `clear_thinking`)."""
+        return _render_assistant(msg, show_reasoning=after_last_user)
 
     def render_generation(self, message: MessageLike) -> str:
         msg = generated_message(message)
@@ -190,13 +199,16 @@ class Glm45Protocol(ChatProtocol):
             return f"{USER}\n{content}{nothink}"
         if msg.role == "system":
             return f"{SYSTEM}\n{content}"
+        self._refuse_null_tool_content(msg, index)
+        return ("" if follows_tool else OBSERVATION) + f"\n<tool_response>\n{content}\n</tool_response>"
+
+    def _refuse_null_tool_content(self, msg: Message, index: int) -> None:
         if msg.content is None:
             raise MessageError(
                 f"messages[{index}].content",
                 f"the official {self.template} template cannot render a tool message with null content "
                 "(it iterates the content as a list of results); send the result as a string",
             )
-        return ("" if follows_tool else OBSERVATION) + f"\n<tool_response>\n{content}\n</tool_response>"
 
     # -- parsing -----------------------------------------------------------------------------------------
 

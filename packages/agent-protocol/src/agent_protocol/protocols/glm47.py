@@ -38,7 +38,6 @@ from typing import Final
 
 from agent_protocol.broken_call import broken_call
 from agent_protocol.chat_protocol import ChatProtocol, generated_message
-from agent_protocol.errors import MessageError
 from agent_protocol.protocols.glm45 import (
     ASSISTANT,
     CALL_CLOSE,
@@ -46,7 +45,6 @@ from agent_protocol.protocols.glm45 import (
     KEY_CLOSE,
     KEY_OPEN,
     OBSERVATION,
-    PREFIX,
     SYSTEM,
     USER,
     VALUE_CLOSE,
@@ -100,18 +98,11 @@ class Glm47Protocol(Glm45Protocol):
 
     # -- rendering ---------------------------------------------------------------------------------------
 
-    def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
-        out = [PREFIX, _tools_block(specs or [])]
-        last_user = max((i for i, m in enumerate(msgs) if m.role == "user"), default=-1)
-        for index, msg in enumerate(msgs):
-            if msg.role == "assistant":
-                shown = not self.clear_thinking or index > last_user
-                out.append(ASSISTANT + _render_assistant(msg, show_reasoning=shown))
-            else:
-                out.append(self._render_other(msg, index, follows_tool=index > 0 and msgs[index - 1].role == "tool"))
-        if add_generation_prompt:
-            out.append(self.generation_prompt)
-        return "".join(out)
+    def _tools_block(self, specs: list[ToolSpec]) -> str:
+        return _tools_block(specs)
+
+    def _history_turn(self, msg: Message, *, after_last_user: bool) -> str:
+        return _render_assistant(msg, show_reasoning=not self.clear_thinking or after_last_user)
 
     def render_generation(self, message: MessageLike) -> str:
         msg = generated_message(message)
@@ -129,12 +120,7 @@ class Glm47Protocol(Glm45Protocol):
             return USER + content
         if msg.role == "system":
             return SYSTEM + content
-        if msg.content is None:
-            raise MessageError(
-                f"messages[{index}].content",
-                f"the official {self.template} template cannot render a tool message with null content "
-                "(it iterates the content as a list of results); send the result as a string",
-            )
+        self._refuse_null_tool_content(msg, index)
         return ("" if follows_tool else OBSERVATION) + f"<tool_response>{content}</tool_response>"
 
     # -- parsing -----------------------------------------------------------------------------------------
