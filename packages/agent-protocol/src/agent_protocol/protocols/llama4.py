@@ -47,9 +47,9 @@ from typing import Final
 
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import MessageError, TemplateGapWarning
+from agent_protocol.protocols.llama3 import _SYSTEM_TOOLS, _USER_TOOLS, _tool_listing, parse_llama3_turn
 from agent_protocol.protocols.llama3 import EOT as LLAMA3_EOT
-from agent_protocol.protocols.llama3 import parse_llama3_turn
-from agent_protocol.template_json import tojson, tojson_kept
+from agent_protocol.template_json import tojson
 from agent_protocol.types import Action, Message, MessageLike, ToolSpec, ToolSpecLike, has_image_parts
 
 __all__ = ["PROTOCOLS", "Llama4Protocol", "ToolsNotShownWarning", "parse_llama4_turn"]
@@ -61,18 +61,6 @@ END_OF_TEXT: Final = "<|end_of_text|>"
 PYTHON_START: Final = "<|python_start|>"
 PYTHON_END: Final = "<|python_end|>"
 
-_CALL_FORMAT: Final = (
-    'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.'
-    "Do not use variables.\n\n"
-)
-_SYSTEM_TOOLS: Final = (
-    "You have access to the following functions. To call a function, please respond with JSON for a function call."
-    + _CALL_FORMAT
-)
-_USER_TOOLS: Final = (
-    "Given the following functions, please respond with a JSON for a function call "
-    "with its proper arguments that best answers the given prompt.\n\n" + _CALL_FORMAT
-)
 _END_MARKERS: Final = (EOT, EOM, END_OF_TEXT)
 
 
@@ -245,10 +233,6 @@ def _without_empty_call_lists(messages: list[MessageLike], *, tools_message: boo
 
 def _role(message: MessageLike) -> object:
     return message.role if isinstance(message, Message) else message.get("role")
-
-
-def _tool_listing(specs: list[ToolSpec]) -> str:
-    return "".join(tojson_kept(spec.to_openai(), indent=4) + "\n\n" for spec in specs)
 
 
 def _render_message(msg: Message) -> str:
