@@ -55,6 +55,7 @@ from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, genera
 from agent_protocol.errors import JsonLimitError, MessageError
 from agent_protocol.hermes_parser import MISSING_THINK_END
 from agent_protocol.json_limits import loads_bounded
+from agent_protocol.protocols.deepseek_v31 import ASSISTANT, BOS, EOS, THINK_CLOSE, THINK_OPEN, USER  # the same tokens
 from agent_protocol.types import Action, IssueCode, Message, MessageLike, ParseIssue, ToolCall, ToolSpec
 
 __all__ = ["PROTOCOLS", "DeepSeekV32Protocol", "ToolsPlacement"]
@@ -63,12 +64,6 @@ __all__ = ["PROTOCOLS", "DeepSeekV32Protocol", "ToolsPlacement"]
 ToolsPlacement = Literal["first_system", "vllm"]
 _PLACEMENTS: Final = ("first_system", "vllm")
 
-BOS: Final = "<｜begin▁of▁sentence｜>"
-EOS: Final = "<｜end▁of▁sentence｜>"
-USER: Final = "<｜User｜>"
-ASSISTANT: Final = "<｜Assistant｜>"
-THINK_OPEN: Final = "<think>"
-THINK_CLOSE: Final = "</think>"
 DSML: Final = "｜DSML｜"
 CALLS_BEGIN: Final = f"<{DSML}function_calls>"
 CALLS_END: Final = f"</{DSML}function_calls>"
