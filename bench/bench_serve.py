@@ -132,8 +132,18 @@ def start(kind: str, port: int) -> subprocess.Popen[bytes]:
     raise RuntimeError(f"the {kind} server did not start")
 
 
-async def load(url: str, body: dict[str, Any], concurrency: int, seconds: float) -> dict[str, float]:
-    """Closed loop: `concurrency` clients, each sending its next request when the last one is answered."""
+def cpu_seconds(pid: int) -> float:
+    """The process's user + system CPU time so far (/proc/PID/stat fields 14 and 15, in clock ticks): the
+    server's own cost, whatever the load generator spends."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def load(
+    url: str, body: dict[str, Any], concurrency: int, seconds: float, server_pid: int | None = None
+) -> dict[str, float]:
+    """Closed loop: `concurrency` clients, each sending its next request when the last one is answered. With
+    `server_pid`, also the server's CPU time per request over the measured span (`server_cpu_ms`)."""
     payload = json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
     latencies: list[float] = []
@@ -157,11 +167,14 @@ async def load(url: str, body: dict[str, Any], concurrency: int, seconds: float)
             while time.perf_counter() < stop:
                 await one()
 
+        cpu_before = cpu_seconds(server_pid) if server_pid else 0.0
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
+        cpu = cpu_seconds(server_pid) - cpu_before if server_pid else 0.0
     latencies.sort()
     return {
+        "server_cpu_ms": cpu / len(latencies) * 1000,
         "requests": len(latencies),
         "rps": len(latencies) / elapsed,
         "mean_ms": statistics.fmean(latencies) * 1000,
@@ -189,9 +202,9 @@ def run(seconds: float, rounds: int, concurrency: int, base_port: int) -> dict[s
         for label, clients in (("latency", 1), ("throughput", concurrency)):
             collected: dict[str, list[dict[str, float]]] = {"bare": [], **{kind: [] for kind in REQUESTS}}
             for _ in range(rounds):
-                collected["bare"].append(asyncio.run(load(urls["bare"], REQUESTS["agent"], clients, seconds)))
+                collected["bare"].append(asyncio.run(load(urls["bare"], REQUESTS["agent"], clients, seconds, bare.pid)))
                 for kind, body in REQUESTS.items():
-                    collected[kind].append(asyncio.run(load(urls["agent"], body, clients, seconds)))
+                    collected[kind].append(asyncio.run(load(urls["agent"], body, clients, seconds, agent.pid)))
             results[label] = {kind: median_round(values) for kind, values in collected.items()}
     finally:
         for process in (bare, agent):
@@ -213,14 +226,15 @@ def markdown(result: dict[str, Any]) -> str:
         f"Machine: {result['machine']}; {result['rounds']} rounds of {result['seconds']:g} s, median round.",
         "",
         f"| endpoint | p50 latency (1 client) | added vs bare | req/s ({result['concurrency']} clients) "
-        "| req/s ratio to bare |",
-        "|---|---:|---:|---:|---:|",
+        "| req/s ratio to bare | server CPU per request | CPU ratio to bare |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for kind, name in names.items():
         added = lat[kind]["p50_ms"] - base_lat["p50_ms"]
         lines.append(
             f"| {name} | {lat[kind]['p50_ms']:.2f} ms | {'' if kind == 'bare' else f'+{added:.2f} ms'} "
-            f"| {thr[kind]['rps']:.0f} | {thr[kind]['rps'] / base_thr['rps']:.2f} |"
+            f"| {thr[kind]['rps']:.0f} | {thr[kind]['rps'] / base_thr['rps']:.2f} "
+            f"| {thr[kind]['server_cpu_ms']:.3f} ms | {thr[kind]['server_cpu_ms'] / base_thr['server_cpu_ms']:.2f} |"
         )
     return "\n".join(lines)
 
