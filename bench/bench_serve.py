@@ -29,6 +29,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -103,8 +104,7 @@ def agent_app() -> Any:
     )
     tokenizer = HFTokenizer.from_file(qwen3_tokenizer_path())
     engine = ScriptedEngine(tokenizer, policy=calculator_policy(tokenizer))
-    trajectories = Path(os.environ.get("BENCH_TRAJECTORY_LOG", os.devnull))
-    config = ServeConfig(model_name=MODEL, max_concurrency=1024, trajectory_log=str(trajectories))
+    config = ServeConfig(model_name=MODEL, max_concurrency=1024, trajectory_log=os.environ["BENCH_TRAJECTORY_LOG"])
     return create_app(engine, calculator_recipe(), config)
 
 
@@ -118,9 +118,11 @@ def serve(kind: str, port: int) -> None:
 # -- the load generator --------------------------------------------------------------------------------------
 
 
-def start(kind: str, port: int) -> subprocess.Popen[bytes]:
+def start(kind: str, port: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     command = [sys.executable, __file__, "--serve", kind, "--port", str(port)]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})}
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -187,9 +189,10 @@ def median_round(rounds: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
 
 
-def run(seconds: float, rounds: int, concurrency: int, base_port: int) -> dict[str, Any]:
+def run(seconds: float, rounds: int, concurrency: int, base_port: int, scratch: Path) -> dict[str, Any]:
     bare = start("bare", base_port)
-    agent = start("agent", base_port + 1)
+    # the trajectory log is a real file (the viewer over it refuses /dev/null), in a folder removed after the run
+    agent = start("agent", base_port + 1, {"BENCH_TRAJECTORY_LOG": str(scratch / "trajectories.jsonl")})
     urls = {"bare": f"http://127.0.0.1:{base_port}", "agent": f"http://127.0.0.1:{base_port + 1}"}
     results: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
@@ -251,7 +254,8 @@ def main() -> None:
     if args.serve:
         serve(args.serve, args.port)
         return
-    result = run(args.seconds, args.rounds, args.concurrency, args.port)
+    with tempfile.TemporaryDirectory(prefix="bench_serve_") as scratch:
+        result = run(args.seconds, args.rounds, args.concurrency, args.port, Path(scratch))
     print(markdown(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
