@@ -25,9 +25,16 @@ from agent_runtime.serving.openai_wire import (
     ChatCompletionChunk,
     ChatCompletionRequest,
 )
+from agent_runtime.serving.redis_store import RedisTranscriptStore
 from agent_runtime.serving.trajectory_files import TrajectoryFiles, TrajectoryFilesError, TrajectoryFilter
 from agent_runtime.serving.trajectory_viewer import create_viewer_app
-from agent_runtime.serving.transcript_store import StoredConversation, TranscriptStore, conversation_key
+from agent_runtime.serving.transcript_store import (
+    ConversationStore,
+    StoredConversation,
+    StoreUnavailable,
+    TranscriptStore,
+    conversation_key,
+)
 
 __all__ = [
     "AGENT_EVENT_FIELD",
@@ -35,10 +42,13 @@ __all__ = [
     "ChatCompletion",
     "ChatCompletionChunk",
     "ChatCompletionRequest",
+    "ConversationStore",
+    "RedisTranscriptStore",
     "ServeConfig",
     "ServeConfigError",
     "ServerMetrics",
     "ServingBackend",
+    "StoreUnavailable",
     "StoredConversation",
     "TrajectoryFiles",
     "TrajectoryFilesError",

@@ -57,7 +57,7 @@ from agent_runtime.serving.openai_wire import (
     ToolCallOut,
 )
 from agent_runtime.serving.sse import SSE_DONE, sse_data
-from agent_runtime.serving.transcript_store import StoredConversation, conversation_key
+from agent_runtime.serving.transcript_store import StoredConversation, StoreUnavailable, conversation_key
 from agent_runtime.trajectory import build_trajectory
 
 __all__ = ["complete_tools", "stream_tools"]
@@ -108,7 +108,11 @@ class _Turn:
         last = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=None)
         stored = None
         if last is not None and last + 1 < len(messages):
-            stored = backend.store.take(conversation_key(self.tools, messages[: last + 1]))
+            try:
+                stored = await backend.store.atake(conversation_key(self.tools, messages[: last + 1]))
+            except StoreUnavailable as e:  # rendered from scratch below: slower, never a wrong transcript
+                logger.warning("transcript_store_unavailable", action="take", error=str(e))
+                metrics.transcript_rerenders_store_unavailable += 1
         if stored is not None and last is not None:
             self.conversation_id, self.stored = stored.conversation_id, stored
             stored.restore(conversation)
@@ -182,7 +186,11 @@ class _Turn:
             self.finish = "length"
         backend.metrics.generated_tokens += len(outcome.ids)
         key = conversation_key(self.tools, [*self.messages, self.echo()])
-        backend.store.put(key, self.conversation_id, conversation, previous=self.stored)
+        try:
+            await backend.store.aput(key, self.conversation_id, conversation, previous=self.stored)
+        except StoreUnavailable as e:  # the answer still goes out; its follow-up will be rendered from scratch
+            logger.warning("transcript_store_unavailable", action="put", error=str(e))
+            backend.metrics.transcript_store_put_failures += 1
 
     async def _contained(self, what: str, step: Callable[[], Awaitable[object]]) -> None:
         """Run `step` (foreign code: a tokenizer, a protocol plug-in) in the boundary: whatever it raises, any
