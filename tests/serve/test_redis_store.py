@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 from starlette.testclient import TestClient
 
 from agent_protocol import HFTokenizer, Message, get_protocol
@@ -191,6 +192,33 @@ def test_a_take_is_atomic(start_server: ServerFactory, tokenizer: HFTokenizer, r
         return [entry is not None for entry in got]
 
     assert sum(asyncio.run(race())) == 1  # 32 takes on 32 connections: exactly one gets it
+
+
+def test_an_entry_is_a_prefixed_key_with_a_ttl_and_garbage_under_it_is_no_transcript(
+    tokenizer: HFTokenizer, redis_server: RedisServer
+) -> None:
+    async def run() -> None:
+        store = RedisTranscriptStore(redis_server.url, ttl_s=60, prefix="test:")
+        conversation = Conversation(get_protocol("qwen3"), tokenizer, max_new_tokens=8, max_context_tokens=4096)
+        await conversation.open_history([Message(role="user", content=QUESTION)])
+        assert await store.aput("k", "c", conversation)
+        with redis.Redis.from_url(redis_server.url) as client:
+            assert client.keys("*") == [b"test:k"] and 59_000 < client.pttl("test:k") <= 60_000
+            client.set("test:bad", b"\x93not an entry")
+        entry = await store.atake("k")
+        assert (
+            entry is not None
+            and entry.restore(Conversation(get_protocol("qwen3"), tokenizer, max_new_tokens=8, max_context_tokens=4096))
+            .segments[0]
+            .ids
+            == conversation.segments[0].ids
+        )
+        with pytest.raises(StoreUnavailable, match="reading the entry under bad"):
+            await store.atake("bad")
+        assert store.stats()["failures"] == 1
+        await store.aclose()
+
+    asyncio.run(run())
 
 
 def test_an_entry_expires_after_the_ttl(
