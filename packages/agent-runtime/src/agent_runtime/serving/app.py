@@ -276,6 +276,8 @@ async def metrics_view(request: Request) -> Response:
     backend = _backend(request)
     _authorize(request, backend)
     counters = msgspec.to_builtins(backend.metrics)
+    if engine_stats := backend.engine.stats():  # the HTTP engine's upstreams and session affinity
+        counters["engine"] = engine_stats
     counters["transcript_store"] = backend.store.stats()
     return _json(counters)
 

@@ -167,6 +167,7 @@ class _Turn:
             turn.sampling(sampling),
             timeout_s=backend.config.engine_timeout_s,
             images=turn.images,
+            session=_affinity_key(self.tools, self.messages),
         )
         self.generate_s = time.perf_counter() - t0
         if isinstance(outcome, EngineFailure):
@@ -277,6 +278,13 @@ class _Turn:
         """Record that the client hung up before this turn was answered."""
         self.conversation.record_error("client_disconnected", "the client went away")
         self.failed = "client_disconnected"
+
+
+def _affinity_key(tools: Sequence[ToolSpec], messages: Sequence[Message]) -> str:
+    """The engine's session key of a conversation: a hash of its tools and its messages up to the first user
+    message, the same at every turn, so an engine with several upstreams keeps all its turns on one."""
+    first = next((i for i, m in enumerate(messages) if m.role == "user"), len(messages) - 1)
+    return conversation_key(tools, messages[: first + 1])[:16]
 
 
 def _prompt_of(messages: Sequence[Message]) -> list[Message]:
