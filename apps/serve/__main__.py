@@ -81,7 +81,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "returns token ids, e.g. `vllm serve`, at --engine-url; default: %(default)s)",
     )
     parser.add_argument(
-        "--engine-url", help="base URL of the completions server for --engine openai, e.g. http://gpu:8001/v1"
+        "--engine-url",
+        "--base-url",
+        action="append",
+        help="base URL of the completions server for --engine openai, e.g. http://gpu:8001/v1; repeat it (or give a "
+        "comma list) for several replicas of the model: each episode's turns stay on one (session affinity)",
+    )
+    parser.add_argument(
+        "--session-header",
+        default="X-Session-ID",
+        help="the header that carries each episode's session key to the --engine-url server(s), for a router in "
+        "front that keeps affinity itself; empty: none (default: %(default)s)",
     )
     parser.add_argument(
         "--engine-model", help="the model name the --engine-url server knows (default: the value of --model)"
@@ -308,7 +318,8 @@ def engine_options(args: argparse.Namespace, model: str) -> dict[str, Any]:
     """`make_engine`'s options for `--engine`, from the command line (flags left unset keep the engine's defaults)."""
     if args.engine == "openai":
         return {
-            "base_url": args.engine_url,
+            "base_url": [url.strip() for given in args.engine_url for url in given.split(",") if url.strip()],
+            "session_header": args.session_header or None,
             "model": args.engine_model or model,
             "tokenizer": model,
             "context_length": context_length_of(model, args.context_length),

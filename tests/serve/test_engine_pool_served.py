@@ -5,9 +5,12 @@ from the upstreams' own logs; both upstreams work; `/metrics` shows the engine's
 
 from __future__ import annotations
 
+import asyncio
 import json
+import runpy
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +108,22 @@ def test_tools_mode_conversations_keep_to_one_upstream(
     assert_affinity(upstreams, tokenizer, [q for q, _ in questions])
     engine = server.metrics()["engine"]
     assert engine["affinity"]["ratio"] == 1.0 and engine["affinity"]["sessions"] == CONVERSATIONS
+
+
+def test_the_command_line_takes_several_upstreams(tiny_qwen3_dir: Path) -> None:
+    app = runpy.run_path(str(Path(__file__).parents[2] / "apps" / "serve" / "__main__.py"), run_name="serve_app")
+    flags = ["--engine", "openai", "--model", str(tiny_qwen3_dir)]
+    urls = ["http://a:8001/v1", "http://b:8001/v1", "http://c:8001/v1"]
+    for given, header in (
+        (["--base-url", urls[0], "--base-url", f"{urls[1]}, {urls[2]}"], ["--session-header", "X-Affinity"]),
+        (["--engine-url", urls[0]], ["--session-header", ""]),
+    ):
+        args = app["parse_args"]([*flags, *given, *header])
+        engine = app["build_engine"](args, str(tiny_qwen3_dir))
+        try:
+            assert list(engine.base_urls) == urls[: len(engine.base_urls)] and len(engine.base_urls) in (1, 3)
+            assert engine.session_header == (header[1] or None)
+        finally:
+            asyncio.run(engine.close())
+    with pytest.raises(SystemExit):  # no upstream at all
+        app["parse_args"](flags)
