@@ -306,6 +306,7 @@ class OpenAIEngine(LLMEngine):
         headers = {self.session_header: key} if key is not None and self.session_header else {}
         pool, tried, reasons = self.pool, list[Upstream](), list[str]()
         several = len(pool.upstreams) > 1
+        pinned = pool.pinned(key)
         while (upstream := pool.pick(key, tried)) is not None:
             url = self._generate_urls[upstream.url] if images else f"{upstream.url}/completions"
             upstream.requests += 1
@@ -325,7 +326,7 @@ class OpenAIEngine(LLMEngine):
                 raise
             finally:
                 upstream.in_flight -= 1
-            pool.answered(upstream)
+            pool.answered(upstream, pinned)
             return content, url
         raise EngineUnavailable(f"openai: every upstream is unavailable ({len(tried)}): " + "; ".join(reasons))
 

@@ -49,23 +49,23 @@ class UpstreamPool:
         self.max_sessions = max_sessions
         self.down_s = down_s
         self._pins: OrderedDict[str, Upstream] = OrderedDict()
-        self.turns = 0  # calls of a session already pinned
-        self.pinned_turns = 0  # ... that went to the upstream it was pinned to
-        self.repinned = 0  # ... that moved, their upstream down or failed
+        self.turns = 0  # calls answered for a session already pinned
+        self.pinned_turns = 0  # ... by the upstream it was pinned to
+        self.repinned = 0  # ... by another, their upstream down or failed
         self.evicted = 0  # keys dropped from the full table
+
+    def pinned(self, key: str | None) -> Upstream | None:
+        """The upstream session `key` is pinned to, if any."""
+        return self._pins.get(key) if key is not None else None
 
     def pick(self, key: str | None, tried: Collection[Upstream] = ()) -> Upstream | None:
         """The upstream for the next call of session `key` (None: no session), skipping `tried`; None when every
         upstream was tried. Pins `key` to it."""
         now = time.monotonic()
-        pinned = self._pins.get(key) if key is not None else None
-        if pinned is not None and not tried:
-            self.turns += 1
-            if pinned.alive(now):
-                self.pinned_turns += 1
-                self._pins.move_to_end(key)  # type: ignore[arg-type]  # key is not None when pinned is not
-                return pinned
-            self.repinned += 1
+        pinned = self.pinned(key)
+        if key is not None and pinned is not None and pinned not in tried and pinned.alive(now):
+            self._pins.move_to_end(key)
+            return pinned
         left = [u for u in self.upstreams if u not in tried]
         if not left:
             return None
@@ -80,8 +80,16 @@ class UpstreamPool:
         if unreachable:
             upstream.down_until = time.monotonic() + self.down_s
 
-    def answered(self, upstream: Upstream) -> None:
+    def answered(self, upstream: Upstream, pinned_before: Upstream | None) -> None:
+        """`upstream` answered a call of a session pinned to `pinned_before` when the call began (None: a new
+        session, or none)."""
         upstream.down_until = 0.0
+        if pinned_before is not None:
+            self.turns += 1
+            if upstream is pinned_before:
+                self.pinned_turns += 1
+            else:
+                self.repinned += 1
 
     def _pin(self, key: str, upstream: Upstream) -> None:
         self._pins[key] = upstream
