@@ -167,6 +167,39 @@ def test_a_killed_upstream_fails_over_and_its_episodes_finish(
     assert affinity["turns"] == episodes * (turns - 1) and affinity["pinned_turns"] == affinity["turns"] - len(moved)
 
 
+def test_an_upstream_killed_with_requests_in_flight_loses_none(
+    servers: list[CompletionsServer], tokenizer: HFTokenizer
+) -> None:
+    """The killed server holds its answers past its 1 s graceful shutdown, so uvicorn cuts the connections under
+    requests in flight: those are retried, refused, and answered by the other server."""
+    engine = pool_engine(tokenizer, [s.base_url for s in servers])
+    reference = ScriptedEngine(tokenizer, policy=answer, logprob=-0.25, record=False)
+    killed, survivor = servers
+    killed.faults.delay_s = 5.0
+    episodes = 8
+    starts = {tuple(start_of(n, tokenizer)): n for n in range(episodes)}
+    done: list[int] = []
+
+    async def main() -> None:
+        async def kill_under_load() -> None:
+            while len(killed.requests) < episodes // 2:  # its share of the first turns has arrived
+                await asyncio.sleep(0.005)
+            await asyncio.to_thread(killed.stop)
+
+        runs = (run_episode(engine, reference, list(s), f"ep-{n}", 2, done) for s, n in starts.items())
+        await asyncio.gather(kill_under_load(), *runs)
+        await engine.close()
+
+    asyncio.run(main())
+    assert len(done) == episodes * 2
+    cut = episodes_seen(killed, starts)
+    assert len(cut) == episodes // 2  # none of them was answered there ...
+    after = episodes_seen(survivor, starts)
+    assert all(after.count(n) == 2 for n in cut)  # ... each was answered by the survivor, its next turn too
+    dead, live = engine.stats()["upstreams"]
+    assert dead["failures"] == episodes // 2 and not dead["up"] and live["failures"] == 0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
