@@ -112,7 +112,18 @@ def serve(kind: str, port: int) -> None:
     import uvicorn
 
     app = bare_app() if kind == "bare" else agent_app()
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False)
+    profile_to = os.environ.get("BENCH_PROFILE") if kind == "agent" else None
+    if profile_to is None:
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False)
+        return
+    import cProfile  # serving only, not the start-up; written when the server stops (SIGTERM: a graceful stop)
+    import signal
+
+    # uvicorn re-raises the SIGTERM it stopped on once it has stopped: a no-op handler lets the stats be written
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    with cProfile.Profile(time.process_time) as profile:  # CPU time: waiting on sockets or for a core is not cost
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False)
+    profile.dump_stats(profile_to)
 
 
 # -- the load generator --------------------------------------------------------------------------------------
@@ -189,10 +200,15 @@ def median_round(rounds: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
 
 
-def run(seconds: float, rounds: int, concurrency: int, base_port: int, scratch: Path) -> dict[str, Any]:
+def run(
+    seconds: float, rounds: int, concurrency: int, base_port: int, scratch: Path, profile: Path | None = None
+) -> dict[str, Any]:
     bare = start("bare", base_port)
     # the trajectory log is a real file (the viewer over it refuses /dev/null), in a folder removed after the run
-    agent = start("agent", base_port + 1, {"BENCH_TRAJECTORY_LOG": str(scratch / "trajectories.jsonl")})
+    env = {"BENCH_TRAJECTORY_LOG": str(scratch / "trajectories.jsonl")}
+    if profile is not None:
+        env["BENCH_PROFILE"] = str(profile.resolve())
+    agent = start("agent", base_port + 1, env)
     urls = {"bare": f"http://127.0.0.1:{base_port}", "agent": f"http://127.0.0.1:{base_port + 1}"}
     results: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
@@ -242,6 +258,34 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _package(filename: str) -> str:
+    """Where a profiled function lives: its top-level package, the standard library's module, or built-in."""
+    if filename == "~":
+        return "built-ins and C extensions (tokenizers, msgspec, ...)"
+    parts = Path(filename).parts
+    for marker in ("site-packages", "src"):
+        if marker in parts and parts.index(marker) + 1 < len(parts):
+            return parts[parts.index(marker) + 1].removesuffix(".py")
+    if "tests" in parts:
+        return "tests.support (the scripted engine's policy)"
+    return f"stdlib {Path(filename).stem}"
+
+
+def profile_table(path: Path, rows: int = 14) -> str:
+    """The agent server's CPU time (cProfile, own time per function) summed per package, largest first."""
+    import pstats
+
+    totals: dict[str, float] = {}
+    for (filename, _, _), (_, _, own, _, _) in pstats.Stats(str(path)).stats.items():
+        totals[_package(filename)] = totals.get(_package(filename), 0.0) + own
+    whole = sum(totals.values())
+    lines = [f"Agent server CPU under cProfile ({whole:.2f} s in all), by package:", "", "| package | CPU | share |"]
+    lines.append("|---|---:|---:|")
+    for name, seconds in sorted(totals.items(), key=lambda item: -item[1])[:rows]:
+        lines.append(f"| {name} | {seconds:.2f} s | {seconds / whole:.0%} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=3.0, help="length of one measured round (default 3)")
@@ -249,14 +293,23 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16, help="clients in the throughput runs (default 16)")
     parser.add_argument("--port", type=int, default=18700, help="first of the two ports used (default 18700)")
     parser.add_argument("--json", type=Path, help="also write the raw numbers to this file")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="run the agent server under cProfile and write its stats here (the agent's CPU figures then include "
+        "the profiler's overhead); `python -m pstats FILE` reads them",
+    )
     parser.add_argument("--serve", choices=("bare", "agent"), help=argparse.SUPPRESS)  # child process mode
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.port)
         return
     with tempfile.TemporaryDirectory(prefix="bench_serve_") as scratch:
-        result = run(args.seconds, args.rounds, args.concurrency, args.port, Path(scratch))
+        result = run(args.seconds, args.rounds, args.concurrency, args.port, Path(scratch), args.profile)
     print(markdown(result))
+    if args.profile:
+        print()
+        print(profile_table(args.profile))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
 
