@@ -29,6 +29,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -103,8 +104,7 @@ def agent_app() -> Any:
     )
     tokenizer = HFTokenizer.from_file(qwen3_tokenizer_path())
     engine = ScriptedEngine(tokenizer, policy=calculator_policy(tokenizer))
-    trajectories = Path(os.environ.get("BENCH_TRAJECTORY_LOG", os.devnull))
-    config = ServeConfig(model_name=MODEL, max_concurrency=1024, trajectory_log=str(trajectories))
+    config = ServeConfig(model_name=MODEL, max_concurrency=1024, trajectory_log=os.environ["BENCH_TRAJECTORY_LOG"])
     return create_app(engine, calculator_recipe(), config)
 
 
@@ -112,15 +112,28 @@ def serve(kind: str, port: int) -> None:
     import uvicorn
 
     app = bare_app() if kind == "bare" else agent_app()
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False)
+    profile_to = os.environ.get("BENCH_PROFILE") if kind == "agent" else None
+    if profile_to is None:
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False)
+        return
+    import cProfile  # serving only, not the start-up; written when the server stops (SIGTERM: a graceful stop)
+    import signal
+
+    # uvicorn re-raises the SIGTERM it stopped on once it has stopped: a no-op handler lets the stats be written
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    with cProfile.Profile(time.process_time) as profile:  # CPU time: waiting on sockets or for a core is not cost
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False)
+    profile.dump_stats(profile_to)
 
 
 # -- the load generator --------------------------------------------------------------------------------------
 
 
-def start(kind: str, port: int) -> subprocess.Popen[bytes]:
+def start(kind: str, port: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     command = [sys.executable, __file__, "--serve", kind, "--port", str(port)]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})}
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -132,8 +145,18 @@ def start(kind: str, port: int) -> subprocess.Popen[bytes]:
     raise RuntimeError(f"the {kind} server did not start")
 
 
-async def load(url: str, body: dict[str, Any], concurrency: int, seconds: float) -> dict[str, float]:
-    """Closed loop: `concurrency` clients, each sending its next request when the last one is answered."""
+def cpu_seconds(pid: int) -> float:
+    """The process's user + system CPU time so far (/proc/PID/stat fields 14 and 15, in clock ticks): the
+    server's own cost, whatever the load generator spends."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def load(
+    url: str, body: dict[str, Any], concurrency: int, seconds: float, server_pid: int | None = None
+) -> dict[str, float]:
+    """Closed loop: `concurrency` clients, each sending its next request when the last one is answered. With
+    `server_pid`, also the server's CPU time per request over the measured span (`server_cpu_ms`)."""
     payload = json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
     latencies: list[float] = []
@@ -157,11 +180,14 @@ async def load(url: str, body: dict[str, Any], concurrency: int, seconds: float)
             while time.perf_counter() < stop:
                 await one()
 
+        cpu_before = cpu_seconds(server_pid) if server_pid else 0.0
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
+        cpu = cpu_seconds(server_pid) - cpu_before if server_pid else 0.0
     latencies.sort()
     return {
+        "server_cpu_ms": cpu / len(latencies) * 1000,
         "requests": len(latencies),
         "rps": len(latencies) / elapsed,
         "mean_ms": statistics.fmean(latencies) * 1000,
@@ -174,9 +200,15 @@ def median_round(rounds: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
 
 
-def run(seconds: float, rounds: int, concurrency: int, base_port: int) -> dict[str, Any]:
+def run(
+    seconds: float, rounds: int, concurrency: int, base_port: int, scratch: Path, profile: Path | None = None
+) -> dict[str, Any]:
     bare = start("bare", base_port)
-    agent = start("agent", base_port + 1)
+    # the trajectory log is a real file (the viewer over it refuses /dev/null), in a folder removed after the run
+    env = {"BENCH_TRAJECTORY_LOG": str(scratch / "trajectories.jsonl")}
+    if profile is not None:
+        env["BENCH_PROFILE"] = str(profile.resolve())
+    agent = start("agent", base_port + 1, env)
     urls = {"bare": f"http://127.0.0.1:{base_port}", "agent": f"http://127.0.0.1:{base_port + 1}"}
     results: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
@@ -189,9 +221,9 @@ def run(seconds: float, rounds: int, concurrency: int, base_port: int) -> dict[s
         for label, clients in (("latency", 1), ("throughput", concurrency)):
             collected: dict[str, list[dict[str, float]]] = {"bare": [], **{kind: [] for kind in REQUESTS}}
             for _ in range(rounds):
-                collected["bare"].append(asyncio.run(load(urls["bare"], REQUESTS["agent"], clients, seconds)))
+                collected["bare"].append(asyncio.run(load(urls["bare"], REQUESTS["agent"], clients, seconds, bare.pid)))
                 for kind, body in REQUESTS.items():
-                    collected[kind].append(asyncio.run(load(urls["agent"], body, clients, seconds)))
+                    collected[kind].append(asyncio.run(load(urls["agent"], body, clients, seconds, agent.pid)))
             results[label] = {kind: median_round(values) for kind, values in collected.items()}
     finally:
         for process in (bare, agent):
@@ -213,15 +245,44 @@ def markdown(result: dict[str, Any]) -> str:
         f"Machine: {result['machine']}; {result['rounds']} rounds of {result['seconds']:g} s, median round.",
         "",
         f"| endpoint | p50 latency (1 client) | added vs bare | req/s ({result['concurrency']} clients) "
-        "| req/s ratio to bare |",
-        "|---|---:|---:|---:|---:|",
+        "| req/s ratio to bare | server CPU per request | CPU ratio to bare |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for kind, name in names.items():
         added = lat[kind]["p50_ms"] - base_lat["p50_ms"]
         lines.append(
             f"| {name} | {lat[kind]['p50_ms']:.2f} ms | {'' if kind == 'bare' else f'+{added:.2f} ms'} "
-            f"| {thr[kind]['rps']:.0f} | {thr[kind]['rps'] / base_thr['rps']:.2f} |"
+            f"| {thr[kind]['rps']:.0f} | {thr[kind]['rps'] / base_thr['rps']:.2f} "
+            f"| {thr[kind]['server_cpu_ms']:.3f} ms | {thr[kind]['server_cpu_ms'] / base_thr['server_cpu_ms']:.2f} |"
         )
+    return "\n".join(lines)
+
+
+def _package(filename: str) -> str:
+    """Where a profiled function lives: its top-level package, the standard library's module, or built-in."""
+    if filename == "~":
+        return "built-ins and C extensions (tokenizers, msgspec, ...)"
+    parts = Path(filename).parts
+    for marker in ("site-packages", "src"):
+        if marker in parts and parts.index(marker) + 1 < len(parts):
+            return parts[parts.index(marker) + 1].removesuffix(".py")
+    if "tests" in parts:
+        return "tests.support (the scripted engine's policy)"
+    return f"stdlib {Path(filename).stem}"
+
+
+def profile_table(path: Path, rows: int = 14) -> str:
+    """The agent server's CPU time (cProfile, own time per function) summed per package, largest first."""
+    import pstats
+
+    totals: dict[str, float] = {}
+    for (filename, _, _), (_, _, own, _, _) in pstats.Stats(str(path)).stats.items():
+        totals[_package(filename)] = totals.get(_package(filename), 0.0) + own
+    whole = sum(totals.values())
+    lines = [f"Agent server CPU under cProfile ({whole:.2f} s in all), by package:", "", "| package | CPU | share |"]
+    lines.append("|---|---:|---:|")
+    for name, seconds in sorted(totals.items(), key=lambda item: -item[1])[:rows]:
+        lines.append(f"| {name} | {seconds:.2f} s | {seconds / whole:.0%} |")
     return "\n".join(lines)
 
 
@@ -232,13 +293,23 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16, help="clients in the throughput runs (default 16)")
     parser.add_argument("--port", type=int, default=18700, help="first of the two ports used (default 18700)")
     parser.add_argument("--json", type=Path, help="also write the raw numbers to this file")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="run the agent server under cProfile and write its stats here (the agent's CPU figures then include "
+        "the profiler's overhead); `python -m pstats FILE` reads them",
+    )
     parser.add_argument("--serve", choices=("bare", "agent"), help=argparse.SUPPRESS)  # child process mode
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.port)
         return
-    result = run(args.seconds, args.rounds, args.concurrency, args.port)
+    with tempfile.TemporaryDirectory(prefix="bench_serve_") as scratch:
+        result = run(args.seconds, args.rounds, args.concurrency, args.port, Path(scratch), args.profile)
     print(markdown(result))
+    if args.profile:
+        print()
+        print(profile_table(args.profile))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
 

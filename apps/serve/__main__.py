@@ -81,7 +81,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "returns token ids, e.g. `vllm serve`, at --engine-url; default: %(default)s)",
     )
     parser.add_argument(
-        "--engine-url", help="base URL of the completions server for --engine openai, e.g. http://gpu:8001/v1"
+        "--engine-url",
+        "--base-url",
+        action="append",
+        help="base URL of the completions server for --engine openai, e.g. http://gpu:8001/v1; repeat it (or give a "
+        "comma list) for several replicas of the model: each episode's turns stay on one (session affinity)",
+    )
+    parser.add_argument(
+        "--session-header",
+        default="X-Session-ID",
+        help="the header that carries each episode's session key to the --engine-url server(s), for a router in "
+        "front that keeps affinity itself; empty: none (default: %(default)s)",
     )
     parser.add_argument(
         "--engine-model", help="the model name the --engine-url server knows (default: the value of --model)"
@@ -134,6 +144,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default: %(default)s)")
     parser.add_argument(
+        "--replicas",
+        type=int,
+        metavar="N",
+        help="serve from N Ray Serve replicas behind Ray's HTTP proxy on --host/--port, each building its own engine "
+        "and store from these flags (share transcripts with a shared --store); Ray is started here unless "
+        "--ray-address names a cluster. Default: one process, no Ray",
+    )
+    parser.add_argument(
+        "--ray-address", metavar="ADDR", help="with --replicas: deploy on this running Ray cluster (e.g. auto)"
+    )
+    parser.add_argument(
         "--api-key",
         default=os.environ.get(API_KEY_ENV),
         help=f"require `Authorization: Bearer KEY` on /v1/* and /metrics (default: ${API_KEY_ENV}; unset: no key)",
@@ -176,6 +197,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             )
         if given is not None and (given < 0 or given != given):  # NaN too
             parser.error(f"{flag} must be >= 0")
+    if args.replicas is not None and args.replicas < 1:
+        parser.error("--replicas must be at least 1")
+    if args.ray_address is not None and args.replicas is None:
+        parser.error("--ray-address deploys the --replicas on a Ray cluster; give --replicas N")
+    if args.replicas is not None and args.trajectories is not None and args.model is None:
+        parser.error("--replicas serves a model; the trajectory viewer alone runs in one process")
     if args.trajectories == "":
         parser.error("--trajectories needs a path: a trajectory JSONL file or a directory of them")
     if args.trajectories is not None and args.model is None and not Path(args.trajectories).exists():
@@ -308,7 +335,8 @@ def engine_options(args: argparse.Namespace, model: str) -> dict[str, Any]:
     """`make_engine`'s options for `--engine`, from the command line (flags left unset keep the engine's defaults)."""
     if args.engine == "openai":
         return {
-            "base_url": args.engine_url,
+            "base_url": [url.strip() for given in args.engine_url for url in given.split(",") if url.strip()],
+            "session_header": args.session_header or None,
             "model": args.engine_model or model,
             "tokenizer": model,
             "context_length": context_length_of(model, args.context_length),
@@ -356,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_format, args.log_level)
     if args.trajectories is not None and args.model is None:
         return serve_viewer(args)
+    if args.replicas is not None:
+        return serve_on_replicas(args)
     try:
         recipe = serving_recipe(args)
         model = args.model or str(demo_model_dir(args.demo))
@@ -369,6 +399,36 @@ def main(argv: list[str] | None = None) -> int:
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled, after a clean shutdown
         asyncio.run(serve(app, args.host, args.port, f"http://{shown_host}:{args.port}"))
+    return 0
+
+
+def build_app(args: argparse.Namespace, model: str) -> Any:
+    """The server as one replica builds it: its own recipe, engine and store from the same flags."""
+    recipe = serving_recipe(args)
+    return create_app(build_engine(args, model), recipe, serve_config(args, recipe, model), close_engine=True)
+
+
+def serve_on_replicas(args: argparse.Namespace) -> int:
+    """`--replicas N`: the same app in N Ray Serve replicas behind Ray's HTTP proxy (serving.ray_replicas)."""
+    from agent_runtime.serving import serve_replicas
+
+    try:
+        serving_recipe(args)  # a bad recipe or model fails here, before Ray starts
+        model = args.model or str(demo_model_dir(args.demo))
+    except (RecipeError, RuntimeAgentError, OSError) as e:
+        logger.error("startup_failed", error=str(e))
+        return 1
+    shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    url = f"http://{shown_host}:{args.port}"
+    banner = f"Serving at {url}  ({args.replicas} Ray Serve replicas; API: {url}/v1  health: {url}/health)"
+    try:
+        serve_replicas(
+            lambda: build_app(args, model), replicas=args.replicas, host=args.host, port=args.port,
+            ray_address=args.ray_address, on_ready=lambda: print(banner, flush=True),
+        )  # fmt: skip
+    except RuntimeError as e:
+        logger.error("startup_failed", error=str(e))
+        return 1
     return 0
 
 

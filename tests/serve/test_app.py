@@ -37,6 +37,8 @@ OPTIONS = [
     "--max-batch-tokens",
     "--join-ratio",
     "--join-wait-steps",
+    "--replicas",
+    "--ray-address",
 ]
 
 

@@ -15,7 +15,7 @@ ids, NaN logprobs; the body is written with Python's `json`, which spells NaN as
 with these bytes instead, `truncate_to` declares the full `Content-Length`, sends that many bytes and drops the
 connection, and `trickle_s` sends the answer one byte at a time with that pause between bytes, stopping when the
 client leaves (`server.disconnects` counts those). `faults.reset()` clears them all. `server.requests` records
-every body received.
+every body received, `server.request_headers` its headers.
 
 Public API: :class:`Faults`, :class:`CompletionsServer` (a context manager: `with CompletionsServer(engine) as
 server: server.base_url`).
@@ -93,6 +93,7 @@ class CompletionsServer:
         self.api_key = api_key
         self.faults = Faults()
         self.requests: list[dict[str, Any]] = []
+        self.request_headers: list[dict[str, str]] = []  # each request's headers, lower-cased names
         self.disconnects = 0  # trickled answers the client walked away from
         app = Starlette(routes=[Route("/v1/completions", self._completions, methods=["POST"])])
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -135,6 +136,7 @@ class CompletionsServer:
         except ValueError:
             return _error(400, "the body is not valid JSON")
         self.requests.append(body)
+        self.request_headers.append(dict(request.headers))
         if self.api_key is not None and request.headers.get("authorization") != f"Bearer {self.api_key}":
             return _error(401, "Unauthorized: invalid API key")
         if self.faults.delay_s:

@@ -28,6 +28,7 @@ import structlog
 from agent_env import deadline
 from agent_runtime.boundary import boundary
 from agent_runtime.engines.base import Generation, LLMEngine, SamplingParams
+from agent_runtime.engines.session_key import session_key
 from agent_runtime.errors import EngineError, EngineErrorCode
 
 __all__ = ["EngineFailure", "call_engine"]
@@ -49,18 +50,21 @@ async def call_engine(
     *,
     timeout_s: float | None,
     images: Sequence[str] = (),
+    session: str | None = None,
 ) -> Generation | EngineFailure:
     """One generation, or the failure that stood in its way (see the module docstring). `images`: the context's
-    images, in the order of their pads in `prompt_ids`."""
+    images, in the order of their pads in `prompt_ids`. `session`: the episode (or conversation) the call belongs
+    to, for an engine that keeps its turns on one upstream (`engines/session_key.py`)."""
     if images and not engine.accepts_images:
         message = f"{engine.name} is a text-only engine; the conversation holds {len(images)} image(s)"
         return EngineFailure(code="engine_error", message=message)
     with boundary("engine", limit=None) as failed:  # any engine failure fails this episode or request only
         try:
-            async with deadline(timeout_s):  # asyncio.timeout's behaviour, without a timer per call
-                if images:
-                    return await engine.generate(prompt_ids, sampling, images=images)
-                return await engine.generate(prompt_ids, sampling)
+            with session_key(session):
+                async with deadline(timeout_s):  # asyncio.timeout's behaviour, without a timer per call
+                    if images:
+                        return await engine.generate(prompt_ids, sampling, images=images)
+                    return await engine.generate(prompt_ids, sampling)
         except TimeoutError:
             logger.warning("engine_timed_out", engine=engine.name, timeout_s=timeout_s)
             return EngineFailure(code="engine_timeout", message=f"{engine.name} did not answer within {timeout_s} s")

@@ -143,8 +143,9 @@ class AgentRuntime:
                 t0 = time.perf_counter()
                 sampling = request.sampling(base)
                 generation = await call_engine(
-                    self.engine, request.prompt_ids, sampling, timeout_s=self.engine_timeout_s, images=request.images
-                )
+                    self.engine, request.prompt_ids, sampling, timeout_s=self.engine_timeout_s, images=request.images,
+                    session=session.episode_id,
+                )  # fmt: skip
                 generate_s += time.perf_counter() - t0
                 if isinstance(generation, EngineFailure):  # ends this episode only
                     await session.fail(generation.code, generation.message)

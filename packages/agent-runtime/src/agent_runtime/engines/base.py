@@ -14,7 +14,7 @@ import math
 import operator
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from typing import Final, Literal, overload
+from typing import Any, Final, Literal, overload
 
 import msgspec
 
@@ -188,6 +188,10 @@ class LLMEngine(ABC):
         generation = await self.generate(prompt, sampling or SamplingParams())
         text = self.tokenizer.decode(generation.ids)
         return protocol.parse_assistant_text(text).content
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's own counters for a server's `/metrics` (the HTTP engine's upstreams); none by default."""
+        return {}
 
     async def close(self) -> None:  # noqa: B027 - optional hook, most engines hold nothing
         """Release what the engine holds (HTTP clients, model memory)."""

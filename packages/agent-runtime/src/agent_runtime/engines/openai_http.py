@@ -44,6 +44,16 @@ an image grid (`tokenizer.vision`, read from the model directory's ``preprocesso
 vision-language model. Text prompts keep using `/v1/completions`. The same retries, deadline and output checks
 apply to both.
 
+Several upstreams: `base_url` may be a list of API roots (data-parallel replicas of one model). Each call goes to
+one of them by `upstream_pool.UpstreamPool`: an episode's first turn to the least loaded, its later turns to the
+same one (its prefix cache), keyed by the session its caller names (`call_engine(..., session=...)`,
+`session_key.py`). An upstream that refuses the connection is left at once for another one (with one upstream it
+is retried as above); one that stays unavailable through its retries (503, connect timeouts) is left after them;
+either is marked down for `down_s` and its episodes re-pinned elsewhere. When every upstream fails, the
+`EngineUnavailable` names each one and why. Every request carries the session key in the `session_header`
+(default `X-Session-ID`) so a router in front (vllm-router, SGLang's router) can keep the affinity itself.
+`stats()` gives the per-upstream and affinity counters.
+
 This module knows HTTP and the completions wire format; it knows nothing about chat formats or the model.
 """
 
@@ -73,6 +83,8 @@ from agent_runtime.engines.base import (
     tokenizer_vocab_size,
     validate_generation,
 )
+from agent_runtime.engines.session_key import current_session
+from agent_runtime.engines.upstream_pool import Upstream, UpstreamPool
 from agent_runtime.errors import EngineBadOutput, EngineError, EngineTimeout, EngineUnavailable
 
 __all__ = ["OpenAIEngine"]
@@ -105,7 +117,10 @@ class _Failure:
 class OpenAIEngine(LLMEngine):
     """An OpenAI-compatible completions server that takes and returns token ids.
 
-    `base_url` is the API root including `/v1` (as for the OpenAI SDK), e.g. `http://localhost:8000/v1`.
+    `base_url` is the API root including `/v1` (as for the OpenAI SDK), e.g. `http://localhost:8000/v1`, or a
+    list of them (replicas of one model, each episode pinned to one: the module docstring). `session_header`
+    (None: none) carries the caller's session key on every request; `max_sessions` bounds the affinity table and
+    `down_s` is how long an unreachable upstream is passed over.
     `context_length` is the server's `max_model_len`; prompts are checked and `max_tokens` clamped against it
     here, so the server never rejects a request for its length. `stop_token_ids` default to the tokenizer's
     `<|im_end|>` and `<|endoftext|>`; they are sent with every request. `deadline_s` (None: none) bounds one
@@ -123,7 +138,7 @@ class OpenAIEngine(LLMEngine):
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         *,
         model: str,
         tokenizer: Tokenizer | str | Path,
@@ -142,6 +157,9 @@ class OpenAIEngine(LLMEngine):
         accepts_images: bool | None = None,
         generate_url: str | None = None,
         image_pad_id: int | None = None,
+        session_header: str | None = "X-Session-ID",
+        max_sessions: int = 65536,
+        down_s: float = 5.0,
     ) -> None:
         if context_length < 1:
             raise ValueError(f"context_length must be positive, got {context_length}")
@@ -152,7 +170,11 @@ class OpenAIEngine(LLMEngine):
         if max_response_bytes < 1:
             raise ValueError(f"max_response_bytes must be positive, got {max_response_bytes}")
         self.max_response_bytes = max_response_bytes
-        self.base_url = base_url.rstrip("/")
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        self.base_urls = tuple(url.rstrip("/") for url in urls)
+        self.pool = UpstreamPool(self.base_urls, max_sessions=max_sessions, down_s=down_s)
+        self.base_url = self.base_urls[0]
+        self.session_header = session_header
         self.model = model
         self.tokenizer = load_tokenizer(tokenizer)
         self.vocab_size = tokenizer_vocab_size(self.tokenizer)
@@ -174,8 +196,11 @@ class OpenAIEngine(LLMEngine):
         if client is not None and headers:
             self._client.headers.update(headers)
         self._closed = False
-        root = self.base_url.removesuffix("/v1")
-        self.generate_url = generate_url or f"{root}{_GENERATE_PATH}"
+        if generate_url is not None and len(self.base_urls) > 1:
+            raise ValueError("generate_url names one server; with several base_urls each one's own is used")
+        self._generate_urls = {url: f"{url.removesuffix('/v1')}{_GENERATE_PATH}" for url in self.base_urls}
+        self.generate_url = generate_url or self._generate_urls[self.base_url]
+        self._generate_urls[self.base_url] = self.generate_url
         self.image_pad_id = image_pad_id if image_pad_id is not None else self.tokenizer.token_to_id("<|image_pad|>")
         vision = image_grid(self.tokenizer) is not None
         self.accepts_images = (vision if accepts_images is None else accepts_images) and self.image_pad_id is not None
@@ -242,17 +267,18 @@ class OpenAIEngine(LLMEngine):
         budget = self.max_new_tokens_for(len(prompt_ids), sampling.max_new_tokens)
         if images:
             body = await asyncio.to_thread(self.image_request_body, prompt_ids, images, sampling, budget)
-            url = self.generate_url
         else:
             body = self.request_body(prompt_ids, sampling, budget)
-            url = f"{self.base_url}/completions"
+        url = self.generate_url if images else f"{self.base_url}/completions"  # the one named in a deadline error
+        if len(self.base_urls) > 1:
+            url = f"{len(self.base_urls)} upstreams ({', '.join(self.base_urls)})"
         limits = AnswerLimits.for_request(
             prompt_tokens=len(prompt_ids), max_new_tokens=budget, max_bytes=self.max_response_bytes
         )
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.deadline_s) as deadline:
-                content = await self._post(url, body, limits)
+                content, url = await self._send(body, limits, images=bool(images))
         except TimeoutError as e:
             if not deadline.expired():
                 raise  # not ours: let it through as it came
@@ -268,15 +294,61 @@ class OpenAIEngine(LLMEngine):
         if self._owns_client:
             await self._client.aclose()
 
+    def stats(self) -> dict[str, Any]:
+        return {"engine": self.name, **self.pool.stats()}
+
     # -- HTTP ----------------------------------------------------------------------------------------------
 
-    async def _post(self, url: str, body: Mapping[str, Any], limits: AnswerLimits) -> AnswerBody:
+    async def _send(self, body: Mapping[str, Any], limits: AnswerLimits, *, images: bool) -> tuple[AnswerBody, str]:
+        """The answer of the upstream that took the call, and its URL: the session's pinned upstream, another
+        when that one is unavailable (the module docstring)."""
+        key = current_session()
+        headers = {self.session_header: key} if key is not None and self.session_header else {}
+        pool, tried, reasons = self.pool, list[Upstream](), list[str]()
+        several = len(pool.upstreams) > 1
+        pinned = pool.pinned(key)
+        while (upstream := pool.pick(key, tried)) is not None:
+            url = self._generate_urls[upstream.url] if images else f"{upstream.url}/completions"
+            upstream.requests += 1
+            upstream.in_flight += 1
+            try:
+                content = await self._post(url, body, limits, headers, fail_over=several)
+            except EngineUnavailable as e:
+                pool.failed(upstream, unreachable=True)
+                if not several:
+                    raise
+                tried.append(upstream)
+                reasons.append(str(e))
+                logger.warning("openai_upstream_failed_over", url=url, session=key, error=str(e)[:300])
+                continue
+            except EngineError:
+                pool.failed(upstream, unreachable=False)
+                raise
+            finally:
+                upstream.in_flight -= 1
+            pool.answered(upstream, pinned)
+            return content, url
+        raise EngineUnavailable(f"openai: every upstream is unavailable ({len(tried)}): " + "; ".join(reasons))
+
+    async def _post(
+        self,
+        url: str,
+        body: Mapping[str, Any],
+        limits: AnswerLimits,
+        headers: Mapping[str, str] | None = None,
+        *,
+        fail_over: bool = False,
+    ) -> AnswerBody:
+        """`fail_over`: a refused connection raises `EngineUnavailable` at once (another upstream will take the
+        call) instead of being retried here."""
         log = logger.bind(url=url)
         for attempt in itertools.count():
             started = time.perf_counter()
-            failure = await self._attempt(url, body, limits)
+            failure = await self._attempt(url, body, limits, headers or {})
             if isinstance(failure, AnswerBody):
                 return failure
+            if fail_over and isinstance(failure.error, httpx.ConnectError):
+                raise EngineUnavailable(f"openai: {url} refused the connection: {failure.reason}") from failure.error
             if attempt >= self.max_retries:
                 log.warning("openai_request_failed", attempts=attempt + 1, reason=failure.reason)
                 kind = EngineUnavailable if failure.unreachable else EngineError
@@ -292,9 +364,14 @@ class OpenAIEngine(LLMEngine):
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover - itertools.count() never ends
 
-    async def _attempt(self, url: str, body: Mapping[str, Any], limits: AnswerLimits) -> AnswerBody | _Failure:
+    async def _attempt(
+        self, url: str, body: Mapping[str, Any], limits: AnswerLimits, extra_headers: Mapping[str, str]
+    ) -> AnswerBody | _Failure:
         """One POST: the answer's decoded body, or a failure worth retrying. Raises for a failure that is not."""
-        headers = {"Accept-Encoding": ACCEPT_ENCODING}  # only the codings `read_body` inflates under its cap
+        headers = {
+            **extra_headers,
+            "Accept-Encoding": ACCEPT_ENCODING,
+        }  # only the codings `read_body` inflates under its cap
         try:
             async with self._client.stream("POST", url, json=body, headers=headers) as response:
                 error = response.status_code >= 400

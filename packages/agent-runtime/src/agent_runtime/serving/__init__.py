@@ -25,20 +25,32 @@ from agent_runtime.serving.openai_wire import (
     ChatCompletionChunk,
     ChatCompletionRequest,
 )
+from agent_runtime.serving.ray_replicas import REPLICA_HEADER, serve_replicas
+from agent_runtime.serving.redis_store import RedisTranscriptStore
 from agent_runtime.serving.trajectory_files import TrajectoryFiles, TrajectoryFilesError, TrajectoryFilter
 from agent_runtime.serving.trajectory_viewer import create_viewer_app
-from agent_runtime.serving.transcript_store import StoredConversation, TranscriptStore, conversation_key
+from agent_runtime.serving.transcript_store import (
+    ConversationStore,
+    StoredConversation,
+    StoreUnavailable,
+    TranscriptStore,
+    conversation_key,
+)
 
 __all__ = [
     "AGENT_EVENT_FIELD",
+    "REPLICA_HEADER",
     "ApiError",
     "ChatCompletion",
     "ChatCompletionChunk",
     "ChatCompletionRequest",
+    "ConversationStore",
+    "RedisTranscriptStore",
     "ServeConfig",
     "ServeConfigError",
     "ServerMetrics",
     "ServingBackend",
+    "StoreUnavailable",
     "StoredConversation",
     "TrajectoryFiles",
     "TrajectoryFilesError",
@@ -47,4 +59,5 @@ __all__ = [
     "conversation_key",
     "create_app",
     "create_viewer_app",
+    "serve_replicas",
 ]

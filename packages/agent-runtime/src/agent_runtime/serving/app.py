@@ -266,6 +266,7 @@ async def health(request: Request) -> Response:
                 "max_image_bytes": backend.config.max_image_bytes,
                 "max_images": image_count_limit(backend.recipe.max_images, backend.config.max_images),
             },
+            "transcript_store": {k: v for k, v in backend.store.stats().items() if k in ("kind", "state")},
             "uptime_s": round(time.time() - backend.created, 1),
         }
     )
@@ -274,17 +275,10 @@ async def health(request: Request) -> Response:
 async def metrics_view(request: Request) -> Response:
     backend = _backend(request)
     _authorize(request, backend)
-    store = backend.store
     counters = msgspec.to_builtins(backend.metrics)
-    counters["transcript_store"] = {
-        "conversations": len(store),
-        "tokens": store.tokens,
-        "bytes": store.bytes,
-        "evictions": store.evictions,
-        "max_conversations": store.max_conversations,
-        "max_tokens": store.max_tokens,
-        "max_bytes": store.max_bytes,
-    }
+    if engine_stats := backend.engine.stats():  # the HTTP engine's upstreams and session affinity
+        counters["engine"] = engine_stats
+    counters["transcript_store"] = backend.store.stats()
     return _json(counters)
 
 
@@ -341,9 +335,13 @@ def create_app(
             "server_started", model=backend.config.model_name, recipe=recipe.name, engine=engine.name,
             max_concurrency=backend.config.max_concurrency, trajectory_log=backend.config.trajectory_log,
         )  # fmt: skip
+        ping = getattr(backend.store, "ping", None)
+        if ping is not None:  # a shared store that cannot be reached fails the start, saying why
+            await ping()
         try:
             yield
         finally:
+            await backend.store.aclose()
             if close_engine:
                 await engine.close()
             logger.info("server_stopped", requests=backend.metrics.requests)

@@ -22,7 +22,7 @@ from agent_runtime.serving.config import ServeConfig
 from agent_runtime.serving.images import text_only_reason
 from agent_runtime.serving.metrics import ServerMetrics
 from agent_runtime.serving.openai_wire import ChatCompletionRequest
-from agent_runtime.serving.transcript_store import TranscriptStore
+from agent_runtime.serving.transcript_store import ConversationStore, TranscriptStore
 from agent_runtime.session import AgentSession
 from agent_runtime.trajectory import Trajectory, TrajectoryWriter
 
@@ -48,11 +48,22 @@ class ServingBackend:
         self.protocol: ChatProtocol = self.session.protocol
         #: why the served model takes no images (None: it takes them)
         self.text_only: str | None = text_only_reason(self.protocol, engine.tokenizer, engine)
-        self.store = TranscriptStore(
-            max_conversations=config.transcript_store_conversations,
-            max_tokens=config.transcript_store_tokens,
-            max_bytes=config.transcript_store_bytes,
-        )
+        self.store: ConversationStore
+        if config.store == "memory" or config.transcript_store_conversations == 0:
+            self.store = TranscriptStore(
+                max_conversations=config.transcript_store_conversations,
+                max_tokens=config.transcript_store_tokens,
+                max_bytes=config.transcript_store_bytes,
+            )
+        else:  # replicas share it; the bounds are per entry, Redis's maxmemory bounds the whole
+            from agent_runtime.serving.redis_store import RedisTranscriptStore
+
+            self.store = RedisTranscriptStore(
+                config.store,
+                ttl_s=config.store_ttl_s,
+                max_entry_tokens=config.transcript_store_tokens,
+                max_entry_bytes=config.transcript_store_bytes,
+            )
         self.metrics = ServerMetrics()
         self.writer = TrajectoryWriter(config.trajectory_log) if config.trajectory_log else None
         self.model_ids = (config.model_name, *config.aliases)

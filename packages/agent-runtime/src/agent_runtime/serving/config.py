@@ -48,6 +48,11 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
       holds conversations packed and counts the bytes they really hold (a full store measured at 1.01x its
       count). A text conversation costs about 11 bytes a token (4 an id, 8 more a generated id, its messages'
       text), so 8M tokens are some 85 MB; the 256 MiB byte bound binds first for conversations heavy in images.
+    - `store`: where the transcript store lives: ``memory`` (this process; the default) or a Redis URL
+      (``redis://HOST:PORT/DB``) that replicas share, so any replica continues any conversation. With Redis the
+      three bounds above are per entry (an entry over `transcript_store_tokens` tokens or `transcript_store_bytes`
+      packed bytes is not stored) and Redis's ``maxmemory`` bounds the whole; `store_ttl_s` is how long an entry
+      is kept. A Redis that is down costs speed, never correctness: follow-ups are rendered from scratch.
     - `max_image_bytes`: the largest image a message may carry, decoded (400 beyond). Images arrive inline as
       base64 data URLs, a third larger than the image, so `max_request_bytes` bounds them too: raise both to
       take large images.
@@ -70,6 +75,8 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     transcript_store_conversations: int = 1024
     transcript_store_tokens: int = 8_000_000
     transcript_store_bytes: int = 256 * 2**20
+    store: str = "memory"
+    store_ttl_s: float = 3600.0
     max_request_bytes: int = 8 * 1024 * 1024
     request_read_timeout_s: float = 30.0
     max_buffered_request_bytes: int = 256 * 1024 * 1024
@@ -88,6 +95,13 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
             if low is not None and not (value > low if setting.exclusive else value >= low):  # NaN fails both
                 rule = f"greater than {low:g}" if setting.exclusive else f"at least {low:g}"
                 raise ServeConfigError(f"{name} must be {rule}, got {value}", (name,))
+        if self.store != "memory":
+            from agent_runtime.serving.redis_store import check_store_url
+
+            try:
+                check_store_url(self.store)
+            except ValueError as e:
+                raise ServeConfigError(str(e), ("store",)) from None
         if self.max_buffered_request_bytes < self.max_request_bytes:
             raise ServeConfigError(
                 f"max_buffered_request_bytes ({self.max_buffered_request_bytes}) must be at least max_request_bytes "
@@ -212,6 +226,21 @@ _FLAGS: Final[dict[str, _Flag]] = {
         "BYTES",
         "tools mode: the most bytes the transcript store holds, in all (about 11 a token of text)",
         low=0,
+    ),
+    "store": _Flag(
+        "--store",
+        "memory|redis://HOST:PORT/DB",
+        "tools mode: where the transcript store lives: memory (this process) or a Redis database that replicas "
+        "share (any replica continues any conversation; needs agent-runtime[redis]). With Redis the --transcript-"
+        "store-tokens/-bytes bounds are per entry (a larger one is not kept) and Redis's maxmemory bounds the whole; "
+        "if Redis is down the server still answers, rendering follow-ups from scratch (counted in /metrics)",
+    ),
+    "store_ttl_s": _Flag(
+        "--store-ttl",
+        "SECONDS",
+        "tools mode, with --store redis://: how long a stored conversation is kept for its follow-up",
+        low=0,
+        exclusive=True,
     ),
     "trajectory_log": _Flag(
         "--trajectory-log", "PATH", "append one trajectory record (JSONL) per chat completion to this file"

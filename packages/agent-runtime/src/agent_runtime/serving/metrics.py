@@ -4,8 +4,9 @@ Requests by mode and outcome, the overload gate and the body budget, the agent e
 compactions, and how tools-mode follow-ups were prepared: `transcript_prefix_hits` (the conversation extended a
 stored transcript; only the new messages were tokenized, `reused_prompt_tokens` counts the ids taken over as they
 were), `transcript_rerenders` (the conversation had earlier assistant turns but matched no stored transcript, so
-it was rendered from scratch) and `transcript_new` (a first turn, rendered from scratch by nature). One event
-loop updates it; no locks.
+it was rendered from scratch; `transcript_rerenders_store_unavailable` counts those among them whose store could
+not be reached, `transcript_store_put_failures` the turns a store could not keep) and `transcript_new` (a first
+turn, rendered from scratch by nature). One event loop updates it; no locks.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class ServerMetrics(msgspec.Struct, kw_only=True):
     compactions: int = 0
     transcript_prefix_hits: int = 0
     transcript_rerenders: int = 0
+    transcript_rerenders_store_unavailable: int = 0
+    transcript_store_put_failures: int = 0
     transcript_new: int = 0
     reused_prompt_tokens: int = 0
     rendered_prompt_tokens: int = 0

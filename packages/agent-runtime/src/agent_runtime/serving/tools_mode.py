@@ -57,7 +57,7 @@ from agent_runtime.serving.openai_wire import (
     ToolCallOut,
 )
 from agent_runtime.serving.sse import SSE_DONE, sse_data
-from agent_runtime.serving.transcript_store import StoredConversation, conversation_key
+from agent_runtime.serving.transcript_store import StoredConversation, StoreUnavailable, conversation_key
 from agent_runtime.trajectory import build_trajectory
 
 __all__ = ["complete_tools", "stream_tools"]
@@ -108,7 +108,11 @@ class _Turn:
         last = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=None)
         stored = None
         if last is not None and last + 1 < len(messages):
-            stored = backend.store.take(conversation_key(self.tools, messages[: last + 1]))
+            try:
+                stored = await backend.store.atake(conversation_key(self.tools, messages[: last + 1]))
+            except StoreUnavailable as e:  # rendered from scratch below: slower, never a wrong transcript
+                logger.warning("transcript_store_unavailable", action="take", error=str(e))
+                metrics.transcript_rerenders_store_unavailable += 1
         if stored is not None and last is not None:
             self.conversation_id, self.stored = stored.conversation_id, stored
             stored.restore(conversation)
@@ -163,6 +167,7 @@ class _Turn:
             turn.sampling(sampling),
             timeout_s=backend.config.engine_timeout_s,
             images=turn.images,
+            session=_affinity_key(self.tools, self.messages),
         )
         self.generate_s = time.perf_counter() - t0
         if isinstance(outcome, EngineFailure):
@@ -182,7 +187,11 @@ class _Turn:
             self.finish = "length"
         backend.metrics.generated_tokens += len(outcome.ids)
         key = conversation_key(self.tools, [*self.messages, self.echo()])
-        backend.store.put(key, self.conversation_id, conversation, previous=self.stored)
+        try:
+            await backend.store.aput(key, self.conversation_id, conversation, previous=self.stored)
+        except StoreUnavailable as e:  # the answer still goes out; its follow-up will be rendered from scratch
+            logger.warning("transcript_store_unavailable", action="put", error=str(e))
+            backend.metrics.transcript_store_put_failures += 1
 
     async def _contained(self, what: str, step: Callable[[], Awaitable[object]]) -> None:
         """Run `step` (foreign code: a tokenizer, a protocol plug-in) in the boundary: whatever it raises, any
@@ -269,6 +278,13 @@ class _Turn:
         """Record that the client hung up before this turn was answered."""
         self.conversation.record_error("client_disconnected", "the client went away")
         self.failed = "client_disconnected"
+
+
+def _affinity_key(tools: Sequence[ToolSpec], messages: Sequence[Message]) -> str:
+    """The engine's session key of a conversation: a hash of its tools and its messages up to the first user
+    message, the same at every turn, so an engine with several upstreams keeps all its turns on one."""
+    first = next((i for i, m in enumerate(messages) if m.role == "user"), len(messages) - 1)
+    return conversation_key(tools, messages[: first + 1])[:16]
 
 
 def _prompt_of(messages: Sequence[Message]) -> list[Message]:

@@ -27,6 +27,11 @@ counted as what an entry really holds (`StoredConversation.nbytes`: its arrays, 
 data URLs included, and `ENTRY_BYTES` for the entry itself); `tests/serve/test_transcript_store_memory.py`
 measures a full store against it. One event loop uses it; it has no locks. This module knows messages and
 conversations only.
+
+`ConversationStore` is what tools mode asks of a store (async `atake`/`aput`, `stats`, `aclose`): this in-memory
+LRU (the default; its async methods run at once, with no await inside) or `RedisTranscriptStore`
+(`redis_store`), which replicas share. `dump_entry`/`load_entry` turn a packed conversation into bytes and back
+for such a store (ids and logprobs as machine integers and floats: replicas sharing one must be of one byte order).
 """
 
 from __future__ import annotations
@@ -37,14 +42,23 @@ import sys
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 import msgspec
 
 from agent_protocol import ImageSpan, Message, Span, TokenTranscript, ToolSpec
 from agent_runtime.conversation import Conversation
 
-__all__ = ["ENTRY_BYTES", "StoredConversation", "TranscriptStore", "conversation_key"]
+__all__ = [
+    "ENTRY_BYTES",
+    "ConversationStore",
+    "StoreUnavailable",
+    "StoredConversation",
+    "TranscriptStore",
+    "conversation_key",
+    "dump_entry",
+    "load_entry",
+]
 
 #: what one entry costs besides what it packs: the entry and its segments' objects, the key, the LRU's node
 ENTRY_BYTES: Final = 1024
@@ -215,6 +229,88 @@ class StoredConversation:
         return conversation
 
 
+class StoreUnavailable(RuntimeError):
+    """The store could not be reached or answered wrongly; the message says why. A take that raises it is a
+    follow-up rendered from scratch (`transcript_rerenders`, reason ``store_unavailable``), a put a turn not kept."""
+
+
+class ConversationStore(Protocol):
+    """What tools mode asks of a transcript store. `atake` hands a conversation over (removed, atomically: of two
+    takes of one key, one gets it); `aput` stores one (False: refused, e.g. over a bound). Both raise
+    `StoreUnavailable` when the store cannot be reached. `stats` is what ``/metrics`` shows of it."""
+
+    async def atake(self, key: str) -> StoredConversation | None: ...
+
+    async def aput(
+        self, key: str, conversation_id: str, conversation: Conversation, previous: StoredConversation | None = None
+    ) -> bool: ...
+
+    def stats(self) -> dict[str, object]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _WireSegment(msgspec.Struct, array_like=True):
+    ids: bytes
+    logprobs: bytes
+    spans: tuple[Span, ...]
+    with_logprobs: bytes
+    images: tuple[ImageSpan, ...]
+
+
+class _WireEntry(msgspec.Struct, array_like=True):
+    conversation_id: str
+    segments: tuple[_WireSegment, ...]
+    messages: bytes
+    message_count: int
+    turns: int
+    generations: int
+    turn_closed: bool
+    ended_by: str | None
+    render_s: float
+    tokens: int
+    nbytes: int
+
+
+_dump_wire = msgspec.msgpack.Encoder()
+_load_wire = msgspec.msgpack.Decoder(_WireEntry)
+
+
+def dump_entry(entry: StoredConversation) -> bytes:
+    """`entry` as bytes (msgpack; its arrays as their machine bytes)."""
+    segments = tuple(
+        _WireSegment(s.ids.tobytes(), s.logprobs.tobytes(), s.spans, s.with_logprobs, s.images) for s in entry.segments
+    )
+    return _dump_wire.encode(
+        _WireEntry(entry.conversation_id, segments, entry.messages, entry.message_count, entry.turns,
+                   entry.generations, entry.turn_closed, entry.ended_by, entry.render_s, entry.tokens, entry.nbytes)
+    )  # fmt: skip
+
+
+def load_entry(data: bytes) -> StoredConversation:
+    """The entry `dump_entry` gave `data` for. Raises `msgspec.DecodeError` (or `ValueError`) for other bytes."""
+    wire = _load_wire.decode(data)
+    segments = []
+    for s in wire.segments:
+        ids, logprobs = array.array("i"), array.array("d")
+        ids.frombytes(s.ids)
+        logprobs.frombytes(s.logprobs)
+        segments.append(_Segment(ids, logprobs, s.spans, s.with_logprobs, s.images))
+    return StoredConversation(
+        conversation_id=wire.conversation_id,
+        segments=tuple(segments),
+        messages=wire.messages,
+        message_count=wire.message_count,
+        turns=wire.turns,
+        generations=wire.generations,
+        turn_closed=wire.turn_closed,
+        ended_by=wire.ended_by,
+        render_s=wire.render_s,
+        tokens=wire.tokens,
+        nbytes=wire.nbytes,
+    )
+
+
 class TranscriptStore:
     """A bounded LRU of packed conversations. `take` hands one over; `put` stores one."""
 
@@ -268,3 +364,30 @@ class TranscriptStore:
             self.bytes -= evicted.nbytes
             self.evictions += 1
         return True
+
+    # -- the `ConversationStore` interface: the methods above, at once (nothing to wait for) ------------------
+
+    async def atake(self, key: str) -> StoredConversation | None:
+        return self.take(key)
+
+    async def aput(
+        self, key: str, conversation_id: str, conversation: Conversation, previous: StoredConversation | None = None
+    ) -> bool:
+        return self.put(key, conversation_id, conversation, previous)
+
+    def stats(self) -> dict[str, object]:
+        return {
+            "kind": "memory",
+            "state": "ok",
+            "conversations": len(self),
+            "tokens": self.tokens,
+            "bytes": self.bytes,
+            "evictions": self.evictions,
+            "max_conversations": self.max_conversations,
+            "max_tokens": self.max_tokens,
+            "max_bytes": self.max_bytes,
+        }
+
+    async def aclose(self) -> None:
+        self._entries.clear()
+        self.tokens = self.bytes = 0
