@@ -249,6 +249,18 @@ def test_well_formed_turns() -> None:
             "invalid_json",
             "calc",
         ),
+        (  # a raw lone surrogate in a string value (the parser fuzz found it): no tool or wire could encode it
+            f'<｜DSML｜invoke name="calc">\n<｜DSML｜parameter name="x" string="true">\ud800</｜DSML｜parameter>\n'
+            f"</｜DSML｜invoke>{END}",
+            "invalid_arguments",
+            "calc",
+        ),
+        (
+            f'<｜DSML｜invoke name="calc"><｜DSML｜parameter name="\udfff" string="true">1</｜DSML｜parameter>'
+            f"</｜DSML｜invoke>{END}",
+            "invalid_arguments",
+            "calc",
+        ),
     ],
 )
 def test_malformed_calls_are_coded_issues(body: str, code: str, name: str) -> None:

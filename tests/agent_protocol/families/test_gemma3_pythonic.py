@@ -499,7 +499,7 @@ def test_generated_episodes_are_token_in_token_out(tokenizer: HFTokenizer) -> No
 
 
 def test_token_in_token_out_through_the_session(tokenizer: HFTokenizer) -> None:
-    from agent_env import CalculatorTool
+    CalculatorTool = pytest.importorskip("agent_env").CalculatorTool  # agent-protocol alone: skipped
 
     completions = ['[calculator(expression="17 * 23")]<end_of_turn>', "The answer is 391.<end_of_turn>"]
     episode = run_calculator_episode(NAME, tokenizer, completions, rewards="result")

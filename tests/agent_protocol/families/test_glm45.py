@@ -581,7 +581,7 @@ def _run_episode(script: list[str], **options: Any) -> tuple[Any, Any]:
 
 def _official_of(trajectory: Any, **options: Any) -> str:
     """The official Jinja render of the episode's messages (arguments as objects, as the template needs)."""
-    from agent_env import CalculatorTool
+    CalculatorTool = pytest.importorskip("agent_env").CalculatorTool  # agent-protocol alone: skipped
 
     messages = [object_arguments(message.to_openai()) for message in trajectory.messages]
     return official(messages, tools=[CalculatorTool().spec.to_openai()], **options)

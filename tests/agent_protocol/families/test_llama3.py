@@ -481,7 +481,7 @@ def run_episode(tokenizer: HFTokenizer, protocol: ChatProtocol, script: list[str
 
 def official_ids(tokenizer: HFTokenizer, protocol: ChatProtocol, variant: str, trajectory: Any) -> list[int]:
     pytest.importorskip("agent_runtime")  # the layers above: the agent-protocol-alone run skips session tests
-    from agent_env import CalculatorTool
+    CalculatorTool = pytest.importorskip("agent_env").CalculatorTool  # agent-protocol alone: skipped
 
     messages = [m.to_openai() for m in trajectory.messages]
     generation = messages[-1]["role"] != "assistant"

@@ -54,7 +54,7 @@ from agent_protocol.broken_call import raw_preview
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import JsonLimitError, MessageError
 from agent_protocol.hermes_parser import MISSING_THINK_END
-from agent_protocol.json_limits import loads_bounded
+from agent_protocol.json_limits import check_json_value, loads_bounded
 from agent_protocol.protocols.deepseek_v31 import ASSISTANT, BOS, EOS, THINK_CLOSE, THINK_OPEN, USER  # the same tokens
 from agent_protocol.types import Action, IssueCode, Message, MessageLike, ParseIssue, ToolCall, ToolSpec
 
@@ -324,6 +324,11 @@ def _parse_invoke(name: str, body: str, raw: str, call_id: str) -> ToolCall:
                 'string="true" for a string.',
             )
             return ToolCall(id=call_id, name=name, error=issue, raw=raw_preview(raw))
+    try:  # a raw value (string="true") or a key may hold a lone surrogate, which no tool or wire can encode
+        check_json_value(arguments)
+    except JsonLimitError as e:
+        issue = ParseIssue(code="invalid_arguments", message=f"The arguments of {name} cannot be read: {e}.")
+        return ToolCall(id=call_id, name=name, error=issue, raw=raw_preview(raw))
     return ToolCall(id=call_id, name=name, arguments=arguments)
 
 
