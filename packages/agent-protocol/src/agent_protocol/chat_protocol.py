@@ -62,9 +62,17 @@ class ChatProtocol(ABC):
         """The conversation as the official chat template renders it, byte for byte. Checks and coerces the
         caller's messages (images only where the family renders them) and tools, then calls `render_coerced`;
         a family implements that (or, as before, overrides this method whole)."""
+        messages = self.prepare_raw(messages, tools_given=tools is not None)
         msgs = coerce_messages(messages, images=self.accepts_images)
         specs = None if tools is None else coerce_tools(tools)
         return self.render_coerced(msgs, specs, add_generation_prompt=add_generation_prompt)
+
+    def prepare_raw(self, messages: Iterable[MessageLike], *, tools_given: bool) -> Iterable[MessageLike]:
+        """The caller's messages as `render_messages` got them, before `coerce_messages` joins a list of parts into
+        text: a family whose template treats such a list otherwise refuses it here (Nemotron, Gemma 3, Llama 4) or
+        leaves out what the template renders nothing for. `tools_given`: tools were passed (maybe an empty list).
+        What is not a list of messages is passed on for `coerce_messages` to name. By default: as they came."""
+        return messages
 
     def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
         """The family's rendering of already-checked messages and tool specs, called by `render_messages` (call

@@ -48,7 +48,7 @@ from typing import Any, Final
 
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import MessageError, TemplateGapWarning
-from agent_protocol.types import Action, Message, MessageLike, ToolSpec, ToolSpecLike
+from agent_protocol.types import Action, Message, MessageLike, ToolSpec
 
 __all__ = ["BOS", "END_OF_TURN", "PROTOCOLS", "START_OF_TURN", "Gemma3Protocol", "ToolsDroppedWarning"]
 
@@ -103,17 +103,11 @@ class Gemma3Protocol(ChatProtocol):
     def generation_prompt(self) -> str:
         return f"{START_OF_TURN}model\n"
 
-    def render_messages(
-        self,
-        messages: Iterable[MessageLike],
-        *,
-        tools: Iterable[ToolSpecLike] | None = None,
-        add_generation_prompt: bool = False,
-    ) -> str:
+    def prepare_raw(self, messages: Iterable[MessageLike], *, tools_given: bool) -> Iterable[MessageLike]:
         if isinstance(messages, Iterable) and not isinstance(messages, (str, bytes, Mapping)):
             messages = list(messages)
             _check_text_parts(messages, system_first=True)
-        return super().render_messages(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+        return messages
 
     def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
         if specs:

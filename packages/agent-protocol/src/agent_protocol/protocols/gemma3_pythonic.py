@@ -53,7 +53,7 @@ from typing import Any, Final
 
 from agent_protocol.chat_protocol import ChatProtocol, feedback_messages, generated_message
 from agent_protocol.errors import MessageError
-from agent_protocol.protocols.gemma3 import BOS, END_OF_TURN, START_OF_TURN, Gemma3Protocol, _check_text_parts
+from agent_protocol.protocols.gemma3 import BOS, END_OF_TURN, START_OF_TURN, Gemma3Protocol
 from agent_protocol.pythonic_calls import read_pythonic, write_pythonic
 from agent_protocol.template_json import tojson, tojson_kept
 from agent_protocol.types import (
@@ -106,11 +106,8 @@ class Gemma3PythonicProtocol(Gemma3Protocol):
         """As every family's, and the indices of the messages given `tool_calls: []` (which coercion forgets) are
         read from the caller's dicts first and passed down: no state is kept on the protocol, which serves
         concurrent renders."""
-        empty: frozenset[int] = frozenset()
-        if isinstance(messages, Iterable) and not isinstance(messages, (str, bytes, Mapping)):
-            messages = list(messages)
-            _check_text_parts(messages, system_first=True)
-            empty = _empty_call_lists(messages)
+        messages = self.prepare_raw(messages, tools_given=tools is not None)  # Gemma 3's checks of part lists
+        empty = _empty_call_lists(messages) if isinstance(messages, list) else frozenset()
         msgs = coerce_messages(messages, images=self.accepts_images)
         specs = None if tools is None else coerce_tools(tools)
         return self._render(msgs, specs, add_generation_prompt=add_generation_prompt, empty=empty)

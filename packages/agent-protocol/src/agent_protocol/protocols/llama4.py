@@ -50,7 +50,7 @@ from agent_protocol.errors import MessageError, TemplateGapWarning
 from agent_protocol.protocols.llama3 import _SYSTEM_TOOLS, _USER_TOOLS, _tool_listing, parse_llama3_turn
 from agent_protocol.protocols.llama3 import EOT as LLAMA3_EOT
 from agent_protocol.template_json import tojson
-from agent_protocol.types import Action, Message, MessageLike, ToolSpec, ToolSpecLike, has_image_parts
+from agent_protocol.types import Action, Message, MessageLike, ToolSpec, has_image_parts
 
 __all__ = ["PROTOCOLS", "Llama4Protocol", "ToolsNotShownWarning", "parse_llama4_turn"]
 
@@ -95,21 +95,13 @@ class Llama4Protocol(ChatProtocol):
 
     # -- rendering ---------------------------------------------------------------------------------------
 
-    def render_messages(
-        self,
-        messages: Iterable[MessageLike],
-        *,
-        tools: Iterable[ToolSpecLike] | None = None,
-        add_generation_prompt: bool = False,
-    ) -> str:
-        """As every family's, after refusing content given as a list of parts where the template does not join
-        the parts' text (see `_refuse_part_lists`) and leaving out what it renders nothing for (see
-        `_without_empty_call_lists`)."""
+    def prepare_raw(self, messages: Iterable[MessageLike], *, tools_given: bool) -> Iterable[MessageLike]:
+        """Refuses content given as a list of parts where the template does not join the parts' text (see
+        `_refuse_part_lists`) and leaves out what it renders nothing for (see `_without_empty_call_lists`)."""
         messages = list(messages)
-        tools_message = tools is not None and self.tools_in_user_message
+        tools_message = tools_given and self.tools_in_user_message
         _refuse_part_lists(messages, tools_message=tools_message)
-        messages = _without_empty_call_lists(messages, tools_message=tools_message)
-        return super().render_messages(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+        return _without_empty_call_lists(messages, tools_message=tools_message)
 
     def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
         # `specs` None: no tools given, which the template tells from an empty list

@@ -59,7 +59,6 @@ from agent_protocol.types import (
     Message,
     MessageLike,
     ToolSpec,
-    ToolSpecLike,
     refuse_part_lists,
 )
 
@@ -117,15 +116,8 @@ class NemotronNanoV2Protocol(ChatProtocol):
     def generation_prompt(self) -> str:
         return ASSISTANT + self.think
 
-    def render_messages(
-        self,
-        messages: Iterable[MessageLike],
-        *,
-        tools: Iterable[ToolSpecLike] | None = None,
-        add_generation_prompt: bool = False,
-    ) -> str:
-        messages = refuse_part_lists(messages, _PART_LISTS)
-        return super().render_messages(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+    def prepare_raw(self, messages: Iterable[MessageLike], *, tools_given: bool) -> Iterable[MessageLike]:
+        return refuse_part_lists(messages, _PART_LISTS)
 
     def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
         if not msgs:

@@ -185,15 +185,8 @@ class Nemotron3NanoProtocol(ChatMLProtocol):
     def generation_prompt(self) -> str:
         return GENERATION_PROMPT + (f"{THINK_OPEN}\n" if self.enable_thinking else _EMPTY_THINK)
 
-    def render_messages(
-        self,
-        messages: Iterable[MessageLike],
-        *,
-        tools: Iterable[ToolSpecLike] | None = None,
-        add_generation_prompt: bool = False,
-    ) -> str:
-        messages = refuse_part_lists(messages, _PART_LISTS)
-        return super().render_messages(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+    def prepare_raw(self, messages: Iterable[MessageLike], *, tools_given: bool) -> Iterable[MessageLike]:
+        return refuse_part_lists(messages, _PART_LISTS)
 
     def render_feedback(
         self, messages: Sequence[MessageLike], *, turn_closed: bool = True, ended_by: str | None = None

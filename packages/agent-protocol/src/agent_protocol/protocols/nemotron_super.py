@@ -56,7 +56,6 @@ from agent_protocol.types import (
     Message,
     MessageLike,
     ToolSpec,
-    ToolSpecLike,
     refuse_part_lists,
 )
 
@@ -104,15 +103,8 @@ class NemotronSuperProtocol(ChatProtocol):
     def generation_prompt(self) -> str:
         return _header("assistant") + ("" if self.enable_thinking else EMPTY_THINK)
 
-    def render_messages(
-        self,
-        messages: Iterable[MessageLike],
-        *,
-        tools: Iterable[ToolSpecLike] | None = None,
-        add_generation_prompt: bool = False,
-    ) -> str:
-        messages = refuse_part_lists(messages, _PART_LISTS)
-        return super().render_messages(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+    def prepare_raw(self, messages: Iterable[MessageLike], *, tools_given: bool) -> Iterable[MessageLike]:
+        return refuse_part_lists(messages, _PART_LISTS)
 
     def render_coerced(self, msgs: list[Message], specs: list[ToolSpec] | None, *, add_generation_prompt: bool) -> str:
         if not msgs:
