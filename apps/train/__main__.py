@@ -62,6 +62,9 @@ presets ([group]: needs --samples-per-prompt > 1; defaults from OpenRLHF's examp
                              DeepSpeed logprob mismatch): token-level mask of pi_train/pi_rollout outside [0.5, 5]
   --mode hybrid              vLLM, actor and reference share all GPUs and sleep in turn (colocate_all)
   --mode async               rollouts on their own vLLM GPUs overlap training (train.async_enable)
+  --partial-rollout          (--mode async) the weight broadcast pauses vLLM mid-generation and resumes it,
+                             so no rollout waits for an update (train.partial_rollout_enable); turns on
+                             --is-correction; every generated token records the weight version that sampled it
 
 --device cpu (debug the job before a GPU queue; not for training):
   runs the real train_ppo_ray on this machine: Ray with the GPUs the job asks for as resources, DeepSpeed's CPU
@@ -163,6 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
     place = parser.add_argument_group("openrlhf: placement")
     place.add_argument("--mode", choices=MODES, default="hybrid", help="default: hybrid")
     place.add_argument(
+        "--partial-rollout",
+        action="store_true",
+        help="--mode async: episodes continue across weight updates, paused in place (below)",
+    )
+    place.add_argument(
         "--device",
         choices=DEVICES,
         default="gpu",
@@ -250,6 +258,7 @@ def run_openrlhf(args: argparse.Namespace, extra: list[str]) -> int:
         engine_timeout_s=args.engine_timeout,
         extra_args=tuple(extra),
         is_correction=args.is_correction,
+        partial_rollout=args.partial_rollout,
         critic_nodes=args.critic_nodes,
         critic_gpus_per_node=args.critic_gpus_per_node,
         device=args.device,

@@ -22,7 +22,10 @@ off, ``AGENT_MASK_OVERLONG=0``), with openrlhf 0.11's dotted flags:
 - the placement preset: ``hybrid`` (vLLM, actor and reference share every GPU and sleep in turn:
   ``--train.colocate_all --vllm.enable_sleep --ds.enable_sleep``; one vLLM engine per `vllm_tensor_parallel`
   GPUs) or ``async`` (``--train.async_enable``: rollouts on their own vLLM GPUs overlap training; actor and
-  reference share the training GPUs);
+  reference share the training GPUs); with `partial_rollout` (async only) ``--train.partial_rollout_enable``:
+  the weight broadcast pauses vLLM's generation in place (``pause_generation(mode="keep")``) instead of waiting
+  for the batch, so a turn may be sampled by two policy versions; it turns on `is_correction` too, and every
+  generated token is tagged with the weight version that sampled it (`engine_versions`);
 - a vision-language recipe (its protocol `accepts_images`): ``--data.image_key images`` (the row's image column,
   `task.IMAGE_KEY`) and ``--data.max_images_per_prompt`` from `Recipe.max_images`, which OpenRLHF needs above 0
   to give vLLM images (its ``limit_mm_per_prompt``) and to collapse pads before vLLM expands them; OpenRLHF's own
@@ -142,6 +145,7 @@ class LaunchConfig(msgspec.Struct, frozen=True, kw_only=True):
     engine_timeout_s: float | None = None
     extra_args: tuple[str, ...] = ()
     is_correction: bool = False
+    partial_rollout: bool = False
     mask_overlong: bool = True
     critic_nodes: int | None = None
     critic_gpus_per_node: int | None = None
@@ -203,6 +207,11 @@ def plan_launch(config: LaunchConfig, recipe: Recipe) -> LaunchPlan:
         raise LaunchError(f"unknown mode {config.mode!r}; choose one of {', '.join(MODES)}")
     if config.device not in DEVICES:
         raise LaunchError(f"unknown device {config.device!r}; choose one of {', '.join(DEVICES)}")
+    if config.partial_rollout and config.mode != "async":
+        raise LaunchError(
+            "--partial-rollout lets an episode's generation continue across a weight update, which only async mode "
+            f"overlaps with training: add --mode async (got --mode {config.mode})"
+        )
     if config.device == "cpu" and config.ray_address:
         raise LaunchError("--device cpu runs the job on this machine's CPUs under a local Ray; drop --ray-address")
     training_gpus = config.nodes * config.gpus_per_node
@@ -269,7 +278,7 @@ def plan_launch(config: LaunchConfig, recipe: Recipe) -> LaunchPlan:
     elif config.critic_nodes is not None or config.critic_gpus_per_node is not None:
         raise LaunchError(f"--algo {config.algorithm} has no critic; the critic's placement is for --algo ppo")
     args += image_flags(recipe)
-    if config.is_correction:
+    if config.is_correction or config.partial_rollout:  # a paused turn mixes two policies' tokens: correct for it
         args += list(IS_CORRECTION_FLAGS)
     if config.max_new_tokens is not None:
         args += ["--rollout.max_new_tokens", str(config.max_new_tokens)]
@@ -282,6 +291,8 @@ def plan_launch(config: LaunchConfig, recipe: Recipe) -> LaunchPlan:
             args += ["--vllm.gpu_memory_utilization", str(config.vllm_gpu_memory_utilization or 0.6)]
     else:
         args += ["--train.async_enable", "--train.colocate_actor_ref"]
+        if config.partial_rollout:
+            args += ["--train.partial_rollout_enable"]
         if config.vllm_gpu_memory_utilization is not None:
             args += ["--vllm.gpu_memory_utilization", str(config.vllm_gpu_memory_utilization)]
     if config.device == "cpu":  # not nccl: OpenRLHF then broadcasts over its sync group (gloo, bridged), not CUDA IPC
