@@ -3,7 +3,11 @@
 Three kinds of span: the prompt (rendered and tokenized once), actions (token ids exactly as the policy
 generated them, loss mask 1, with their logprobs when the engine gave them) and observations (feedback text
 tokenized on its own, loss mask 0). Action ranges follow OpenRLHF's convention: half-open `(start, end)`
-indices into the full token list. A prompt or an observation may carry images: their placeholder tokens are
+indices into the full token list, one per generation. Every action span may carry the policy (weight) version
+its tokens were sampled with (`Span.version`; None where the engine tracks none): a generation whose tokens span
+a weight update is appended as consecutive action spans, split where the version changes, with its ids, loss mask
+and logprobs as they would be unsplit; `action_ranges` reads adjacent action spans as the one generation they
+are. A prompt or an observation may carry images: their placeholder tokens are
 appended expanded, as the model's processor expands them (what training sees), and `images` records each
 image's span and source (`agent_protocol.images`); `engine_ids` gives the same stream with each run of pads
 collapsed to one, the prompt an engine that expands images itself (vLLM) takes. This module knows token ids
@@ -20,15 +24,55 @@ import msgspec
 
 from agent_protocol.images import ImageSpan, collapse_image_pads
 
-__all__ = ["ImageSpan", "Span", "SpanKind", "TokenTranscript", "TranscriptRecord"]
+__all__ = ["ImageSpan", "Span", "SpanKind", "TokenTranscript", "TranscriptRecord", "action_ranges", "version_runs"]
 
 SpanKind = Literal["prompt", "action", "observation"]
 
 
-class Span(msgspec.Struct, frozen=True, kw_only=True):
+def action_ranges(spans: Sequence[Span]) -> list[tuple[int, int]]:
+    """Half-open `(start, end)` index pairs of every generation, in OpenRLHF's convention: adjacent action spans
+    (one generation split where its policy version changed) are one range, so the ranges, and the loss mask
+    they give, are the same with and without versions."""
+    ranges: list[tuple[int, int]] = []
+    previous: Span | None = None
+    for span in spans:
+        if span.kind == "action":
+            if previous is not None and previous.kind == "action" and ranges and ranges[-1][1] == span.start:
+                ranges[-1] = (ranges[-1][0], span.end)
+            else:
+                ranges.append((span.start, span.end))
+        previous = span
+    return ranges
+
+
+def version_runs(versions: Sequence[int], count: int) -> list[tuple[int, int, int]]:
+    """`(start, end, version)` of each run of equal versions in `versions` (one per generated id, non-decreasing
+    ints >= 0), relative to the generation; `count` is its number of ids. Raises ValueError for anything else."""
+    if len(versions) != count:
+        raise ValueError(f"got {len(versions)} policy versions for {count} generated tokens")
+    starts: list[int] = []
+    previous = -1
+    for position, version in enumerate(versions):
+        if type(version) is not int or version < 0:
+            raise ValueError(f"policy version {position} is {version!r}, not an int >= 0")
+        if version < previous:
+            raise ValueError(f"policy version {position} is {version}, below the {previous} before it")
+        if version != previous:
+            starts.append(position)
+            previous = version
+    ends = [*starts[1:], count] if starts else []
+    return [(start, end, versions[start]) for start, end in zip(starts, ends, strict=True)]
+
+
+class Span(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A half-open run of a transcript's ids. `version`: the policy (weight) version an action span's tokens were
+    sampled with (None: untracked, and always None on a prompt or an observation); left out of the wire format
+    when None, so an untracked record encodes as it did before the field."""
+
     kind: SpanKind
     start: int
     end: int
+    version: int | None = None
 
 
 class TranscriptRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -43,7 +87,8 @@ class TranscriptRecord(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def action_ranges(self) -> list[tuple[int, int]]:
-        return [(s.start, s.end) for s in self.spans if s.kind == "action"]
+        """One half-open `(start, end)` per generation (adjacent action spans merged, see `action_ranges`)."""
+        return action_ranges(self.spans)
 
 
 class TokenTranscript:
@@ -60,13 +105,13 @@ class TokenTranscript:
         return len(self.ids)
 
     def __repr__(self) -> str:
-        actions = sum(1 for s in self.spans if s.kind == "action")
+        actions = len(self.action_ranges)
         return f"TokenTranscript(tokens={len(self.ids)}, actions={actions})"
 
     @property
     def action_ranges(self) -> list[tuple[int, int]]:
-        """Half-open `(start, end)` index pairs of every action, in OpenRLHF's convention."""
-        return [(s.start, s.end) for s in self.spans if s.kind == "action"]
+        """Half-open `(start, end)` index pairs of every generation, in OpenRLHF's convention (`action_ranges`)."""
+        return action_ranges(self.spans)
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -88,13 +133,27 @@ class TokenTranscript:
             raise ValueError("the prompt comes first; after an action, append observations instead")
         return self._append("prompt", ids, mask=0, logprobs=None, images=images)
 
-    def append_action(self, ids: Sequence[int], logprobs: Sequence[float] | None = None) -> Span:
-        """Append generated ids exactly as sampled. `logprobs`, when given, has one value per id."""
+    def append_action(
+        self, ids: Sequence[int], logprobs: Sequence[float] | None = None, *, versions: Sequence[int] | None = None
+    ) -> Span:
+        """Append generated ids exactly as sampled. `logprobs`, when given, has one value per id; so has
+        `versions` (the policy version each id was sampled with, non-decreasing ints >= 0), and the ids are then
+        one action span per run of equal versions (an empty generation: one span, of its version if given). Returns
+        the last span appended. Raises ValueError, appending nothing, for logprobs or versions that do not fit."""
         if not self.spans:
             raise ValueError("an action needs a prompt before it")
         if logprobs is not None and len(logprobs) != len(ids):
             raise ValueError(f"got {len(logprobs)} logprobs for {len(ids)} generated tokens")
-        return self._append("action", ids, mask=1, logprobs=logprobs)
+        if versions is None:
+            return self._append("action", ids, mask=1, logprobs=logprobs)
+        runs = version_runs(versions, len(ids))
+        if len(runs) <= 1:
+            return self._append("action", ids, mask=1, logprobs=logprobs, version=runs[0][2] if runs else None)
+        start = len(self.ids)
+        self._append("action", ids, mask=1, logprobs=logprobs)  # checked and appended once, then split
+        del self.spans[-1]
+        self.spans.extend(Span(kind="action", start=start + a, end=start + b, version=v) for a, b, v in runs)
+        return self.spans[-1]
 
     def append_observation(self, ids: Sequence[int], *, images: Sequence[ImageSpan] = ()) -> Span:
         """Append feedback ids (tool results, next turn header), tokenized on their own; `images` are the spans
@@ -130,6 +189,7 @@ class TokenTranscript:
         mask: int,
         logprobs: Sequence[float] | None,
         images: Sequence[ImageSpan] = (),
+        version: int | None = None,
     ) -> Span:
         for image in images:
             if not 0 <= image.start < image.end <= len(ids):
@@ -148,6 +208,6 @@ class TokenTranscript:
         count = len(self.ids) - start
         self.loss_mask.extend([mask] * count)
         self.logprobs.extend(logprobs if logprobs is not None else [None] * count)
-        span = Span(kind=kind, start=start, end=len(self.ids))
+        span = Span(kind=kind, start=start, end=len(self.ids), version=version)
         self.spans.append(span)
         return span

@@ -307,11 +307,12 @@ class Conversation:
     def accept(self, generation: Generation, *, call_id_prefix: str, summary: bool = False) -> Reply:
         """Append the generated ids exactly as sampled, then read them: decode (or take the engine's exact text),
         parse, record the parse issues as errors and the assistant message. A summary turn (`summary=True`) is a
-        generation but not a turn, and its message keeps no tool calls (nothing runs them)."""
+        generation but not a turn, and its message keeps no tool calls (nothing runs them). Ids that carry policy
+        versions are one action span per version (`TokenTranscript.append_action`)."""
         self.generations += 1
         if not summary:
             self.turns += 1
-        self.transcript.append_action(generation.ids, generation.logprobs)
+        self.transcript.append_action(generation.ids, generation.logprobs, versions=generation.versions)
         ended_by = self._turn_ends.get(generation.ids[-1]) if generation.ids else None
         closed = ended_by is not None
         self.turn_closed, self.ended_by = closed, ended_by

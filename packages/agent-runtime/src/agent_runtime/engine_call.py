@@ -14,7 +14,8 @@ says its own code (``engine_error``, ``engine_bad_output``, ``engine_timeout``);
 own cancellation and `KeyboardInterrupt` propagate (`agent_env.containment`). Retries belong to the engines that
 can retry (the HTTP engine retries what is worth retrying, within its own deadline). A context with images goes to
 an engine that takes them (`LLMEngine.accepts_images`), with them; a text-only engine gets no call, and the failure
-says why.
+says why. A generation's policy versions, when the engine tags them, are checked here whatever the engine
+(`check_versions`: one per id, ints >= 0, never decreasing), so wrong ones are ``engine_bad_output``.
 This module knows engines and codes, not sessions or HTTP.
 """
 
@@ -27,7 +28,7 @@ import structlog
 
 from agent_env import deadline
 from agent_runtime.boundary import boundary
-from agent_runtime.engines.base import Generation, LLMEngine, SamplingParams
+from agent_runtime.engines.base import Generation, LLMEngine, SamplingParams, check_versions
 from agent_runtime.engines.session_key import session_key
 from agent_runtime.errors import EngineError, EngineErrorCode
 
@@ -63,8 +64,12 @@ async def call_engine(
             with session_key(session):
                 async with deadline(timeout_s):  # asyncio.timeout's behaviour, without a timer per call
                     if images:
-                        return await engine.generate(prompt_ids, sampling, images=images)
-                    return await engine.generate(prompt_ids, sampling)
+                        generation = await engine.generate(prompt_ids, sampling, images=images)
+                    else:
+                        generation = await engine.generate(prompt_ids, sampling)
+            if generation.versions is not None:  # whatever engine tagged them: never record a wrong version
+                check_versions(engine.name, generation.versions, len(generation.ids))
+            return generation
         except TimeoutError:
             logger.warning("engine_timed_out", engine=engine.name, timeout_s=timeout_s)
             return EngineFailure(code="engine_timeout", message=f"{engine.name} did not answer within {timeout_s} s")

@@ -56,9 +56,12 @@ class RunResult(msgspec.Struct, frozen=True, kw_only=True):
     events: list[Event] = msgspec.field(default_factory=list)
 
     @classmethod
-    def of(cls, session: AgentSession, events: list[Event] | None = None) -> RunResult:
-        """The result of `session`'s finished episode (what its `FinalEvent` says, and its trajectory)."""
-        trajectory = session.record()
+    def of(
+        cls, session: AgentSession, events: list[Event] | None = None, *, policy_version: int | None = None
+    ) -> RunResult:
+        """The result of `session`'s finished episode (what its `FinalEvent` says, and its trajectory, built with
+        the engine's `policy_version`)."""
+        trajectory = session.record(policy_version=policy_version)
         return cls(
             final_answer=session.final_answer,
             stop_reason=session.stop_reason,
@@ -189,7 +192,7 @@ class AgentRuntime:
         final = events[-1] if events else None
         if not isinstance(final, FinalEvent):
             raise RuntimeError("internal error: an episode stream ended without a FinalEvent")
-        return RunResult.of(session, events if keep_events else [])
+        return RunResult.of(session, events if keep_events else [], policy_version=self.engine.policy_version)
 
     async def run_many(
         self, prompts: Sequence[str | Sequence[MessageLike]], *, tasks: Sequence[Mapping[str, Any]] | None = None
@@ -214,7 +217,7 @@ class AgentRuntime:
         session.task = dict(task or {})
         await session.fail("invalid_prompt", failed.message)
         logger.warning("episode_not_started", error_type=type(failed.exception).__name__, error=failed.message)
-        return RunResult.of(session)
+        return RunResult.of(session, policy_version=self.engine.policy_version)
 
 
 def _step_events(session: AgentSession, outcome: StepOutcome, generation: Generation) -> list[Event]:

@@ -444,8 +444,9 @@ class AgentSession:
             timings["render_s"] = self.conversation.render_s
         return timings
 
-    def record(self) -> Trajectory:
-        """The episode as a `Trajectory` (serving logs it, training consumes it)."""
+    def record(self, *, policy_version: int | None = None) -> Trajectory:
+        """The episode as a `Trajectory` (serving logs it, training consumes it); `policy_version`: the engine's
+        now (`LLMEngine.policy_version`), which the session does not know."""
         conversation = self.conversation
         return build_trajectory(
             episode_id=self.episode_id,
@@ -462,4 +463,5 @@ class AgentSession:
             errors=self.errors,
             timings=self._timings(),
             task=self.task,
+            policy_version=policy_version,
         )

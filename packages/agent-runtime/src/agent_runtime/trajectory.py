@@ -5,7 +5,13 @@ logprobs and action ranges, the rewards and their breakdown, timings and errors.
 line (`TrajectoryWriter`, `read_trajectories`). New fields get defaults and go at the end: stored trajectories
 are a wire format. `build_trajectory` is the one place a record is made (agent mode's session, a tools-mode
 request, an agent program's episode): it counts the usage from the segments and takes the reward from the
-breakdown, the same way for all three. This module knows records only; it runs nothing.
+breakdown, the same way for all three.
+
+Policy versions: an engine that tracks them (`LLMEngine.policy_version`) tags each action span with the version
+its tokens were sampled with; the record keeps the distinct versions its tokens carry (`policy_versions`), the
+engine's version when it was built (`policy_version`), and their difference (`staleness`: how many updates the
+oldest token is behind). A record from an engine that tracks none, or from before versions, has neither. This
+module knows records only; it runs nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ __all__ = [
     "TrajectoryWriter",
     "Usage",
     "build_trajectory",
+    "policy_versions_of",
     "read_trajectories",
     "usage_of",
 ]
@@ -56,6 +63,9 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
+    """One episode's record (the module docstring). `policy_versions`: the distinct policy versions of its action
+    tokens, sorted (empty: untracked); `policy_version`: the engine's version when the record was built."""
+
     episode_id: str
     protocol: str
     messages: list[Message]
@@ -71,10 +81,20 @@ class Trajectory(msgspec.Struct, frozen=True, kw_only=True):
     usage: Usage = msgspec.field(default_factory=Usage)
     timings: dict[str, float] = msgspec.field(default_factory=dict)
     task: dict[str, Any] = msgspec.field(default_factory=dict)
+    policy_versions: list[int] = msgspec.field(default_factory=list)
+    policy_version: int | None = None
 
     @property
     def last_segment(self) -> TranscriptRecord:
         return self.segments[-1]
+
+    @property
+    def staleness(self) -> int | None:
+        """How many policy versions the oldest sampled token is behind the engine's version when the record was
+        built (0: every token from the current policy); None when either is unknown."""
+        if self.policy_version is None or not self.policy_versions:
+            return None
+        return self.policy_version - self.policy_versions[0]
 
 
 class _Segment(Protocol):
@@ -96,6 +116,11 @@ def usage_of(segments: Iterable[_Segment], *, generations: int) -> Usage:
     return Usage(prompt_tokens=total - completion, completion_tokens=completion, generations=generations)
 
 
+def policy_versions_of(segments: Iterable[_Segment]) -> list[int]:
+    """The distinct policy versions the action spans of `segments` carry, sorted (empty when none does)."""
+    return sorted({s.version for segment in segments for s in segment.spans if s.version is not None})
+
+
 def build_trajectory(
     *,
     episode_id: str,
@@ -112,9 +137,11 @@ def build_trajectory(
     errors: Sequence[EpisodeError] = (),
     timings: Mapping[str, float] | None = None,
     task: Mapping[str, Any] | None = None,
+    policy_version: int | None = None,
 ) -> Trajectory:
     """The record of one episode or request (see the module docstring): `usage` counted from `segments` and
-    `generations`, `reward` the breakdown's total (0 unscored). Copies the sequences it is given."""
+    `generations`, `reward` the breakdown's total (0 unscored), `policy_versions` read from the segments' spans;
+    `policy_version` is the engine's now (`LLMEngine.policy_version`). Copies the sequences it is given."""
     return Trajectory(
         episode_id=episode_id,
         protocol=protocol,
@@ -131,6 +158,8 @@ def build_trajectory(
         usage=usage_of(segments, generations=generations),
         timings=dict(timings or {}),
         task=dict(task) if task is not None else {},
+        policy_versions=policy_versions_of(segments),
+        policy_version=policy_version,
     )
 
 

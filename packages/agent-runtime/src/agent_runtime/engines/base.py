@@ -27,6 +27,8 @@ __all__ = [
     "LLMEngine",
     "PromptView",
     "SamplingParams",
+    "check_versions",
+    "checked_policy_version",
     "plain_ids",
     "tokenizer_vocab_size",
     "validate_generation",
@@ -66,13 +68,16 @@ class Generation(msgspec.Struct, frozen=True, kw_only=True):
     text, one logprob per id (None when the engine gave none) and why generation stopped. `exact_text` says the
     text is exactly the engine tokenizer's decode of the ids, special tokens kept, so a conversation on the same
     tokenizer reads it instead of decoding again (`AgentRuntime` clears it for a session with a tokenizer of its
-    own); an engine whose text comes from elsewhere (a server's detokenizer) leaves it False."""
+    own); an engine whose text comes from elsewhere (a server's detokenizer) leaves it False. `versions`: the
+    policy (weight) version each id was sampled with, one per id, non-decreasing ints >= 0 (None: the engine
+    tracks no versions); a generation that an update landed in the middle of holds two or more."""
 
     ids: list[int]
     text: str
     logprobs: list[float] | None
     finish_reason: FinishReason
     exact_text: bool = False
+    versions: list[int] | None = None
 
 
 class PromptView(Sequence[int]):
@@ -146,6 +151,10 @@ class LLMEngine(ABC):
     stop_token_ids: tuple[int, ...]
     #: whether `generate` takes `images` (a vision-language model behind an engine that passes them on)
     accepts_images: bool = False
+    #: the policy (weight) version the engine samples with now; None: it tracks none. An engine that tracks
+    #: versions tags every generated id with the version it was sampled with (`Generation.versions`), and the
+    #: version only grows (`checked_policy_version`)
+    policy_version: int | None = None
 
     @abstractmethod
     async def generate(
@@ -217,14 +226,15 @@ def validate_generation(
     finish_reason: object,
     max_tokens: int,
     vocab_size: int | None,
+    versions: object = None,
 ) -> Generation:
     """Check what a backend answered and build the `Generation`, its text decoded from the ids here (so exact).
 
     `ids` must be a list of plain ints (not bools, floats or strings) in `[0, vocab_size)`, at most
     `max_tokens` of them; `logprobs` None or one finite float per id, none above 0; `finish_reason` one of
-    `FinishReason`. A violation raises `EngineBadOutput` naming the first bad value; a finish reason of
-    `"error"` (vLLM's retryable internal failure) raises `EngineError`. `vocab_size=None` checks only that ids
-    are not negative."""
+    `FinishReason`; `versions` None or one policy version per id (`check_versions`). A violation raises
+    `EngineBadOutput` naming the first bad value; a finish reason of `"error"` (vLLM's retryable internal
+    failure) raises `EngineError`. `vocab_size=None` checks only that ids are not negative."""
     if not isinstance(ids, list):
         raise EngineBadOutput(f"{engine}: the token ids are a {type(ids).__name__}, not a list")
     if len(ids) > max_tokens:
@@ -256,4 +266,41 @@ def validate_generation(
     finish = _FINISH_REASONS.get(finish_reason) if isinstance(finish_reason, str) else None
     if finish is None:
         raise EngineBadOutput(f"{engine}: unknown finish reason {finish_reason!r}")
-    return Generation(ids=ids, text=tokenizer.decode(ids), logprobs=checked, finish_reason=finish, exact_text=True)
+    return Generation(
+        ids=ids,
+        text=tokenizer.decode(ids),
+        logprobs=checked,
+        finish_reason=finish,
+        exact_text=True,
+        versions=check_versions(engine, versions, len(ids)),
+    )
+
+
+def check_versions(engine: str, versions: object, count: int) -> list[int] | None:
+    """`versions` (an engine's `Generation.versions`) checked for a generation of `count` ids: None, or a list
+    of one plain int >= 0 per id, never decreasing. A violation raises `EngineBadOutput` naming the first bad
+    value: a record must never say a token came from a policy it did not."""
+    if versions is None:
+        return None
+    if not isinstance(versions, list):
+        raise EngineBadOutput(f"{engine}: the policy versions are a {type(versions).__name__}, not a list")
+    if len(versions) != count:
+        raise EngineBadOutput(f"{engine}: {len(versions)} policy versions for {count} ids")
+    previous = 0
+    for position, version in enumerate(versions):
+        if type(version) is not int or version < 0:
+            raise EngineBadOutput(f"{engine}: policy version {position} is {version!r}, not an int >= 0")
+        if version < previous:
+            raise EngineBadOutput(f"{engine}: policy version {position} is {version}, below the {previous} before it")
+        previous = version
+    return versions
+
+
+def checked_policy_version(engine: str, version: object, current: int | None) -> int:
+    """`version` as an engine's new `policy_version`: a plain int >= 0, not below `current` (versions only grow:
+    a record's staleness is current minus oldest). Raises ValueError otherwise."""
+    if type(version) is not int or version < 0:
+        raise ValueError(f"{engine}: a policy version is an int >= 0, got {version!r}")
+    if current is not None and version < current:
+        raise ValueError(f"{engine}: policy version {version} is below the current {current}; versions only grow")
+    return version

@@ -42,6 +42,14 @@ Attention: a text model on transformers' ``sdpa`` with grouped key/value heads (
 copying the KV cache per layer and step (`gqa_sdpa` says whether it was). A trainer that shares the model uses it
 too: the same forward values, gradients within float rounding.
 
+Policy versions: the engine starts at `policy_version` 0 (the weights it was given) and a trainer that changes them
+says so with `set_policy_version(v)` once the new weights are in place (the local trainer after each optimizer
+step; versions only grow). Every generated id carries the version current when the forward pass that produced its
+logits began (`Generation.versions`), read once per decode step, so a generation that an update lands in the middle
+of is tagged per token, the change at the first step computed after it. The engine cannot tell whether the weights
+really changed between two steps (a trainer writing them while a forward pass runs gets no consistent numbers
+either): the trainer changes the weights between steps, then sets the version.
+
 Images: a Qwen2-VL-style vision-language model (Qwen2.5-VL in transformers) loaded with its directory's image
 processor has `accepts_images`; `generate(prompt_ids, sampling, images=...)` then takes the prompt with each
 image's pads expanded and the images' references in pad order (`LLMEngine`'s contract). `hf_vision.VisionInputs`
@@ -71,7 +79,7 @@ from typing import Any, TypedDict, Unpack
 import structlog
 
 from agent_protocol import HFTokenizer, Tokenizer, TransformersTokenizer, load_tokenizer
-from agent_runtime.engines.base import Generation, LLMEngine, SamplingParams
+from agent_runtime.engines.base import Generation, LLMEngine, SamplingParams, checked_policy_version
 from agent_runtime.engines.hf_attention import use_gqa_sdpa
 from agent_runtime.engines.hf_batching import JOIN_RATIO, JOIN_WAIT_STEPS, FixedBatch, HFBatching, fail_requests
 from agent_runtime.engines.hf_decode import Request, new_cache
@@ -195,6 +203,9 @@ class HFEngine(HFBatching, LLMEngine):
         #: the most key/value positions a forward pass held: its rows x its positions (padding included)
         self.peak_batch_tokens = 0
         self.abandoned_requests = 0  # requests that left their batch because their caller stopped waiting
+        #: the weights' version, on every id generated from now on (`set_policy_version`; the module docstring)
+        self.policy_version: int = 0
+        self._forward_version = 0  # the version read as the latest forward pass began (the decode loop's)
         self._parameters = list(model.parameters())
         self._weights_seen: tuple[tuple[int, int], ...] | None = self._weights_version()
         self._queue: queue.SimpleQueue[Request | FixedBatch | None] = queue.SimpleQueue()
@@ -364,6 +375,11 @@ class HFEngine(HFBatching, LLMEngine):
     def _sent(self) -> None:
         with self._lock:
             self._sending -= 1
+
+    def set_policy_version(self, version: int) -> None:
+        """The weights are now policy `version` (an int >= 0, never below the current one): every token from a
+        forward pass that begins after this call carries it. Call it once the new weights are in place."""
+        self.policy_version = checked_policy_version(self.name, version, self.policy_version)
 
     def clear_prefix_cache(self) -> None:
         """Forget every kept sequence, from the worker thread before its next batch (for a change of weights the

@@ -88,6 +88,7 @@ class Row:
     generator: torch.Generator | None
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # the policy version of each id (`HFEngine.policy_version`)
     finish: FinishReason = "length"
     done: bool = False
 
@@ -112,6 +113,8 @@ class HFDecodeLoop:
     peak_batch_tokens: int
     abandoned_requests: int
     batch_sizes: collections.Counter[int]
+    policy_version: int
+    _forward_version: int
     _cache_kwarg: str
     _abort: threading.Event
 
@@ -201,6 +204,7 @@ class HFDecodeLoop:
         is done is kept (prefix cache) and answered now. Returns the token of each row (0 for a row that was
         already done: it keeps the batch rectangular, its output is ignored)."""
         live = [at for at, row in enumerate(rows) if not row.done]
+        version = self._forward_version  # these logits' forward pass: `_logits` read it as the pass began
         greedy = logits.argmax(-1).tolist() if any(rows[at].generator is None for at in live) else []
         tokens = [0] * len(rows)
         drawn = [at for at in live if rows[at].generator is not None]
@@ -224,6 +228,7 @@ class HFDecodeLoop:
         for at in live:
             row, token = rows[at], tokens[at]
             row.ids.append(token)
+            row.versions.append(version)
             if token in row.stops:
                 row.done, row.finish = True, "stop"
             elif len(row.ids) >= row.request.budget:
@@ -239,6 +244,7 @@ class HFDecodeLoop:
                         logprobs=row.logprobs if row.request.sampling.logprobs else None,
                         finish_reason=row.finish,
                         exact_text=True,
+                        versions=row.versions,
                     ),
                 )
         return tokens
@@ -300,7 +306,9 @@ class HFDecodeLoop:
         cache: Any,
         extra: dict[str, torch.Tensor],
     ) -> torch.Tensor:
-        """One forward step: the last position's logits of each row, in float32 (rows x vocab)."""
+        """One forward step: the last position's logits of each row, in float32 (rows x vocab). The policy version
+        as it begins is what the ids sampled from these logits carry (`_advance`)."""
+        self._forward_version = self.policy_version
         self.peak_batch_tokens = max(self.peak_batch_tokens, mask.shape[0] * mask.shape[1])
         inputs = {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions, "use_cache": True}
         inputs[self._cache_kwarg] = cache  # the stock models `hf_head` allows pass it on to their backbone by name

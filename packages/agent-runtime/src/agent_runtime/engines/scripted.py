@@ -7,6 +7,11 @@ ids (used as is), or an exception instance (raised, to test a dead engine). A `p
 instead, to answer each prompt by looking at it (for many concurrent episodes); an `image_policy` also looks at
 the call's images (their references, in pad order), as a vision-language model is given pixels with its ids.
 
+Policy versions: `policy_version` (None by default: untracked; `set_policy_version` moves it) tags every id of a
+completion, as an engine that tracks versions would. `versions` replays them instead, one entry per call in order:
+a list of one version per id of the step (cut with the ids when a stop token or the budget cuts the completion;
+a list of another length passes as it is, for tests of bad engine output), or None for the current version.
+
 `calls` records every prompt received, for assertions: a `PromptView` as it came (O(1): views never change), any
 other sequence copied. `record=False` keeps nothing (benchmarks, long runs whose memory should not grow).
 """
@@ -17,7 +22,7 @@ import asyncio
 from collections.abc import Callable, Iterable, Sequence
 
 from agent_protocol import Tokenizer
-from agent_runtime.engines.base import Generation, LLMEngine, PromptView, SamplingParams
+from agent_runtime.engines.base import Generation, LLMEngine, PromptView, SamplingParams, checked_policy_version
 from agent_runtime.errors import EngineError
 
 __all__ = ["ImagePolicy", "ScriptStep", "ScriptedEngine"]
@@ -43,6 +48,8 @@ class ScriptedEngine(LLMEngine):
         logprob: float | None = None,
         delay_s: float = 0.0,
         record: bool = True,
+        policy_version: int | None = None,
+        versions: Iterable[Sequence[int] | None] = (),
     ) -> None:
         self.tokenizer = tokenizer
         self.context_length = context_length
@@ -58,12 +65,19 @@ class ScriptedEngine(LLMEngine):
         self._logprob = logprob
         self._delay_s = delay_s
         self._record = record
+        if policy_version is not None:
+            self.policy_version = checked_policy_version(self.name, policy_version, None)
+        self._versions = [None if v is None else list(v) for v in versions]
         self.calls: list[Sequence[int]] = []  # every prompt received, for assertions (when recording)
         self.images_seen: list[tuple[str, ...]] = []  # the images of each call (when recording)
 
     @property
     def remaining(self) -> int:
         return len(self._script)
+
+    def set_policy_version(self, version: int) -> None:
+        """Tag the completions from now on with `version` (never below the current one)."""
+        self.policy_version = checked_policy_version(self.name, version, self.policy_version)
 
     def _prepare(self, step: ScriptStep) -> list[int] | BaseException:
         if isinstance(step, BaseException):
@@ -107,4 +121,12 @@ class ScriptedEngine(LLMEngine):
             logprobs=logprobs,
             finish_reason="stop" if finish == "stop" else "length",
             exact_text=True,
+            versions=self._tags(len(step), len(ids)),
         )
+
+    def _tags(self, scripted: int, kept: int) -> list[int] | None:
+        """The versions of a completion of `scripted` ids cut to `kept`: the next replayed ones, else the current."""
+        replayed = self._versions.pop(0) if self._versions else None
+        if replayed is not None:
+            return replayed[:kept] if len(replayed) == scripted else replayed
+        return None if self.policy_version is None else [self.policy_version] * kept

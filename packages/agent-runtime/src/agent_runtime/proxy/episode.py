@@ -176,6 +176,7 @@ async def _trajectory(
         tool_calls=sum(len(step.action.tool_calls) for step in steps),
         errors=errors,
         task={**row, "agent_program": program},
+        policy_version=engine.policy_version,
     )
 
 

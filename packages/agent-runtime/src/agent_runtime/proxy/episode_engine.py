@@ -38,6 +38,10 @@ class EpisodeEngine(LLMEngine):
         self.calls = 0
         self.exhausted = False
 
+    @property
+    def policy_version(self) -> int | None:  # type: ignore[override]  # the engine's, as it moves
+        return self.engine.policy_version
+
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, images: Sequence[str] = ()
     ) -> Generation:

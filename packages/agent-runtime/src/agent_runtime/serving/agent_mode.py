@@ -196,7 +196,7 @@ class _Episode:
             session.record_error("client_disconnected", "the client went away")
         self.backend.metrics.episodes += 1
         self.backend.metrics.generated_tokens += session.usage().completion_tokens
-        self.backend.record(session.record())
+        self.backend.record(session.record(policy_version=self.backend.engine.policy_version))
 
 
 def _usage(usage: Usage) -> CompletionUsage:

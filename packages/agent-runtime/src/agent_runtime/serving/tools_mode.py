@@ -267,6 +267,7 @@ class _Turn:
                 errors=conversation.errors,
                 timings={"generate_s": self.generate_s, "total_s": time.perf_counter() - self.started},
                 task={"mode": "tools", "prepared": self.prepared},
+                policy_version=self.backend.engine.policy_version,
             )
         )
 
