@@ -19,8 +19,11 @@ episode that `ended_by_budget` (SUPO's over-long rollouts, masked from the loss 
 each key over the batch and rejects a key that some samples lack): counts of turns, generations, tool calls,
 compactions and errors by code, whether the episode gave a final answer, the action tokens of the last segment
 (`agent_trained_tokens`) and of the earlier ones (`agent_untrained_tokens`: trained too where the segment
-extension or the local trainer runs), and each reward strategy's unweighted score. This module knows
-trajectories and numbers; it runs nothing.
+extension or the local trainer runs), each reward strategy's unweighted score, and the policy versions the
+episode's tokens were sampled with (`VERSION_KEYS`: the oldest, the newest, and the staleness, the engine's version
+when the record was built minus the oldest; all three -1.0 when the engine tracks no versions, since every key must
+be present for every sample, and a real version or staleness is never negative). This module knows trajectories
+and numbers; it runs nothing.
 """
 
 from __future__ import annotations
@@ -39,15 +42,18 @@ from agent_runtime import Trajectory
 __all__ = [
     "BUDGET_STOPS",
     "ERROR_CODES",
+    "VERSION_KEYS",
     "RolloutSample",
     "SampleFields",
     "action_logprobs",
+    "action_versions",
     "ended_by_budget",
     "extra_log_keys",
     "extra_logs",
     "mean_logs",
     "sample_from_trajectory",
     "segment_samples",
+    "version_logs",
 ]
 
 ERROR_CODES: Final[tuple[str, ...]] = tuple(sorted(code for code in OUTCOME_ERROR_CODES if code != "output_truncated"))
@@ -66,6 +72,9 @@ _COUNTS: Final = (
     "agent_untrained_tokens",
     "agent_errors",
 )
+
+VERSION_KEYS: Final[tuple[str, ...]] = ("policy_version_min", "policy_version_max", "staleness")
+"""The `extra_logs` keys of an episode's policy versions (-1.0 each when untracked; see the module docstring)."""
 
 
 class RolloutSample(msgspec.Struct, frozen=True, kw_only=True):
@@ -118,6 +127,7 @@ def extra_log_keys(rewards: RewardPipeline | None) -> list[str]:
         *(f"agent_error_{code}" for code in ERROR_CODES),
         "agent_error_other",
         *(f"agent_reward_{_key(name)}" for name in _reward_names(rewards)),
+        *VERSION_KEYS,
     ]
 
 
@@ -141,7 +151,19 @@ def extra_logs(trajectory: Trajectory, rewards: RewardPipeline | None) -> dict[s
         for name in _reward_names(rewards):
             score = breakdown.result.get(name, breakdown.process.get(name, 0.0))
             logs[f"agent_reward_{_key(name)}"] = float(score)
+    logs.update(version_logs(trajectory))
     return logs
+
+
+def version_logs(trajectory: Trajectory) -> dict[str, float]:
+    """The episode's `VERSION_KEYS`: its oldest and newest token's policy version and its staleness; -1.0 for what
+    is unknown (an engine that tracks no versions; a staleness without the engine's current version)."""
+    versions, staleness = trajectory.policy_versions, trajectory.staleness
+    return {
+        "policy_version_min": float(versions[0]) if versions else -1.0,
+        "policy_version_max": float(versions[-1]) if versions else -1.0,
+        "staleness": float(staleness) if staleness is not None else -1.0,
+    }
 
 
 def ended_by_budget(trajectory: Trajectory, *, truncated: bool) -> bool:
@@ -201,6 +223,16 @@ def action_logprobs(segment: TranscriptRecord) -> list[float]:
         float(lp) if mask and lp is not None else 0.0
         for lp, mask in zip(segment.logprobs, segment.loss_mask, strict=True)
     ]
+
+
+def action_versions(segment: TranscriptRecord) -> list[int]:
+    """One policy version per token of `segment`: its action span's for an action token, -1 for every other token
+    and for an action token whose engine tracked none (as `action_logprobs` puts 0.0 where there is no logprob)."""
+    versions = [-1] * len(segment.ids)
+    for span in segment.spans:
+        if span.kind == "action" and span.version is not None:
+            versions[span.start : span.end] = [span.version] * (span.end - span.start)
+    return versions
 
 
 def _record(

@@ -91,6 +91,14 @@ class LockstepEngine(LLMEngine):
     def __getattr__(self, name: str) -> Any:  # the engine's counters and settings (batch_sizes, max_batch_size...)
         return getattr(self.engine, name)
 
+    @property
+    def policy_version(self) -> int:  # type: ignore[override]  # the engine's, not the base class's None
+        return self.engine.policy_version
+
+    def set_policy_version(self, version: int) -> None:
+        """The engine's weights are now policy `version` (`HFEngine.set_policy_version`)."""
+        self.engine.set_policy_version(version)
+
     def episode[T](self, coroutine: Coroutine[Any, Any, T]) -> Coroutine[Any, Any, T]:
         """`coroutine` as an episode: registered now, in call order (its place in every wave), ended when it
         returns or raises. Register every episode of a round before awaiting any, as `gather` does: a wave goes

@@ -17,7 +17,9 @@ executor equivalence tests show that an OpenRLHF job gets the same ids, masks an
 A record also says which of its action tokens are the summary turn (`summary_ranges`: the last action of every
 segment but the last, and of the last when the episode ended on an empty summary) and whether the episode ran out
 of budget without answering (`overlong`: `agent_train.sample.ended_by_budget`, the episodes the OpenRLHF job
-masks too), so that the trainer can mask summaries (the ablation) or leave those episodes out of the loss.
+masks too), so that the trainer can mask summaries (the ablation) or leave those episodes out of the loss, and the
+policy version each token was sampled with (`versions`, -1 where none: `agent_train.sample.action_versions`), so that
+an asynchronous trainer knows how stale each token is (`Trajectory.staleness` for the episode).
 
 Seeds: episode `i` of a call samples with seed ``seed * 100_003 + i``. On a `LockstepEngine` (the local trainer's)
 every episode of a call is registered with it (`as_episode`), so the engine batches the episodes' turns in episode
@@ -38,7 +40,7 @@ import structlog
 from agent_env import describe_error, propagates
 from agent_runtime import AgentRuntime, AssistantEvent, LLMEngine, Recipe, Trajectory
 from agent_train.local.lockstep import as_episode
-from agent_train.sample import action_logprobs, ended_by_budget, extra_logs
+from agent_train.sample import action_logprobs, action_versions, ended_by_budget, extra_logs
 
 __all__ = ["ROLLOUT_BATCHING", "RolloutRecord", "Rollouts", "episode_records", "summary_ranges"]
 
@@ -75,6 +77,9 @@ class RolloutRecord(msgspec.Struct, frozen=True, kw_only=True):
     #: the episode's record, shared by its segments' records: what the trainer's trajectory log writes
     #: (`agent_train.local.trajectory_log`); the loss reads the fields above
     trajectory: Trajectory | None = None
+    #: the policy version each token was sampled with (`action_versions`: -1 outside the action tokens and where
+    #: the engine tracked none); empty for a record built without them
+    versions: list[int] = msgspec.field(default_factory=list)
 
 
 def summary_ranges(trajectory: Trajectory) -> list[list[tuple[int, int]]]:
@@ -119,6 +124,7 @@ def episode_records(
             stop_reason=trajectory.stop_reason,
             overlong=overlong,
             trajectory=trajectory,
+            versions=action_versions(segment),
         )
         for index, segment in enumerate(trajectory.segments)
     ]
