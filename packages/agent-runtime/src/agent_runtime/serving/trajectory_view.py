@@ -6,7 +6,9 @@ tokenizer is at hand, `pieces` (each token decoded on its own). Its spans, its i
 the range of its summary turn when the segment was compacted: the last action of every segment but the last (and
 of the last when the episode ended on its summary, ``compaction_failed``), as the local trainer reads it
 (`agent_train.local.rollout.summary_ranges`), marked only when the messages show a summary for each new segment
-(a context policy that drops tool results opens segments without one). The messages (tool calls with their
+(a context policy that drops tool results opens segments without one). Its spans carry each action span's policy
+version (`Span.version`, absent where untracked), and the record its versions, the engine's version when it was
+built and its staleness (None where untracked). The messages (tool calls with their
 results and images), the reward breakdown, the errors and the rest of the record come along as recorded.
 
 Images are shown only from inline ``data:`` URLs; an image the record names by a file path or ``file://`` URL is
@@ -96,6 +98,9 @@ def trajectory_view(trajectory: Trajectory, piece: Callable[[int], str] | None =
         "usage": msgspec.to_builtins(trajectory.usage),
         "timings": trajectory.timings,
         "task": trajectory.task,
+        "policy_versions": trajectory.policy_versions,
+        "policy_version": trajectory.policy_version,
+        "staleness": trajectory.staleness,
         "messages": [_message(message) for message in trajectory.messages],
         "segments": segments,
     }

@@ -2,7 +2,8 @@
 // "load more", fetches the next page from `next_offset`; the filters start over) and draws one record from
 // GET /trajectories/{id} in a pane: the reward breakdown, the errors, the messages (tool calls with their
 // results and images), then every segment's tokens, each a <span class="tok trained|context"> after its loss
-// mask (data-id, data-mask, data-logprob on it; hovering shows them), the summary turn of a compacted segment
+// mask (data-id, data-mask, data-logprob and, where tracked, data-version on it; hovering shows them), each action
+// span's policy version as a "vN" badge before its first token, the summary turn of a compacted segment
 // marked, and a boundary between segments naming the summary the next one starts from. "compare" opens a record
 // in the second pane, beside the first (the same task under another checkpoint: "same task" filters the list).
 // Plain JavaScript, no build step; text is always inserted as text, never as HTML, and only data:image URLs are
@@ -199,15 +200,38 @@
     const logprob = span.dataset.logprob === "" ? "not sampled" : span.dataset.logprob;
     const mask = span.dataset.mask === "1" ? "trained" : "context";
     const summary = span.classList.contains("summary") ? " · summary turn" : "";
-    return `token ${span.dataset.index} · id ${span.dataset.id} · piece ${piece} · logprob ${logprob} · ${mask}${summary}`;
+    const version = span.dataset.version !== undefined ? ` · policy version ${span.dataset.version}` : "";
+    return `token ${span.dataset.index} · id ${span.dataset.id} · piece ${piece} · logprob ${logprob} · ${mask}${summary}`
+      + version;
+  }
+
+  // Each token's policy version (its action span's; absent where the engine tracked none), and the action spans
+  // that carry one by their first token: a generation split by a weight update is two spans, two versions.
+  function versionsOf(segment) {
+    const versions = new Map();
+    const starts = new Map();
+    segment.spans.forEach((s) => {
+      if (s.kind !== "action" || s.version === undefined || s.version === null) return;
+      starts.set(s.start, s);
+      for (let i = s.start; i < s.end; i += 1) versions.set(i, s.version);
+    });
+    return { versions, starts };
   }
 
   function tokensElement(segment) {
     const box = element("div", "tokens");
     const images = new Map(segment.images.map((image) => [image.start, image]));
     const [summaryStart, summaryEnd] = segment.summary_range || [-1, -1];
+    const { versions, starts } = versionsOf(segment);
     const fragment = document.createDocumentFragment();
     for (let i = 0; i < segment.ids.length; i += 1) {
+      const versioned = starts.get(i);
+      if (versioned) { // a badge before the span's first token: the version its tokens were sampled with
+        const badge = element("span", "version", `v${versioned.version}`);
+        badge.dataset.version = String(versioned.version);
+        badge.title = `policy version ${versioned.version}: tokens ${versioned.start}-${versioned.end}`;
+        fragment.append(badge);
+      }
       const image = images.get(i);
       if (image && image.end > i) { // the image's pads, drawn as the image
         const span = element("span", `tok image ${segment.loss_mask[i] ? "trained" : "context"}`);
@@ -229,6 +253,7 @@
       const logprob = segment.logprobs[i];
       span.dataset.logprob = logprob === null || logprob === undefined ? "" : String(logprob);
       if (piece !== null) span.dataset.piece = piece;
+      if (versions.has(i)) span.dataset.version = String(versions.get(i));
       fragment.append(span);
     }
     box.append(fragment);
@@ -253,6 +278,13 @@
       + `${record.tool_calls} tool call(s) · ${record.compactions} compaction(s) · `
       + `${record.usage.prompt_tokens} context + ${record.usage.completion_tokens} trained tokens`;
     pane.append(element("div", "facts", facts));
+    const sampledBy = record.policy_versions || [];
+    if (sampledBy.length) { // an engine that tracks policy versions (older records have none)
+      const staleness = record.staleness === null || record.staleness === undefined ? "unknown" : record.staleness;
+      const now = record.policy_version === null || record.policy_version === undefined ? "unknown" : record.policy_version;
+      pane.append(element("div", "versions",
+        `policy versions ${sampledBy.join(", ")} · current ${now} · staleness ${staleness}`));
+    }
     if (record.final_answer !== null) pane.append(element("div", "answer", `answer: ${record.final_answer}`));
     pane.append(element("h3", null, "reward"), breakdownTable(record.breakdown, record.reward));
     if (record.errors.length) {
@@ -267,7 +299,7 @@
     pane.append(element("h3", "tokens-heading", "tokens"));
     const legend = element("div", "legend");
     legend.append(element("span", "tok trained", "trained (loss mask 1)"), element("span", "tok context", "context (0)"),
-      element("span", "tok summary", "summary turn"));
+      element("span", "tok summary", "summary turn"), element("span", "version", "vN: policy version"));
     pane.append(legend);
     record.segments.forEach((segment, index) => {
       if (index > 0) {
