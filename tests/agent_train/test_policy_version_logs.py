@@ -13,13 +13,16 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from agent_protocol import HFTokenizer
-from agent_runtime import ScriptedEngine
+from agent_runtime import AgentRuntime, ScriptedEngine
 from agent_train import extra_log_keys
 from agent_train.local.lockstep import LockstepEngine
-from agent_train.local.rollout import Rollouts
+from agent_train.local.rollout import Rollouts, summary_ranges
 from agent_train.openrlhf.executor import AgentExecutor
-from agent_train.sample import VERSION_KEYS
+from agent_train.openrlhf.segments import SEGMENTS_KEY, episode_record
+from agent_train.sample import VERSION_KEYS, segment_samples
 from agent_train.task import encode_task
+from tests.agent_runtime.test_compaction import SUMMARY
+from tests.agent_runtime.test_compaction import make as compacting_session
 from tests.agent_runtime.test_session import QUESTION, answer, call
 from tests.agent_train.conftest import calculator_recipe
 from tests.agent_train.test_executor import execute
@@ -54,6 +57,42 @@ def test_extra_logs_report_the_versions_and_staleness_and_the_records_are_unchan
         del ours["extra_logs"][key], theirs["extra_logs"][key]
     assert ours == theirs  # one action range per turn, the same ids and logprobs: OpenRLHF trains the same thing
     assert len(ours["action_ranges"]) == 2
+
+
+def test_a_summary_turn_split_by_an_update_is_still_one_summary_and_the_segments_train_the_same(
+    tokenizer: HFTokenizer,
+) -> None:
+    """A compacted episode whose summary turn an update split: the local trainer's summary range and the segment
+    extension's records (every segment, `episode_record`) are the unsplit episode's."""
+    script = [
+        tokenizer.encode(call("17 * 23")),
+        tokenizer.encode(f"{SUMMARY}<|im_end|>"),
+        tokenizer.encode(answer("391")),
+    ]
+    tool, summary, last = (len(ids) for ids in script)
+
+    def episode(versions: list[list[int]] | None) -> Any:
+        engine = ScriptedEngine(tokenizer, script, logprob=-0.5, versions=versions or ())
+        runtime = AgentRuntime(engine, compacting_session(tokenizer))
+        return asyncio.run(runtime.run(QUESTION, task={"answer": "391"})).trajectory
+
+    split = episode([[1] * tool, [1] * 5 + [2] * (summary - 5), [2] * last])
+    plain = episode(None)
+    assert split.compactions == plain.compactions == 1
+    assert [s.version for s in split.segments[0].spans if s.kind == "action"] == [1, 1, 2]  # the summary split
+    assert summary_ranges(split) == summary_ranges(plain) and summary_ranges(plain)[0] != []
+
+    def records(trajectory: Any) -> dict[str, Any]:
+        samples = segment_samples(
+            trajectory, prompt=TASK, label="391", rewards=None, with_logprobs=True, truncated=False
+        )
+        record = dict(episode_record(samples))
+        for item in [record, *record[SEGMENTS_KEY]]:
+            for key in VERSION_KEYS:
+                del item["extra_logs"][key]
+        return record
+
+    assert records(split) == records(plain)
 
 
 def test_an_engine_without_versions_reports_minus_one_through_openrlhfs_contract(
