@@ -216,6 +216,19 @@ def test_transcript_refuses_versions_that_do_not_fit_and_appends_nothing() -> No
     assert span == Span(kind="action", start=2, end=2)
 
 
+def test_only_a_split_generation_is_one_action_range() -> None:
+    """Adjacent action spans are one range only where a version change split one generation (the later span of a
+    higher version); two generations appended back to back stay two, with versions or without."""
+    transcript = TokenTranscript()
+    transcript.append_prompt([1])
+    transcript.append_action([2, 3, 4], versions=[0, 1, 1])  # split: (1, 2) v0, (2, 4) v1
+    transcript.append_action([5], versions=[1])  # another generation, same version: its own range
+    transcript.append_action([6])  # untracked, right after: its own range
+    transcript.append_action([7])
+    assert transcript.action_ranges == [(1, 4), (4, 5), (5, 6), (6, 7)]
+    assert transcript.record().action_ranges == transcript.action_ranges
+
+
 def test_a_record_from_before_versions_reads_and_an_untracked_one_writes_as_before(
     tokenizer: HFTokenizer, tmp_path: Path
 ) -> None:

@@ -6,12 +6,11 @@ tokenized on its own, loss mask 0). Action ranges follow OpenRLHF's convention: 
 indices into the full token list, one per generation. Every action span may carry the policy (weight) version
 its tokens were sampled with (`Span.version`; None where the engine tracks none): a generation whose tokens span
 a weight update is appended as consecutive action spans, split where the version changes, with its ids, loss mask
-and logprobs as they would be unsplit; `action_ranges` reads adjacent action spans as the one generation they
-are. A prompt or an observation may carry images: their placeholder tokens are
-appended expanded, as the model's processor expands them (what training sees), and `images` records each
-image's span and source (`agent_protocol.images`); `engine_ids` gives the same stream with each run of pads
-collapsed to one, the prompt an engine that expands images itself (vLLM) takes. This module knows token ids
-only; text is the protocol's business.
+and logprobs as they would be unsplit; `action_ranges` reads such spans as the one generation they are. A prompt
+or an observation may carry images: their placeholder tokens are appended expanded, as the model's processor
+expands them (what training sees), and `images` records each image's span and source (`agent_protocol.images`);
+`engine_ids` gives the same stream with each run of pads collapsed to one, the prompt an engine that expands
+images itself (vLLM) takes. This module knows token ids only; text is the protocol's business.
 """
 
 from __future__ import annotations
@@ -30,19 +29,30 @@ SpanKind = Literal["prompt", "action", "observation"]
 
 
 def action_ranges(spans: Sequence[Span]) -> list[tuple[int, int]]:
-    """Half-open `(start, end)` index pairs of every generation, in OpenRLHF's convention: adjacent action spans
-    (one generation split where its policy version changed) are one range, so the ranges, and the loss mask
-    they give, are the same with and without versions."""
+    """Half-open `(start, end)` index pairs of every generation, in OpenRLHF's convention. A generation split where
+    its policy version changed (adjacent action spans, the later of a higher version) is one range, so the ranges,
+    and the loss mask they give, are the same with and without versions."""
     ranges: list[tuple[int, int]] = []
     previous: Span | None = None
     for span in spans:
         if span.kind == "action":
-            if previous is not None and previous.kind == "action" and ranges and ranges[-1][1] == span.start:
+            if previous is not None and _continues(previous, span):
                 ranges[-1] = (ranges[-1][0], span.end)
             else:
                 ranges.append((span.start, span.end))
         previous = span
     return ranges
+
+
+def _continues(previous: Span, span: Span) -> bool:
+    """Whether action `span` is the rest of `previous`'s generation: right after it, split by a version change."""
+    return (
+        previous.kind == "action"
+        and previous.end == span.start
+        and previous.version is not None
+        and span.version is not None
+        and span.version > previous.version
+    )
 
 
 def version_runs(versions: Sequence[int], count: int) -> list[tuple[int, int, int]]:
