@@ -35,11 +35,15 @@ from agent_runtime import (
 )
 from agent_runtime.engines import make_engine
 from agent_runtime.serving import (
+    RayServeMissing,
     ServeConfig,
     ServeConfigError,
+    StoreUnavailable,
     TrajectoryFilesError,
+    check_store,
     create_app,
     create_viewer_app,
+    require_ray_serve,
 )
 
 # A model id (not a directory) without --recipe: the files its recipe is derived from, fetched from the Hub cache.
@@ -384,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_format, args.log_level)
     if args.trajectories is not None and args.model is None:
         return serve_viewer(args)
+    if (unusable := store_unusable(args.store)) is not None:
+        logger.error("startup_failed", error=unusable)
+        return 2
     if args.replicas is not None:
         return serve_on_replicas(args)
     try:
@@ -402,6 +409,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def store_unusable(store: str) -> str | None:
+    """Why `--store` cannot be used (Redis does not answer PING, redis-py is missing), or None. Checked before an
+    engine loads or Ray starts: one process and `--replicas` then fail at once, with the same message (each
+    replica checks again as it starts, since on a cluster it may not reach what this machine reaches)."""
+    try:
+        asyncio.run(check_store(store))
+    except (StoreUnavailable, ValueError) as e:
+        return f"--store: {e}"
+    return None
+
+
 def build_app(args: argparse.Namespace, model: str) -> Any:
     """The server as one replica builds it: its own recipe, engine and store from the same flags."""
     recipe = serving_recipe(args)
@@ -412,6 +430,11 @@ def serve_on_replicas(args: argparse.Namespace) -> int:
     """`--replicas N`: the same app in N Ray Serve replicas behind Ray's HTTP proxy (serving.ray_replicas)."""
     from agent_runtime.serving import serve_replicas
 
+    try:
+        require_ray_serve()
+    except RayServeMissing as e:
+        logger.error("startup_failed", error=str(e))
+        return 2
     try:
         serving_recipe(args)  # a bad recipe or model fails here, before Ray starts
         model = args.model or str(demo_model_dir(args.demo))

@@ -25,8 +25,8 @@ from agent_runtime.serving.openai_wire import (
     ChatCompletionChunk,
     ChatCompletionRequest,
 )
-from agent_runtime.serving.ray_replicas import REPLICA_HEADER, serve_replicas
-from agent_runtime.serving.redis_store import RedisTranscriptStore
+from agent_runtime.serving.ray_replicas import REPLICA_HEADER, RayServeMissing, require_ray_serve, serve_replicas
+from agent_runtime.serving.redis_store import RedisTranscriptStore, check_store
 from agent_runtime.serving.trajectory_files import TrajectoryFiles, TrajectoryFilesError, TrajectoryFilter
 from agent_runtime.serving.trajectory_viewer import create_viewer_app
 from agent_runtime.serving.transcript_store import (
@@ -45,6 +45,7 @@ __all__ = [
     "ChatCompletionChunk",
     "ChatCompletionRequest",
     "ConversationStore",
+    "RayServeMissing",
     "RedisTranscriptStore",
     "ServeConfig",
     "ServeConfigError",
@@ -56,8 +57,10 @@ __all__ = [
     "TrajectoryFilesError",
     "TrajectoryFilter",
     "TranscriptStore",
+    "check_store",
     "conversation_key",
     "create_app",
     "create_viewer_app",
+    "require_ray_serve",
     "serve_replicas",
 ]

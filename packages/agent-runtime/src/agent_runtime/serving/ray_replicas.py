@@ -3,7 +3,9 @@
 Each replica calls `build_app()` itself (Ray Serve's `@serve.ingress(builder)`: the builder runs when the replica
 starts), so each builds its own engine and transcript store from the same settings; nothing built is pickled. Every
 response carries `x-agent-replica` (the replica's id) so a client can tell which replica answered. Ray is imported
-here only: plain serving never imports it. Locally Ray is started by `serve_replicas` (no dashboard, a small object
+here only, and lazily: plain serving never imports it, and without Ray Serve installed `require_ray_serve` (called
+by `serve_replicas`, and by `apps/serve` before it loads anything) raises `RayServeMissing` naming the extra to
+install, `agent-runtime[replicas]`. Locally Ray is started by `serve_replicas` (no dashboard, a small object
 store) and stopped again on SIGINT/SIGTERM; with `ray_address` the app is deployed on that cluster and deleted from it
 on exit.
 """
@@ -19,12 +21,27 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["REPLICA_HEADER", "ReplicaHeader", "serve_replicas"]
+__all__ = ["REPLICA_HEADER", "RayServeMissing", "ReplicaHeader", "require_ray_serve", "serve_replicas"]
 
 REPLICA_HEADER = "x-agent-replica"
 APP_NAME = "agent"
 OBJECT_STORE_BYTES = 128 * 1024 * 1024  # replicas pass HTTP bodies, not tensors: Ray's minimum-sized store is plenty
 READY_TIMEOUT_S = 600  # replicas load their model before they are ready
+
+
+class RayServeMissing(RuntimeError):
+    """Ray Serve is not installed where `--replicas` was asked for."""
+
+
+def require_ray_serve() -> None:
+    """Raise `RayServeMissing` (saying what to install) unless `ray.serve` can be imported here."""
+    try:
+        import ray.serve  # noqa: F401
+    except ImportError as e:
+        raise RayServeMissing(
+            f"--replicas needs Ray Serve, which is not installed here ({e}): install the agent-runtime[replicas] "
+            "extra, e.g. `pip install 'agent-runtime[replicas]'` (it brings ray[serve])"
+        ) from e
 
 
 class ReplicaHeader:
@@ -72,6 +89,7 @@ def serve_replicas(
 ) -> None:
     """Deploy `build_app` as `replicas` Ray Serve replicas behind Ray's HTTP proxy on host:port; block until SIGINT
     or SIGTERM, then delete the application (and, when Ray was started here, stop Serve and Ray)."""
+    require_ray_serve()
     os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"  # a driver under `uv run` would else ship a uv runtime env
     import ray
     from ray import serve

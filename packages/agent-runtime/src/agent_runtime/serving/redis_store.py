@@ -26,7 +26,7 @@ from agent_runtime.serving.transcript_store import StoredConversation, StoreUnav
 if TYPE_CHECKING:
     import redis.asyncio
 
-__all__ = ["DEFAULT_PREFIX", "RedisTranscriptStore", "check_store_url"]
+__all__ = ["DEFAULT_PREFIX", "RedisTranscriptStore", "check_store", "check_store_url"]
 
 logger = structlog.get_logger(__name__)
 
@@ -54,6 +54,20 @@ def check_store_url(url: str) -> str:
     if db and not db.isdigit():
         raise ValueError(f"store {url!r}: the database ({db!r}) must be a number")
     return url
+
+
+async def check_store(url: str, *, timeout_s: float = 2.0) -> None:
+    """Check that the store `url` names can be used before a server starts on it: ``memory`` always can; a Redis
+    URL must parse, redis-py must be installed and Redis must answer PING within `timeout_s`. Raises `ValueError`
+    (the URL, redis-py) or `StoreUnavailable` (Redis), each saying what is wrong; `apps/serve` calls it before it
+    loads an engine or starts Ray, so one process and `--replicas` fail at once with the same message."""
+    if url == "memory":
+        return
+    store = RedisTranscriptStore(url, timeout_s=timeout_s)
+    try:
+        await store.ping()
+    finally:
+        await store.aclose()
 
 
 class RedisTranscriptStore:
