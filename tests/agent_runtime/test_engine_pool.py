@@ -259,3 +259,30 @@ def test_the_affinity_table_is_bounded() -> None:
         UpstreamPool(["http://a/v1", "http://a/v1"])
     with pytest.raises(ValueError, match="at least one"):
         UpstreamPool([])
+
+
+def test_pools_in_separate_processes_agree_on_each_key_and_an_overloaded_upstream_is_passed_over() -> None:
+    """Replicas of the server each hold their own pool: a key's first turn must land on the same upstream in every
+    one (rendezvous hashing), and only the keys of an upstream that goes down move."""
+    urls = ["http://a/v1", "http://b/v1", "http://c/v1"]
+    keys = [f"conversation-{i}" for i in range(300)]
+    one, other = UpstreamPool(urls), UpstreamPool(list(reversed(urls)))
+    chosen = {key: one.pick(key).url for key in keys}  # type: ignore[union-attr]
+    assert chosen == {key: other.pick(key).url for key in keys}  # type: ignore[union-attr]
+    assert all(60 <= list(chosen.values()).count(url) <= 140 for url in urls)  # spread over all three
+    # b goes down: its keys move, no other key does
+    down = UpstreamPool(urls, down_s=60)
+    down.failed(down.upstreams[1], unreachable=True)
+    moved = {key: down.pick(key).url for key in keys}  # type: ignore[union-attr]
+    assert {k for k in keys if moved[k] != chosen[k]} == {k for k in keys if chosen[k] == urls[1]}
+    # an upstream with more than its share in flight (1.5x the mean, counting the new call) is passed over for a
+    # new key, which goes to the next in the key's ranking; a key already pinned stays, loaded or not
+    fresh = UpstreamPool(urls)
+    ranked_first = fresh.pick("new-key")
+    assert ranked_first is not None
+    diverted = UpstreamPool(urls)
+    busy = next(u for u in diverted.upstreams if u.url == ranked_first.url)
+    busy.in_flight = 2  # room: max(2, ceil(1.5 * 3 / 3)) = 2, so 2 in flight is full
+    assert diverted.pick("new-key") is not busy
+    ranked_first.in_flight = 2
+    assert fresh.pick("new-key") is ranked_first

@@ -45,8 +45,9 @@ vision-language model. Text prompts keep using `/v1/completions`. The same retri
 apply to both.
 
 Several upstreams: `base_url` may be a list of API roots (data-parallel replicas of one model). Each call goes to
-one of them by `upstream_pool.UpstreamPool`: an episode's first turn to the least loaded, its later turns to the
-same one (its prefix cache), keyed by the session its caller names (`call_engine(..., session=...)`,
+one of them by `upstream_pool.UpstreamPool`: an episode's first turn to the one its key hashes to (rendezvous
+hashing, so replicas of the server agree; another when that one is overloaded), its later turns to the same one
+(its prefix cache), keyed by the session its caller names (`call_engine(..., session=...)`,
 `session_key.py`). An upstream that refuses the connection is left at once for another one (with one upstream it
 is retried as above); one that stays unavailable through its retries (503, connect timeouts) is left after them;
 either is marked down for `down_s` and its episodes re-pinned elsewhere. When every upstream fails, the
