@@ -1,7 +1,7 @@
-"""The Redis transcript store (`--store redis://...`) against a real `redis-server` on a free loopback port: the
-same ids as the in-memory store, two servers continuing each other's conversations token-exactly, an atomic take,
-TTL expiry, an entry over the bound, Redis killed mid-conversation (answers go on, follow-ups re-rendered and
-counted) and restarted, and a store URL that is malformed or unreachable at startup.
+"""The Redis transcript store (`--store redis://...`) against a real `redis-server` on a free loopback port: the same
+ids as the in-memory store, two servers continuing each other's conversations token-exactly, a take that leaves the
+entry for a retry, TTL expiry, an entry over the bound, Redis killed mid-conversation (answers go on, follow-ups
+re-rendered and counted) and restarted, and a store URL that is malformed or unreachable at startup.
 
 CI installs Debian's redis-server (`.ci/run`) and sets AGENT_SERVE_REQUIRE_REDIS=1, so there a missing binary fails
 these tests; elsewhere they are skipped with the reason.
@@ -167,31 +167,40 @@ def test_two_servers_continue_each_others_conversations_token_exactly(
     assert two.metrics()["transcript_prefix_hits"] == 1
 
 
-def test_a_take_is_atomic(start_server: ServerFactory, tokenizer: HFTokenizer, redis_server: RedisServer) -> None:
+def test_a_taken_entry_stays_for_retakes(
+    start_server: ServerFactory, tokenizer: HFTokenizer, redis_server: RedisServer
+) -> None:
     servers = [
         start_server(engine=ScriptedEngine(tokenizer, policy=calculator_policy(tokenizer)), store=redis_server.url)
         for _ in range(2)
     ]
     messages = first_turn(servers[0])
-    # Two follow-ups to the one stored turn, at once, on two servers: one continues it, the other re-renders.
+    # Two follow-ups to the one stored turn, at once, on two servers (a client that retries, or branches): both
+    # continue its ids; neither is rendered from scratch.
     with ThreadPoolExecutor(2) as pool:
         answers = list(pool.map(lambda server: follow_up(server, messages), servers))
     assert answers == ["The answer is 391."] * 2
     metrics = [server.metrics() for server in servers]
-    assert sum(m["transcript_prefix_hits"] for m in metrics) == 1
-    assert sum(m["transcript_rerenders"] for m in metrics) == 1
-    assert sum(m["transcript_rerenders_store_unavailable"] for m in metrics) == 0
+    assert sum(m["transcript_prefix_hits"] for m in metrics) == 2
+    assert sum(m["transcript_rerenders"] for m in metrics) == 0
 
-    async def race() -> list[bool]:
-        store = RedisTranscriptStore(redis_server.url)
+    async def takes() -> tuple[list[bool], int, int]:
+        store = RedisTranscriptStore(redis_server.url, ttl_s=3600, retake_s=30)
         conversation = Conversation(get_protocol("qwen3"), tokenizer, max_new_tokens=8, max_context_tokens=4096)
         await conversation.open_history([Message(role="user", content=QUESTION)])
         assert await store.aput("k", "c", conversation)
-        got = await asyncio.gather(*(store.atake("k") for _ in range(32)))
+        with redis.Redis.from_url(redis_server.url) as client:
+            before = client.pttl(store.prefix + "k")
+            got = await asyncio.gather(*(store.atake("k") for _ in range(32)))
+            after = client.pttl(store.prefix + "k")
         await store.aclose()
-        return [entry is not None for entry in got]
+        return [entry is not None for entry in got], before, after
 
-    assert sum(asyncio.run(race())) == 1  # 32 takes on 32 connections: exactly one gets it
+    got, before, after = asyncio.run(takes())
+    assert all(got)  # 32 takes on 32 connections: each gets the entry
+    assert before > 3_000_000 and 0 < after <= 30_000  # a take leaves it for retake_s, not the whole TTL
+    with pytest.raises(ValueError, match="retake_s"):
+        RedisTranscriptStore(redis_server.url, retake_s=0)
 
 
 def test_an_entry_is_a_prefixed_key_with_a_ttl_and_garbage_under_it_is_no_transcript(

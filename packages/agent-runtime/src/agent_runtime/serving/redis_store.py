@@ -2,8 +2,12 @@
 conversations token-exactly.
 
 Each entry is one Redis string under ``<prefix><key>``: the packed conversation (`StoredConversation.pack`) as
-bytes (`dump_entry`), written with a TTL (`SET ... PX`). `atake` is ``GETDEL`` (Redis >= 6.2): one command, so of
-two replicas taking one key at once exactly one gets it and the other re-renders. Bounds: an entry over
+bytes (`dump_entry`), written with a TTL (`SET ... PX`). `atake` is ``GETEX ... PX retake_s`` (Redis >= 6.2): it
+reads the entry and leaves it for `retake_s` more seconds (at most its TTL), instead of deleting it. So a follow-up
+whose request failed after it took the entry (its replica killed, the engine down, the client gone) and is sent
+again continues the same ids, on any replica, instead of being re-rendered; two follow-ups to one turn (branches)
+each continue it; and the entry is gone `retake_s` after its last take, so a long conversation does not keep every
+turn's entry for the whole TTL. The entries are copies: nothing taken is shared between requests. Bounds: an entry over
 `max_entry_tokens` tokens or `max_entry_bytes` bytes (its packed bytes) is refused (not stored, counted); how much
 Redis holds in all is Redis's own ``maxmemory`` (with ``volatile-lru`` or ``allkeys-lru`` it evicts like the
 in-memory store). Every command has a timeout; a Redis that is down, slow or answering garbage raises
@@ -82,8 +86,11 @@ class RedisTranscriptStore:
         max_entry_bytes: int = 256 * 2**20,
         prefix: str = DEFAULT_PREFIX,
         timeout_s: float = 2.0,
+        retake_s: float = 300.0,
     ) -> None:
         check_store_url(url)
+        if not retake_s > 0:
+            raise ValueError(f"retake_s must be positive, got {retake_s}")
         try:
             import redis
             import redis.asyncio as aioredis
@@ -92,6 +99,7 @@ class RedisTranscriptStore:
         parts = urlsplit(url)
         self.shown_url = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()  # no password in logs
         self.url, self.ttl_ms, self.prefix = url, max(1, int(ttl_s * 1000)), prefix
+        self.retake_ms = min(self.ttl_ms, max(1, int(retake_s * 1000)))
         self.max_entry_tokens, self.max_entry_bytes = max_entry_tokens, max_entry_bytes
         self._redis: redis.asyncio.Redis = aioredis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry_on_timeout=False
@@ -118,7 +126,7 @@ class RedisTranscriptStore:
     async def atake(self, key: str) -> StoredConversation | None:
         self.takes += 1
         try:
-            data: Any = await self._redis.getdel(self.prefix + key)
+            data: Any = await self._redis.getex(self.prefix + key, px=self.retake_ms)
         except self._errors as e:
             raise self._failed("take", e) from None
         self.state = "ok"
@@ -157,6 +165,7 @@ class RedisTranscriptStore:
             "state": self.state,
             "last_error": self.last_error,
             "ttl_s": self.ttl_ms / 1000,
+            "retake_s": self.retake_ms / 1000,
             "max_entry_tokens": self.max_entry_tokens,
             "max_entry_bytes": self.max_entry_bytes,
             "takes": self.takes,
