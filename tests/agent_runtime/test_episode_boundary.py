@@ -226,7 +226,7 @@ def test_step_itself_never_raises_for_a_broken_environment(tokenizer: HFTokenize
 
 
 def test_a_session_reset_after_a_contained_error_steps_cleanly(tokenizer: HFTokenizer) -> None:
-    """The step's boundary is made once per session: an error it held for one episode is not the next one's."""
+    """An error contained in one episode's step is not the next episode's (the session is reset between them)."""
     made: list[FunctionCallEnvironment] = []
 
     def environment() -> FunctionCallEnvironment:  # the first episode's environment raises, the second's works

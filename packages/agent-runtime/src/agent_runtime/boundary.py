@@ -69,7 +69,7 @@ class boundary:  # lower case: used as a function, `with boundary("parse") as ca
     `StageError` (for an inner boundary whose caller's boundary records it) instead of holding it in
     `exception`, `code` and `message`; such a boundary keeps no state, so one instance serves every call (the
     conversation's, made once: entering a boundary costs what a ``with`` costs, not an allocation). A holding
-    boundary can be entered again too (`AgentSession.step`'s, made once per session): entering clears what it held."""
+    boundary can be entered again too: entering clears what it held."""
 
     #: what was contained (a `StageError`'s cause, read through), None while nothing was
     exception: BaseException | None = None
