@@ -65,8 +65,23 @@ def _is_question(role: str, body: str) -> bool:
 
 
 def calculator_policy(tokenizer: Tokenizer) -> Callable[[Sequence[int]], str]:
+    im_start = tokenizer.token_to_id("<|im_start|>")
+    system_opening = [im_start, *tokenizer.encode("system\n")]
+
+    def conversation_ids(prompt_ids: Sequence[int]) -> list[int]:
+        """The prompt after its system block: the policy never reads the system prompt or the tool listing (most
+        of a prompt's ids), so it does not decode them (the stand-in for a model should not weigh on the server
+        CPU that `bench/bench_serve.py` measures)."""
+        ids = list(prompt_ids)
+        if ids[: len(system_opening)] != system_opening:
+            return ids
+        try:
+            return ids[ids.index(im_start, 1) :]
+        except ValueError:  # the system block alone
+            return []
+
     def policy(prompt_ids: Sequence[int]) -> str:
-        blocks = _blocks(tokenizer.decode(prompt_ids))
+        blocks = _blocks(tokenizer.decode(conversation_ids(prompt_ids)))
         role, body = blocks[-2] if len(blocks) >= 2 else ("user", "")
         question = next((b for r, b in reversed(blocks) if _is_question(r, b)), "")
         results = [r for _, b in blocks for r in _RESULT.findall(b)]

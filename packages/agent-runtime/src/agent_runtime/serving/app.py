@@ -49,7 +49,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent_protocol import Message, MessageError, ToolSpec, coerce_messages, coerce_tools, image_grid
+from agent_protocol import Message, MessageError, ToolSpec, coerce_messages, coerce_tools
 from agent_runtime.boundary import boundary
 from agent_runtime.engines.base import LLMEngine
 from agent_runtime.recipe import Recipe
@@ -136,7 +136,7 @@ def _parse(body: bytes, backend: ServingBackend) -> tuple[ChatCompletionRequest,
     check_request_images(
         chat.messages,
         text_only=backend.text_only,
-        grid=image_grid(backend.engine.tokenizer),
+        grid=backend.image_grid,
         max_image_bytes=config.max_image_bytes,
         max_image_pixels=config.max_image_pixels,
         max_request_pixels=config.max_request_pixels,

@@ -8,14 +8,14 @@ field). This module knows the runtime and the wire request; it knows nothing abo
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from typing import Final
 
 import msgspec
 import structlog
 
-from agent_protocol import ChatProtocol
+from agent_protocol import ChatProtocol, VisionGrid, image_grid
 from agent_runtime.engines.base import LLMEngine, SamplingParams
 from agent_runtime.recipe import Recipe
 from agent_runtime.serving.config import ServeConfig
@@ -34,7 +34,9 @@ _ID_HEX: Final = 24
 
 
 def new_completion_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex[:_ID_HEX]}"
+    """``chatcmpl-`` and 24 random hex digits (`os.urandom`: a fifth of `uuid4`'s cost, which made an object to
+    cut up)."""
+    return f"chatcmpl-{os.urandom(_ID_HEX // 2).hex()}"
 
 
 class ServingBackend:
@@ -48,6 +50,9 @@ class ServingBackend:
         self.protocol: ChatProtocol = self.session.protocol
         #: why the served model takes no images (None: it takes them)
         self.text_only: str | None = text_only_reason(self.protocol, engine.tokenizer, engine)
+        #: how the model cuts an image into pads (None: text-only); read once, since the check (a runtime
+        #: Protocol's isinstance) cost every request about 10 us and the engine's tokenizer never changes
+        self.image_grid: VisionGrid | None = image_grid(engine.tokenizer)
         self.store: ConversationStore
         if config.store == "memory" or config.transcript_store_conversations == 0:
             self.store = TranscriptStore(
