@@ -60,6 +60,10 @@ def version_runs(versions: Sequence[int], count: int) -> list[tuple[int, int, in
     ints >= 0), relative to the generation; `count` is its number of ids. Raises ValueError for anything else."""
     if len(versions) != count:
         raise ValueError(f"got {len(versions)} policy versions for {count} generated tokens")
+    first = versions[0] if count else None
+    whole = versions if isinstance(versions, list) else list(versions)
+    if type(first) is int and first >= 0 and whole.count(first) == count:  # one version (most): a C loop
+        return [(0, count, first)]
     starts: list[int] = []
     previous = -1
     for position, version in enumerate(versions):
