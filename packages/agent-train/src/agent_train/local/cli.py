@@ -6,6 +6,7 @@
     uv run apps/train -- --estimator rloo --dynamic-filtering   # another OpenRLHF estimator, DAPO's filter
     uv run apps/train --demo compaction               # the compaction demo, into runs/compaction, and its ablation
     uv run apps/train -- --tensorboard-dir runs/tb    # event files in runs/tb/demo, not runs/demo/tensorboard/demo
+    uv run apps/train -- --async 1                    # sample the next batch while this one trains (1 version stale)
     uv run apps/serve --trajectories runs/demo/trajectories   # browse the episodes a run trained on
     python -m agent_train.local.cli --preset ci       # the same, without the app
 
@@ -124,6 +125,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="also train on episodes that ran out of context or steps without answering (left out by default)",
     )
     parser.add_argument(
+        "--async",
+        dest="rl_async",
+        type=int,
+        metavar="K",
+        help="asynchronous RL: sample the next batches on a second copy of the weights while the current one "
+        "trains, batch j by the weights of version max(0, j-K), so at most K versions stale (K >= 1), with "
+        "OpenRLHF's token-level IS correction (--is-mode); K = 0 runs that pipeline without overlap, the "
+        "synchronous loop's records; default: the synchronous loop (one shared copy). Cannot pause or resume "
+        "inside RL",
+    )
+    parser.add_argument(
+        "--is-mode",
+        choices=["mask", "clip"],
+        help="--async: a token whose IS ratio (training policy / rollout policy) leaves [0.5, 5] is dropped (mask, "
+        "ICEPOP: OpenRLHF's default) or its ratio clamped into it (clip, TIS)",
+    )
+    parser.add_argument(
         "--no-ablation",
         action="store_true",
         help="compaction demo: skip the ablation run (RL again from the SFT model with summaries masked)",
@@ -168,6 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rl_filter_rounds": args.filter_rounds,
         "rl_mask_summaries": args.mask_summaries,
         "rl_mask_overlong": args.mask_overlong,
+        "rl_async": args.rl_async,
+        "rl_is_mode": args.is_mode,
     }
     config = msgspec.structs.replace(config, **{k: v for k, v in overrides.items() if v is not None})
     try:

@@ -22,9 +22,14 @@ import msgspec
 
 from agent_train.demo.model import DemoModelSpec
 
-__all__ = ["ESTIMATORS", "GROUP_ESTIMATORS", "PRESETS", "Estimator", "LocalTrainConfig", "check_config", "preset"]
+__all__ = [
+    "ESTIMATORS", "GROUP_ESTIMATORS", "PRESETS", "Estimator", "ISMode", "LocalTrainConfig", "check_config", "preset"
+]  # fmt: skip
 
 Estimator = Literal["reinforce", "reinforce_baseline", "rloo", "grpo", "dr_grpo"]
+ISMode = Literal["mask", "clip"]
+"""OpenRLHF's ``--algo.advantage.is_correction_mode``: a token whose IS ratio leaves the band is dropped (``mask``,
+ICEPOP, its default) or its ratio clamped into the band (``clip``, TIS)."""
 ESTIMATORS: Final[dict[str, str]] = {
     "reinforce": "REINFORCE++: the reward, whitened over the batch's action tokens (no group baseline)",
     "reinforce_baseline": "REINFORCE++-baseline: reward minus its group's mean, whitened over the batch",
@@ -81,6 +86,14 @@ class LocalTrainConfig(msgspec.Struct, frozen=True, kw_only=True):
     # engine and bookkeeping
     max_batch_size: int = 256
     checkpoint_every: int = 20
+    # asynchronous RL (`agent_train.local.pipeline`): None trains on one shared copy of the weights, each batch
+    # sampled by the weights it trains (the synchronous loop); K >= 0 samples on a second copy, batch j with the
+    # weights of version max(0, j - K), while the earlier batches train: at most K versions of staleness, and from
+    # K = 1 on the token-level IS correction of OpenRLHF (`rl_is_mode` over the band `rl_is_bounds`); K = 0 is that
+    # pipeline without overlap, whose records equal the synchronous loop's
+    rl_async: int | None = None
+    rl_is_mode: ISMode = "mask"
+    rl_is_bounds: tuple[float, float] = (0.5, 5.0)
 
 
 PRESETS: Final[dict[str, LocalTrainConfig]] = {  # the calculator demo's; every demo's: `agent_train.local.demos`
@@ -104,6 +117,17 @@ def check_config(config: LocalTrainConfig) -> LocalTrainConfig:
         raise ValueError(f"rl_group_size: {what} compares the samples of a prompt and needs at least 2, got 1")
     if config.rl_filter_rounds < 1:
         raise ValueError(f"rl_filter_rounds must be at least 1, got {config.rl_filter_rounds}")
+    if config.rl_async is not None:
+        if config.rl_async < 0:
+            raise ValueError(f"rl_async must be at least 0 (the versions of staleness allowed), got {config.rl_async}")
+        if config.rl_dynamic_filtering:
+            raise ValueError("rl_async: dynamic filtering refills a step with rounds that wait on its own results; "
+                             "run it synchronously (rl_async=None)")  # fmt: skip
+    if config.rl_is_mode not in ("mask", "clip"):
+        raise ValueError(f"rl_is_mode: unknown {config.rl_is_mode!r}; choose mask or clip")
+    low, high = config.rl_is_bounds
+    if not 0.0 <= low < 1.0 < high:
+        raise ValueError(f"rl_is_bounds must hold 1 inside, 0 <= low < 1 < high, got {config.rl_is_bounds}")
     return config
 
 

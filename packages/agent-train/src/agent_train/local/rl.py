@@ -60,11 +60,11 @@ import msgspec
 import torch
 
 from agent_train.local.batch import pad_batch, token_logprobs, values_on_targets
-from agent_train.local.config import ESTIMATORS, GROUP_ESTIMATORS, Estimator
+from agent_train.local.config import ESTIMATORS, GROUP_ESTIMATORS, Estimator, ISMode
 from agent_train.local.rollout import RolloutRecord
 
 __all__ = ["ESTIMATORS", "GROUP_ESTIMATORS", "Estimator", "episode_advantages", "group_advantages",
-           "informative_groups", "policy_loss", "rl_update", "trained_records"]  # fmt: skip
+           "informative_groups", "is_coefficients", "policy_loss", "rl_update", "trained_records"]  # fmt: skip
 
 _EPS = 1e-6
 
@@ -187,14 +187,19 @@ def policy_loss(
     clip_eps: float = 0.2,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-level clipped surrogate plus `kl_coef` * k3 KL, averaged over the tokens where `mask` is 1.
 
-    `logprobs`, `old_logprobs`, `ref_logprobs` and `mask` are [B, T]; `advantages` is [B]."""
+    `logprobs`, `old_logprobs`, `ref_logprobs` and `mask` are [B, T]; `advantages` is [B]. `token_weights` ([B, T],
+    no gradient): each token's surrogate is multiplied by it, as OpenRLHF's `PolicyLoss` multiplies by the IS
+    coefficient (`is_coefficients`)."""
     tokens = mask.sum().clamp(min=1.0)
     ratio = torch.exp(logprobs - old_logprobs)
     adv = advantages.unsqueeze(-1)
     surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv)
+    if token_weights is not None:
+        surrogate = surrogate * token_weights
     pg = -(surrogate * mask).sum() / tokens
     loss = pg
     stats = {
@@ -211,6 +216,38 @@ def policy_loss(
     return loss, stats
 
 
+def is_coefficients(
+    old_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    mode: ISMode = "mask",
+    bounds: tuple[float, float] = (0.5, 5.0),
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """OpenRLHF 0.11.2's token-level IS correction (`PolicyLoss`, ``is_correction_level=token``, gating ``ratio``):
+    the ratio ``exp(old - rollout)`` of the training policy's logprob (`old_logprobs`, computed by the model that
+    trains, before its step) to the rollout's, detached; ``mask`` keeps it where it lies in `bounds` and zeroes the
+    token outside (ICEPOP), ``clip`` clamps it into `bounds` (TIS). Returns the coefficients ([B, T]) and, over
+    `mask`'s tokens, the ratio's mean, min and max, the fraction of tokens outside the band (``is_filtered``) and
+    OpenRLHF's ``vllm_kl`` (the mean of rollout - old)."""
+    low, high = bounds
+    log_ratio = (old_logprobs - rollout_logprobs).detach()
+    ratio = log_ratio.exp()
+    outside = (ratio < low) | (ratio > high)
+    coef = ratio.clamp(min=low, max=high) if mode == "clip" else torch.where(outside, 0.0, ratio)
+    where = mask > 0
+    tokens = where.sum().clamp(min=1)
+    picked = ratio[where]
+    stats = {
+        "is_ratio_mean": float(picked.mean()) if picked.numel() else 1.0,
+        "is_ratio_min": float(picked.min()) if picked.numel() else 1.0,
+        "is_ratio_max": float(picked.max()) if picked.numel() else 1.0,
+        "is_filtered": float((outside & where).sum() / tokens),
+        "vllm_kl": float((-log_ratio * mask).sum() / tokens),
+    }
+    return coef * mask, stats
+
+
 def rl_update(
     model: Any,
     optimizer: torch.optim.Optimizer,
@@ -224,20 +261,41 @@ def rl_update(
     minibatches: int = 1,
     max_grad_norm: float = 1.0,
     rng: random.Random | None = None,
+    is_correction: tuple[ISMode, tuple[float, float]] | None = None,
 ) -> dict[str, float]:
     """One pass over the episodes with a non-zero advantage, in `minibatches` optimizer steps. Returns the
-    minibatch-mean of the loss statistics, plus `samples` and `tokens` trained on."""
+    minibatch-mean of the loss statistics, plus `samples` and `tokens` trained on.
+
+    `is_correction` (mode, bounds), for records sampled by older weights (asynchronous RL): as OpenRLHF with
+    ``is_correction_level=token``, the PPO ratio is taken against the logprobs of `model` as it is before this
+    update (computed for every minibatch first), and each token's surrogate is weighted by `is_coefficients` of
+    those to the rollout's logprobs; the statistics then include the IS ratio's. None: the ratio is taken against
+    the rollout's own logprobs, as before."""
     kept = [(r, a) for r, a in zip(records, advantages, strict=True) if abs(a) > _EPS and sum(r.loss_mask) > 0]
     if not kept:
         return {"samples": 0.0, "tokens": 0.0}
     (rng or random.Random(0)).shuffle(kept)
     chunks = [kept[i::minibatches] for i in range(minibatches) if kept[i::minibatches]]
+    batches = [pad_batch([r.ids for r, _ in chunk], [r.loss_mask for r, _ in chunk], pad_id=pad_id) for chunk in chunks]
+    rollout = [
+        values_on_targets([r.logprobs for r, _ in chunk], batch.input_ids.shape[1])
+        for chunk, batch in zip(chunks, batches, strict=True)
+    ]
+    proximal: list[torch.Tensor] = []
+    if is_correction is not None:  # the training policy before the update: OpenRLHF's old_log_probs
+        model.eval()
+        with torch.no_grad():
+            proximal = [token_logprobs(model, batch, trained_only=True) for batch in batches]
     totals: dict[str, float] = {}
     model.train()
-    for chunk in chunks:
-        batch = pad_batch([r.ids for r, _ in chunk], [r.loss_mask for r, _ in chunk], pad_id=pad_id)
-        width = batch.input_ids.shape[1]
-        old = values_on_targets([r.logprobs for r, _ in chunk], width)
+    for index, (chunk, batch) in enumerate(zip(chunks, batches, strict=True)):
+        old = rollout[index]
+        weights: torch.Tensor | None = None
+        is_stats: dict[str, float] = {}
+        if is_correction is not None:
+            mode, bounds = is_correction
+            weights, is_stats = is_coefficients(proximal[index], old, batch.target_mask, mode=mode, bounds=bounds)
+            old = proximal[index]
         adv = torch.tensor([a for _, a in chunk], dtype=torch.float32)
         ref = None
         if ref_model is not None and kl_coef > 0:
@@ -245,8 +303,16 @@ def rl_update(
                 ref = token_logprobs(ref_model, batch, trained_only=True)
         logprobs = token_logprobs(model, batch, trained_only=True)
         loss, stats = policy_loss(
-            logprobs, old, adv, batch.target_mask, clip_eps=clip_eps, ref_logprobs=ref, kl_coef=kl_coef
+            logprobs,
+            old,
+            adv,
+            batch.target_mask,
+            clip_eps=clip_eps,
+            ref_logprobs=ref,
+            kl_coef=kl_coef,
+            token_weights=weights,
         )
+        stats.update(is_stats)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import math
 import random
 import shutil
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
@@ -51,11 +52,12 @@ from agent_runtime.engines import HFEngine
 from agent_train.demo.model import build_demo_model, load_demo_model, save_model_dir
 from agent_train.errors import TrainError
 from agent_train.local.checkpoint import Checkpoint, TrainerState, load_checkpoint, save_checkpoint
-from agent_train.local.config import LocalTrainConfig, check_config
+from agent_train.local.config import ISMode, LocalTrainConfig, check_config
 from agent_train.local.demos import Demo, get_demo
 from agent_train.local.evaluate import EvalResult, evaluate
 from agent_train.local.lockstep import LockstepEngine
 from agent_train.local.metrics import MetricsWriter, read_metrics
+from agent_train.local.pipeline import RolloutPipeline, fresh_records, snapshot, staleness_stats
 from agent_train.local.plot import plot_metrics
 from agent_train.local.rl import episode_advantages, informative_groups, rl_update, trained_records
 from agent_train.local.rollout import ROLLOUT_BATCHING, RolloutRecord, Rollouts
@@ -333,8 +335,24 @@ class _Run:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.rl_lr, betas=(0.9, 0.95))
         if self.optimizer_state is not None:
             self.optimizer.load_state_dict(self.optimizer_state)
-        rollouts = Rollouts(self.recipe, self.engine)
         self.bar.set_description("RL")
+        if config.rl_async is None:
+            last_eval = await self.rl_synchronous(reference)
+        else:
+            last_eval = await self.rl_pipelined(reference, config.rl_async)
+        if last_eval is None:  # paused
+            return
+        if last_eval != self.state.rl_step:  # zero RL steps, or resumed at the very end
+            await self.evaluate("after_rl")
+        save_model_dir(self.model, self.raw_tokenizer, self.run_dir / "final")
+        self.state.phase = "done"
+        self.save()
+
+    async def rl_synchronous(self, reference: Any) -> int | None:
+        """The RL steps on one copy of the weights, shared with the engine: each batch sampled by the weights it
+        trains. Returns the step of the last evaluation, or None when the run paused."""
+        config = self.config
+        rollouts = Rollouts(self.recipe, self.engine)
         last_eval = -1
         while self.state.rl_step < config.rl_steps:
             started = time.perf_counter()
@@ -349,66 +367,158 @@ class _Run:
             if config.rl_dynamic_filtering:
                 records, sampled, rounds = await self.dynamic_filter(rollouts, records)
             generate_s = time.perf_counter() - started
-            for group in self.optimizer.param_groups:
-                group["lr"] = config.rl_lr * min(1.0, (self.state.rl_step + 1) / max(1, config.rl_warmup_steps))
-            trained, advantages = trained_records(
-                records,
-                episode_advantages(records, config.rl_estimator),
-                mask_summaries=config.rl_mask_summaries,
-                mask_overlong=config.rl_mask_overlong,
+            paused, last_eval = await self.train_step(
+                records, sampled, rounds, generate_s, started, reference, last_eval
             )
-            stats = rl_update(
-                self.model,
-                self.optimizer,
-                trained,
-                advantages,
-                pad_id=self.pad_id,
-                ref_model=reference,
-                kl_coef=config.rl_kl_coef,
-                clip_eps=config.rl_clip_eps,
-                minibatches=config.rl_minibatches,
-                rng=self.rng,
+            if paused:
+                return None
+        return last_eval
+
+    async def rl_pipelined(self, reference: Any, ahead: int) -> int | None:
+        """The RL steps with rollouts sampled ahead on a second copy of the weights (`RolloutPipeline`): batch j by
+        the weights of version max(0, j - `ahead`) while the batches before it train, its episodes staler than
+        `ahead` dropped, and from `ahead` = 1 on OpenRLHF's token-level IS correction. Returns as `rl_synchronous`."""
+        config = self.config
+        if self.state.rl_step > 0:
+            raise TrainError(
+                f"--async {ahead}: a run cannot resume in the middle of asynchronous RL (step {self.state.rl_step}): "
+                f"the {ahead} batches in flight were sampled by weights the checkpoint does not hold; start RL again "
+                "from the SFT model (apps/train --resume at the end of SFT, or a new run)"
             )
-            self.state.rl_step += 1
-            episodes = {r.episode: r for r in sampled}.values()  # one record per episode (its last segment)
-            reward = sum(r.reward for r in episodes) / max(1, len(episodes))
-            filtering: dict[str, int] = {}
-            if config.rl_dynamic_filtering:
-                filtering = {
-                    "groups_sampled": len({r.group for r in sampled}),
-                    "groups_trained": len({r.group for r in records}),
-                    "rounds": rounds,
-                }
-            self.metrics.write(
-                "rl",
-                step=self.state.step,
-                reward=round(reward, 4),
-                tool_calls=round(
-                    sum(r.extra_logs.get("agent_tool_calls", 0.0) for r in episodes) / max(1, len(episodes)), 3
-                ),
-                **self.compaction_stats(list(episodes), sampled),
-                **filtering,
-                generate_s=round(generate_s, 2),
-                update_s=round(time.perf_counter() - started - generate_s, 2),
-                **{k: round(v, 5) for k, v in stats.items()},
+        group, temperature, seed = config.rl_group_size, config.rl_temperature, config.seed
+        if ahead > 0:  # sampling overlaps the update: on a copy of the weights
+            pipeline = RolloutPipeline.on_copy(
+                self.recipe, self.model, self.tokenizer, ahead=ahead, group_size=group, temperature=temperature,
+                seed=seed, max_batch_size=config.max_batch_size,
+            )  # fmt: skip
+        else:  # the update waits for each batch and each batch for the update: the trainer's engine and weights
+            pipeline = RolloutPipeline(
+                self.recipe, self.engine, ahead=0, group_size=group, temperature=temperature, seed=seed
             )
-            if self.trajectory_log is not None:
-                self.trajectory_log.rl_step(self.state.step, sampled, trained, advantages)
-            self.bar.update(1)
-            self.bar.set_postfix_str(f"reward {reward:.2f}")
-            if self.state.rl_step % config.eval_every == 0 or self.state.rl_step == config.rl_steps:
-                await self.evaluate("after_rl" if self.state.rl_step == config.rl_steps else None)
-                last_eval = self.state.rl_step
-            if self.state.rl_step < config.rl_steps and self.should_pause():
-                self.save()
-                return
-            if self.state.rl_step % config.checkpoint_every == 0 and self.state.rl_step < config.rl_steps:
-                self.save()
-        if last_eval != self.state.rl_step:  # zero RL steps, or resumed at the very end
-            await self.evaluate("after_rl")
-        save_model_dir(self.model, self.raw_tokenizer, self.run_dir / "final")
-        self.state.phase = "done"
-        self.save()
+        is_correction = (config.rl_is_mode, config.rl_is_bounds) if ahead > 0 else None
+        last_eval = -1
+        try:
+            weights = snapshot(self.model) if ahead > 0 else None
+            for index in range(min(ahead + 1, config.rl_steps)):  # batches 0..K: version 0
+                pipeline.submit(index, self.rng.sample(self.train_rows, config.rl_prompts), version=0, weights=weights)
+            while self.state.rl_step < config.rl_steps:
+                started = time.perf_counter()
+                batch = await pipeline.next()
+                version = self.state.rl_step
+                records, histogram, dropped = fresh_records(batch.records, version=version, bound=ahead)
+                waited_s = time.perf_counter() - started
+                paused, last_eval = await self.train_step(
+                    records,
+                    batch.records,
+                    1,
+                    waited_s,
+                    started,
+                    reference,
+                    last_eval,
+                    is_correction=is_correction,
+                    extra={
+                        **staleness_stats(histogram, dropped),
+                        "sampled_by": batch.version,
+                        "sample_s": round(batch.generate_s, 2),
+                    },
+                    submit=lambda: self._submit_next(pipeline, ahead),
+                )
+                if paused:
+                    return None
+        finally:
+            await pipeline.close()
+        return last_eval
+
+    def _submit_next(self, pipeline: RolloutPipeline, ahead: int) -> None:
+        """After update v - 1: batch v + `ahead` goes to the pipeline, to be sampled by version v (the weights now)."""
+        index = self.state.rl_step + ahead
+        if index < self.config.rl_steps:
+            prompts = self.rng.sample(self.train_rows, self.config.rl_prompts)
+            weights = snapshot(self.model) if ahead > 0 else None
+            pipeline.submit(index, prompts, version=self.state.rl_step, weights=weights)
+
+    async def train_step(
+        self,
+        records: list[RolloutRecord],
+        sampled: list[RolloutRecord],
+        rounds: int,
+        generate_s: float,
+        started: float,
+        reference: Any,
+        last_eval: int,
+        *,
+        is_correction: tuple[ISMode, tuple[float, float]] | None = None,
+        extra: dict[str, Any] | None = None,
+        submit: Callable[[], None] | None = None,
+    ) -> tuple[bool, int]:
+        """One RL step on `records` (of `sampled`): advantages, the update, metrics, trajectories, evaluation and
+        checkpoint. With `is_correction` the update runs on a worker thread, so that the event loop goes on
+        feeding the rollout engine, and `submit` runs right after it (the next batch's weights are then these).
+        Returns (paused, the step of the last evaluation)."""
+        config = self.config
+        assert self.optimizer is not None
+        for group in self.optimizer.param_groups:
+            group["lr"] = config.rl_lr * min(1.0, (self.state.rl_step + 1) / max(1, config.rl_warmup_steps))
+        trained, advantages = trained_records(
+            records,
+            episode_advantages(records, config.rl_estimator),
+            mask_summaries=config.rl_mask_summaries,
+            mask_overlong=config.rl_mask_overlong,
+        )
+        update = functools.partial(
+            rl_update,
+            self.model,
+            self.optimizer,
+            trained,
+            advantages,
+            pad_id=self.pad_id,
+            ref_model=reference,
+            kl_coef=config.rl_kl_coef,
+            clip_eps=config.rl_clip_eps,
+            minibatches=config.rl_minibatches,
+            rng=self.rng,
+            is_correction=is_correction,
+        )
+        stats = update() if config.rl_async is None else await asyncio.to_thread(update)
+        self.state.rl_step += 1
+        if submit is not None:
+            submit()
+        episodes = {r.episode: r for r in sampled}.values()  # one record per episode (its last segment)
+        reward = sum(r.reward for r in episodes) / max(1, len(episodes))
+        filtering: dict[str, int] = {}
+        if config.rl_dynamic_filtering:
+            filtering = {
+                "groups_sampled": len({r.group for r in sampled}),
+                "groups_trained": len({r.group for r in records}),
+                "rounds": rounds,
+            }
+        self.metrics.write(
+            "rl",
+            step=self.state.step,
+            reward=round(reward, 4),
+            tool_calls=round(
+                sum(r.extra_logs.get("agent_tool_calls", 0.0) for r in episodes) / max(1, len(episodes)), 3
+            ),
+            **self.compaction_stats(list(episodes), sampled),
+            **filtering,
+            generate_s=round(generate_s, 2),
+            update_s=round(time.perf_counter() - started - generate_s, 2),
+            **{k: round(v, 5) for k, v in stats.items()},
+            **(extra or {}),
+        )
+        if self.trajectory_log is not None:
+            self.trajectory_log.rl_step(self.state.step, sampled, trained, advantages)
+        self.bar.update(1)
+        self.bar.set_postfix_str(f"reward {reward:.2f}")
+        if self.state.rl_step % config.eval_every == 0 or self.state.rl_step == config.rl_steps:
+            await self.evaluate("after_rl" if self.state.rl_step == config.rl_steps else None)
+            last_eval = self.state.rl_step
+        if self.state.rl_step < config.rl_steps and self.should_pause():
+            self.save()
+            return True, last_eval
+        if self.state.rl_step % config.checkpoint_every == 0 and self.state.rl_step < config.rl_steps:
+            self.save()
+        return False, last_eval
 
     async def dynamic_filter(
         self, rollouts: Rollouts, records: list[RolloutRecord]
@@ -520,6 +630,12 @@ async def train_local_async(
         None if tensorboard_dir is None else Path(tensorboard_dir),
         trajectories,
     )
+    total = config.sft_steps + config.rl_steps
+    if config.rl_async is not None and stop_after is not None and config.sft_steps < stop_after < total:
+        raise TrainError(
+            f"stop_after {stop_after} falls inside asynchronous RL (steps {config.sft_steps + 1}-{total}), which "
+            f"cannot resume from the middle; pause at the end of SFT (stop_after {config.sft_steps}) or not at all"
+        )
     run.run_dir.mkdir(parents=True, exist_ok=True)
     run.start(resume)  # raises before anything is started when the checkpoint does not fit the config
     try:
