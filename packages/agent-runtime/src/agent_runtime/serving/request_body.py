@@ -2,9 +2,9 @@
 
 `request_body` reads at most `max_bytes` (413 beyond it: refused from ``Content-Length`` before a byte of the body is
 read, or as soon as a body without one streams past the cap) within `timeout_s` for the whole body (408 beyond
-it: the deadline covers every read together, so a client that stalls mid-body or trickles a byte at a time is cut
-off all the same). Both answers carry ``Connection: close``: the rest of that body is never read, so the
-connection cannot serve another request.
+it, up to 1 % late: `agent_env.deadline`, which sets no timer per request; the deadline covers every read
+together, so a client that stalls mid-body or trickles a byte at a time is cut off all the same). Both answers
+carry ``Connection: close``: the rest of that body is never read, so the connection cannot serve another request.
 
 Since bodies are read before the concurrency gate, the gate no longer bounds the memory they take; `BodyBudget`
 does: every byte of every body being read or parsed is counted against one limit, and a body that would go past
@@ -16,13 +16,13 @@ This module knows Starlette's request stream and the two limits; nothing about c
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Final
 
 from starlette.requests import Request
 
+from agent_env import deadline
 from agent_runtime.serving.api_error import ApiError
 
 __all__ = ["BodyBudget", "request_body"]
@@ -86,7 +86,7 @@ async def _read(request: Request, *, max_bytes: int, timeout_s: float, budget: B
     chunks: list[bytes] = []
     size = 0
     try:
-        async with asyncio.timeout(timeout_s):
+        async with deadline(timeout_s):  # asyncio.timeout's behaviour without a timer per request (up to 1 % late)
             async for chunk in request.stream():
                 if size + len(chunk) > max_bytes:
                     raise _too_large(max_bytes, f"over {max_bytes} bytes and still coming")
