@@ -94,6 +94,7 @@ class CompletionsServer:
         self.faults = Faults()
         self.requests: list[dict[str, Any]] = []
         self.request_headers: list[dict[str, str]] = []  # each request's headers, lower-cased names
+        self.request_ports: list[int | None] = []  # each request's client port (which process sent it)
         self.disconnects = 0  # trickled answers the client walked away from
         app = Starlette(routes=[Route("/v1/completions", self._completions, methods=["POST"])])
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -137,6 +138,7 @@ class CompletionsServer:
             return _error(400, "the body is not valid JSON")
         self.requests.append(body)
         self.request_headers.append(dict(request.headers))
+        self.request_ports.append(request.client.port if request.client else None)
         if self.api_key is not None and request.headers.get("authorization") != f"Bearer {self.api_key}":
             return _error(401, "Unauthorized: invalid API key")
         if self.faults.delay_s:
