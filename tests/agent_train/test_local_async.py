@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +239,8 @@ def test_async_0_is_the_synchronous_loop_and_async_1_trains_one_version_behind(t
     steps = [r for r in read_metrics(tmp_path / "one" / "metrics.jsonl") if r["kind"] == "rl"]
     assert [r["sampled_by"] for r in steps] == [0, 0, 1, 2]  # batch j by version max(0, j - 1)
     assert [r["staleness_max"] for r in steps] == [0, 1, 1, 1] and all(r["stale_dropped"] == 0 for r in steps)
+    assert one.staleness == {"0": 8, "1": 24, "dropped": 0}  # 8 episodes a step; what summary.json and the CLI give
+    assert json.loads((tmp_path / "one" / "summary.json").read_text())["rl_staleness"] == one.staleness
     updated = [r for r in steps if r["samples"] > 0]
     assert len(updated) >= 2 and all({"is_ratio_mean", "is_filtered", "vllm_kl"} <= set(r) for r in updated)
     # the first batch is the synchronous loop's (version 0, same prompts and seed: the same tokens, masks and
@@ -278,7 +281,8 @@ def test_asynchronous_rl_refuses_to_pause_or_resume_inside_rl(tmp_path: Path) ->
 
 def test_the_cli_and_the_config_check_the_async_options() -> None:
     parser = build_parser()
-    assert parser.parse_args(["--async", "2", "--is-mode", "clip"]).rl_async == 2
+    args = parser.parse_args(["--async", "2", "--is-mode", "clip", "--branch-from", "runs/sync"])
+    assert (args.rl_async, args.is_mode, args.branch_from) == (2, "clip", "runs/sync")
     assert "--async K" in parser.format_help() and "at most K versions stale" in " ".join(parser.format_help().split())
     with pytest.raises(ValueError, match="rl_async must be at least 0"):
         check_config(msgspec.structs.replace(TINY, rl_async=-1))

@@ -142,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
         "ICEPOP: OpenRLHF's default) or its ratio clamped into it (clip, TIS)",
     )
     parser.add_argument(
+        "--branch-from",
+        metavar="RUN_DIR",
+        help="start RL from another run's SFT model and RNG state (its RUN_DIR/rl_start), with this run's RL options "
+        "(the other options must be the same): e.g. --async 1 on the very SFT model of a synchronous run",
+    )
+    parser.add_argument(
         "--no-ablation",
         action="store_true",
         help="compaction demo: skip the ablation run (RL again from the SFT model with summaries masked)",
@@ -218,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             resume=args.resume,
             progress=not args.no_progress,
             stop_after=args.stop_after,
+            branch_from=args.branch_from,
             tensorboard_dir=events,
             trajectories=not args.no_trajectories,
         )
@@ -243,6 +250,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         + " | ".join(f"{label} {value:.1%}" for label, value in shown)
         + f"   (seed {config.seed}, {result.elapsed_s / 60:.1f} min)"
     )
+    if result.staleness:
+        counts = ", ".join(f"{key}: {value}" for key, value in result.staleness.items() if key != "dropped")
+        print(
+            f"staleness of the trained episodes (--async {config.rl_async}; versions: episodes, over the RL steps): "
+            f"{counts}; dropped as too stale: {result.staleness.get('dropped', 0)}"
+        )
     print(f"{'model:':<13}{result.model_dir}")
     for name, path in result.files.items():
         print(f"{name + ':':<13}{path}")

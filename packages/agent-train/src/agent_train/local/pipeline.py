@@ -52,7 +52,10 @@ from agent_train.errors import TrainError
 from agent_train.local.lockstep import LockstepEngine
 from agent_train.local.rollout import ROLLOUT_BATCHING, RolloutRecord, Rollouts
 
-__all__ = ["PipelineBatch", "RolloutPipeline", "fresh_records", "record_versions", "snapshot", "staleness_stats"]
+__all__ = [
+    "PipelineBatch", "RolloutPipeline", "fresh_records", "record_versions", "snapshot", "staleness_stats",
+    "staleness_totals",
+]  # fmt: skip
 
 logger = structlog.get_logger(__name__)
 
@@ -109,6 +112,23 @@ def _check_generated(index: int, records: Sequence[RolloutRecord]) -> None:
     errors = [e for r in records if r.trajectory is not None for e in r.trajectory.errors]
     reason = f"{errors[0].code}: {errors[0].message}" if errors else "every episode was lost (rollout_lost warnings)"
     raise TrainError(f"batch {index}: no episode generated a token ({reason})")
+
+
+def staleness_totals(metrics: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """A run's staleness from its RL metrics records (`staleness_stats`'): the episodes at each staleness, summed
+    over the steps (``{"0": n, "1": m}``), and ``dropped``."""
+    totals: dict[int, int] = {}
+    dropped = 0
+    for record in metrics:
+        if record.get("kind") != "rl":
+            continue
+        dropped += int(record.get("stale_dropped", 0))
+        for key, value in record.items():
+            if key.startswith("staleness_") and key.removeprefix("staleness_").isdigit():
+                totals[int(key.removeprefix("staleness_"))] = totals.get(int(key.removeprefix("staleness_")), 0) + int(
+                    value
+                )
+    return {**{str(k): v for k, v in sorted(totals.items())}, "dropped": dropped}
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ from agent_train.local.demos import Demo, get_demo
 from agent_train.local.evaluate import EvalResult, evaluate
 from agent_train.local.lockstep import LockstepEngine
 from agent_train.local.metrics import MetricsWriter, read_metrics
-from agent_train.local.pipeline import RolloutPipeline, fresh_records, snapshot, staleness_stats
+from agent_train.local.pipeline import RolloutPipeline, fresh_records, snapshot, staleness_stats, staleness_totals
 from agent_train.local.plot import plot_metrics
 from agent_train.local.rl import episode_advantages, informative_groups, rl_update, trained_records
 from agent_train.local.rollout import ROLLOUT_BATCHING, RolloutRecord, Rollouts
@@ -81,6 +81,8 @@ class TrainResult:
     eval_episodes: int
     finished: bool = True  # False when `stop_after` paused the run (resume it with resume=True)
     files: dict[str, Path] = field(default_factory=dict)
+    #: asynchronous RL: the trained episodes by staleness ("0", "1", ...) and "dropped", summed over the steps
+    staleness: dict[str, int] = field(default_factory=dict)
 
 
 class TrainOptions(TypedDict, total=False):
@@ -567,11 +569,10 @@ class _Run:
 
     def finish(self) -> TrainResult:
         self.bar.close()
+        records = read_metrics(self.metrics.path)
         files = {
             "metrics": self.metrics.path,
-            "plot": plot_metrics(
-                read_metrics(self.metrics.path), self.run_dir / "learning_curve.png", title=self.demo.plot_title
-            ),
+            "plot": plot_metrics(records, self.run_dir / "learning_curve.png", title=self.demo.plot_title),
             "checkpoint": self.checkpoint_dir,
             **({"tensorboard": self.tensorboard_dir} if self.tensorboard_dir is not None else {}),
             **({"trajectories": self.trajectory_log.directory} if self.trajectory_log is not None else {}),
@@ -585,6 +586,7 @@ class _Run:
             eval_episodes=len(self.held_out),
             finished=self.state.phase == "done",
             files=files,
+            staleness=staleness_totals(records) if self.config.rl_async is not None else {},
         )
         summary = {
             "finished": result.finished,
@@ -595,6 +597,7 @@ class _Run:
             "elapsed_s": round(result.elapsed_s, 1),
             "model_dir": str(result.model_dir),
             "config": msgspec.to_builtins(self.config),
+            **({"rl_staleness": result.staleness} if self.config.rl_async is not None else {}),
         }
         (self.run_dir / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary)) + b"\n")
         files["summary"] = self.run_dir / "summary.json"
