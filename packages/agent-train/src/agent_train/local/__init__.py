@@ -9,7 +9,10 @@ episodes' transcript records. One idea per module:
   `program_rollouts`: the same for an agent-program recipe, each episode run by `AgentExecutor.rollout` (the proxy);
 - `lockstep`: `LockstepEngine`, the trainer's engine: each wave of the episodes' requests batched in episode order,
   never by arrival time, so a seed gives the same run, bit for bit, on the same machine;
-- `rl`: group-normalized advantages and the clipped policy-gradient step (optional KL to the SFT model);
+- `rl`: group-normalized advantages and the clipped policy-gradient step (optional KL to the SFT model, OpenRLHF's
+  token-level IS correction for rollouts of older weights);
+- `pipeline`: `RolloutPipeline`, asynchronous RL (``--async K``): batches sampled on a copy of the weights, at most
+  K versions behind the update that trains them;
 - `evaluate`: greedy held-out success through `AgentRuntime`;
 - `paired`: two saved models on the same held-out problems, fixed / broken and a sign test;
 - `metrics` (JSONL), `plot` (PNG), `checkpoint` (HF model directory + trainer state, resume);

@@ -15,7 +15,8 @@ of `train_local`.
    one record per segment, read from the episode's transcript records), computes the `rl_estimator`'s advantages
    and takes a policy-gradient step on the action tokens; with `rl_dynamic_filtering` (DAPO) the groups whose
    rewards are all equal are dropped and new prompts are sampled to refill the step, for at most
-   `rl_filter_rounds` rounds; held-out success every `eval_every` steps and at the end;
+   `rl_filter_rounds` rounds; held-out success every `eval_every` steps and at the end; with `rl_async` K the
+   batches are sampled ahead on a copy of the weights, at most K versions stale (`agent_train.local.pipeline`);
 6. the final model (a Hugging Face directory), the metrics JSONL, the learning-curve PNG and ``summary.json``.
 
 Run directory: ``metrics.jsonl``, ``learning_curve.png``, ``summary.json``, ``checkpoint/`` (latest, with
