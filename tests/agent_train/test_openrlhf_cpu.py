@@ -212,6 +212,24 @@ def test_the_verdict_wants_every_step_and_one_advantage_per_episode(tmp_path: Pa
     assert not checks.verdict(tmp_path / "absent.jsonl").ok
 
 
+def test_the_verdict_bounds_the_gap_on_policy_only_and_counts_each_actors_versions(tmp_path: Path) -> None:
+    rows = healthy_run()
+    rows[9] = {**rows[9], "logprob_gap": 0.5}  # async: a step trains on rollouts older weights sampled
+    assert not checks.verdict(write_checks(tmp_path / "a.jsonl", rows), min_steps=2).ok
+    report = checks.verdict(write_checks(tmp_path / "b.jsonl", rows), min_steps=2, on_policy=False)
+    assert report.ok and "not bounded" in report.summary(), report.summary()
+    bump = {"kind": "version", "pid": 20, "live": 3, "paused_mid_turn": 1, "drained": True, "drain_s": 0.0}
+    counted = [*healthy_run(), {**bump, "version": 1}, {**bump, "version": 2}]
+    assert checks.verdict(write_checks(tmp_path / "c.jsonl", counted), min_steps=2).ok
+    lost = [*healthy_run(), {**bump, "version": 1}]  # a sync loaded but not counted
+    assert any(
+        "versions went [1] over 2 sync(s)" in p
+        for p in checks.verdict(write_checks(tmp_path / "d.jsonl", lost)).problems
+    )
+    late = [*healthy_run(), {**bump, "version": 1}, {**bump, "version": 2, "drained": False}]
+    assert any("mis-tagged" in p for p in checks.verdict(write_checks(tmp_path / "e.jsonl", late)).problems)
+
+
 def test_a_cpu_run_without_vllms_cpu_build_stops_before_ray_starts(tmp_path: Path, recipe: Recipe) -> None:
     from importlib.metadata import PackageNotFoundError, version
 

@@ -14,7 +14,9 @@ processes do not interleave within a line:
   mean absolute advantage and the number of samples;
 - ``samples``: the experience maker made S training samples from E episodes (S > E when episodes compacted);
 - ``advantages``: for a batch with compacted episodes, the largest difference between two trained tokens'
-  advantages within one episode (0 under the group estimators: every segment carries its episode's advantage).
+  advantages within one episode (0 under the group estimators: every segment carries its episode's advantage);
+- ``version``: a vLLM rollout actor loaded a sync and bumped its policy version (`engine_versions`), with how
+  many requests had part of their tokens sampled when generation paused for it.
 
 `verdict(path)` reads the file and says, per check, whether it held. With nothing set, every function here is a
 no-op. Torch is imported inside the functions only.
@@ -237,6 +239,7 @@ class CheckReport(msgspec.Struct, frozen=True, kw_only=True):
     workers: int
     workers_without_segments: int
     problems: list[str]
+    on_policy: bool = True
 
     @property
     def ok(self) -> bool:
@@ -246,7 +249,8 @@ class CheckReport(msgspec.Struct, frozen=True, kw_only=True):
         gap = "n/a" if self.max_logprob_gap is None else f"{self.max_logprob_gap:.2e}"
         lines = [
             f"steps trained: {self.steps}; weight syncs: {self.syncs} (to {self.engines} vLLM worker(s))",
-            f"vLLM-vs-actor logprob gap (KL, per token), worst step: {gap} (bound {MAX_LOGPROB_GAP})",
+            f"vLLM-vs-actor logprob gap (KL, per token), worst step: {gap} "
+            + (f"(bound {MAX_LOGPROB_GAP})" if self.on_policy else "(async: older weights sampled, not bounded)"),
             f"episodes -> training samples: {self.episodes} -> {self.samples}"
             + (
                 ""
@@ -267,8 +271,10 @@ def _read(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def verdict(path: str | os.PathLike[str], *, min_steps: int = 1) -> CheckReport:
-    """Read the checks file at `path` and judge it (see the module docstring)."""
+def verdict(path: str | os.PathLike[str], *, min_steps: int = 1, on_policy: bool = True) -> CheckReport:
+    """Read the checks file at `path` and judge it (see the module docstring). `on_policy` False (async mode):
+    a step trains on rollouts that older weights sampled (the IS correction's case), so the vLLM-vs-actor gap is
+    reported but not bounded."""
     rows = _read(Path(path)) if Path(path).exists() else []
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
@@ -300,11 +306,21 @@ def verdict(path: str | os.PathLike[str], *, min_steps: int = 1) -> CheckReport:
             )
     if len(digests) > 1 and len(set(digests.values())) == 1:
         problems.append("every sync sent the same weights: no step changed the actor")
+    versions: dict[int, list[dict[str, Any]]] = {}  # each rollout actor's version bumps (`engine_versions`)
+    for row in by_kind.get("version", []):
+        versions.setdefault(row["pid"], []).append(row)
+    for bumps in versions.values():
+        if [row["version"] for row in bumps] != list(range(1, len(sent) + 1)):
+            problems.append(
+                f"a rollout actor's policy versions went {[row['version'] for row in bumps]} over {len(sent)} sync(s)"
+            )
+        if not all(row["drained"] for row in bumps):
+            problems.append("a version bump did not wait for the outputs sampled before it: tokens may be mis-tagged")
     gaps = [row["logprob_gap"] for row in train if row["with_logprobs"]]
     if train and not gaps:
         problems.append("no step had vLLM's logprobs to compare with the actor's")
     worst = max(gaps) if gaps else None
-    if worst is not None and worst > MAX_LOGPROB_GAP:
+    if on_policy and worst is not None and worst > MAX_LOGPROB_GAP:
         problems.append(f"the vLLM-vs-actor logprob gap reached {worst:.2e}, above {MAX_LOGPROB_GAP}")
     advantages = [row["mean_abs_advantage"] for row in train]
     if train and not any(a > 0 for a in advantages):
@@ -332,4 +348,5 @@ def verdict(path: str | os.PathLike[str], *, min_steps: int = 1) -> CheckReport:
         workers=len(workers),
         workers_without_segments=len(missing),
         problems=problems,
+        on_policy=on_policy,
     )

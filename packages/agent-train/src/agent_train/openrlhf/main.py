@@ -5,7 +5,8 @@ is not the pinned one), sets ``RAY_RUNTIME_ENV_HOOK`` so that the `ray.init` Ope
 of the job the extension as its `worker_process_setup_hook`, and runs OpenRLHF's own ``__main__`` block with the
 same arguments. With ``AGENT_OPENRLHF_DEVICE=cpu`` (the launcher's ``--device cpu``) it applies the CPU bridges
 (`cpu_bridges`), starts Ray itself with the GPUs the job asks for as resources (nothing uses a GPU), and after the
-job prints the verdict of the checks its processes recorded (`cpu_checks`), exiting 1 when one failed. Ray
+job prints the verdict of the checks its processes recorded (`cpu_checks`; in async mode the vLLM-vs-actor gap is
+not bounded: a step trains on rollouts older weights sampled), exiting 1 when one failed. Ray
 ignores the hook for a driver started by ``uv run`` unless ``RAY_ENABLE_UV_RUN_RUNTIME_ENV=0``,
 which the launcher sets for a local run. The same works as the entry point of a ``ray job submit`` job: Ray
 merges the job's runtime env with the driver's before the hook adds the setup hook. The launcher runs this module.
@@ -45,7 +46,8 @@ def main() -> None:
         start_ray_on_cpu(sys.argv[1:])
     runpy.run_module(TRAIN_MODULE, run_name="__main__", alter_sys=True)
     if cpu_bridges.cpu_requested() and cpu_checks.enabled():
-        report = cpu_checks.verdict(os.environ[cpu_checks.CHECKS_ENV])
+        on_policy = "--train.async_enable" not in sys.argv[1:]  # async steps train on older weights' rollouts
+        report = cpu_checks.verdict(os.environ[cpu_checks.CHECKS_ENV], on_policy=on_policy)
         print(f"\n== --device cpu checks ({os.environ[cpu_checks.CHECKS_ENV]})\n{report.summary()}", flush=True)
         if not report.ok:
             raise SystemExit(1)

@@ -13,7 +13,10 @@ Inside OpenRLHF the executor gets `llm_engine`, the vLLM rollout actor, whose co
 - the token ids are kept exactly as vLLM returned them; the text is never re-tokenized;
 - what comes back passes `validate_generation` (plain int ids inside the tokenizer's vocabulary, at most the
   turn's `max_tokens`, finite logprobs, a known finish reason), so a rollout actor that answers garbage ends
-  its episode as ``engine_bad_output`` instead of putting ids the model cannot have sampled into training.
+  its episode as ``engine_bad_output`` instead of putting ids the model cannot have sampled into training;
+- policy versions: on OpenRLHF's vLLM actor (one with a vLLM ``llm``), `EngineVersions` counts the weight syncs
+  the actor has loaded (`policy_version`) and tags every generated id with the version that sampled it, a turn
+  that a sync paused mid-way with two (`Generation.versions`; how no id is misattributed: `engine_versions`).
 
 Images (`accepts_images`, set for a vision-language model: OpenRLHF hands the executor the model's processor):
 a turn whose context holds images is one call with ``multi_modal_data={"image": [PIL images]}``, the context's
@@ -40,6 +43,7 @@ from agent_env import decode_image
 from agent_protocol import Tokenizer, read_image
 from agent_runtime import EngineBadOutput, EngineError, Generation, LLMEngine, SamplingParams
 from agent_runtime.engines import plain_ids, tokenizer_vocab_size, validate_generation
+from agent_train.openrlhf.engine_versions import EngineVersions, output_versions
 
 __all__ = ["OpenRLHFEngine", "generation_from_output", "turn_sampling_params"]
 
@@ -76,6 +80,16 @@ class OpenRLHFEngine(LLMEngine):
         self.accepts_images = accepts_images
         self.image_pad_ids = frozenset(int(i) for i in image_pad_ids)
         self._pictures: dict[str, Any] = {}  # PIL images by reference, opened once per episode
+        self.versions = EngineVersions.of(rollout_engine)  # None: an actor without vLLM tracks no versions
+
+    @property
+    def policy_version(self) -> int | None:
+        """The weight syncs OpenRLHF's actor has loaded (None: untracked)."""
+        return None if self.versions is None else self.versions.version
+
+    @policy_version.setter
+    def policy_version(self, version: int | None) -> None:
+        raise AttributeError("openrlhf: the policy version is the rollout actor's count of loaded weight syncs")
 
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams, *, images: Sequence[str] = ()
@@ -95,7 +109,7 @@ class OpenRLHFEngine(LLMEngine):
             raise EngineError(f"openrlhf: the rollout engine failed: {type(e).__name__}: {e}") from e
         generation = generation_from_output(
             output, with_logprobs=self.with_logprobs, tokenizer=self.tokenizer, max_tokens=params.max_tokens,
-            vocab_size=self.vocab_size,
+            vocab_size=self.vocab_size, with_versions=self.versions is not None,
         )  # fmt: skip
         pads = self.image_pad_ids.intersection(generation.ids)
         if pads:
@@ -129,10 +143,18 @@ def turn_sampling_params(base: Any, *, max_tokens: int, stop_token_ids: Sequence
 
 
 def generation_from_output(
-    output: Any, *, with_logprobs: bool, tokenizer: Tokenizer, max_tokens: int, vocab_size: int | None
+    output: Any,
+    *,
+    with_logprobs: bool,
+    tokenizer: Tokenizer,
+    max_tokens: int,
+    vocab_size: int | None,
+    with_versions: bool = False,
 ) -> Generation:
-    """A vLLM `RequestOutput` (its first completion) as a checked `Generation`. Raises `EngineBadOutput` when
-    it is not shaped like one or fails `validate_generation`; `EngineError` for vLLM's own ``"error"``."""
+    """A vLLM `RequestOutput` (its first completion) as a checked `Generation`, with the policy versions the
+    `EngineVersions` tap put on it when `with_versions` (an untapped output then is an `EngineBadOutput`: the
+    tracker missed it, and a record must not guess). Raises `EngineBadOutput` when it is not shaped like one or
+    fails `validate_generation`; `EngineError` for vLLM's own ``"error"``."""
     try:
         completion = output.outputs[0]
         ids = list(completion.token_ids)
@@ -147,9 +169,12 @@ def generation_from_output(
         if len(entries) != len(ids):
             raise EngineBadOutput(f"{_NAME}: {len(entries)} logprob entries for {len(ids)} generated tokens")
         logprobs = [_sampled_logprob(entry, token) for entry, token in zip(entries, ids, strict=True)]
+    versions = output_versions(output) if with_versions else None
+    if with_versions and versions is None:
+        raise EngineBadOutput(f"{_NAME}: the rollout actor's output carries no policy versions (it was not tapped)")
     return validate_generation(
         _NAME, tokenizer, ids=ids, logprobs=logprobs, finish_reason=reason, max_tokens=max_tokens,
-        vocab_size=vocab_size,
+        vocab_size=vocab_size, versions=versions,
     )  # fmt: skip
 
 
