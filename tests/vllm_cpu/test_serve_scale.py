@@ -263,6 +263,7 @@ def test_a_pool_of_two_vllm_servers_is_token_exact_sticky_and_survives_losing_on
             assert upstream["hits"] > 0, hits
     # the kill: the conversation went on on the other upstream; the conversation after it too
     victim = killed[0][0]
+    assert victim is not None, killed
     assert killed[0][:2] == [victim, victim] and set(killed[0][2:]) == {1 - victim}, killed
     assert set(killed[1]) == {1 - victim}, killed
     assert all(m["transcript_rerenders"] == 0 for m in replica_metrics), replica_metrics
