@@ -14,12 +14,19 @@ a list of another length passes as it is, for tests of bad engine output), or No
 
 `calls` records every prompt received, for assertions: a `PromptView` as it came (O(1): views never change), any
 other sequence copied. `record=False` keeps nothing (benchmarks, long runs whose memory should not grow).
+
+Its own cost is counted, not hidden: `stats()` (a server's `/metrics` "engine") gives the generations answered and
+the CPU seconds spent inside `generate` (the policy, tokenizing its answer, decoding the ids; `delay_s` sleeps
+excluded). A real engine does that work on a GPU or in another process, so a benchmark of the server around it
+subtracts this figure to get the server's own CPU.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from agent_protocol import Tokenizer
 from agent_runtime.engines.base import Generation, LLMEngine, PromptView, SamplingParams, checked_policy_version
@@ -70,6 +77,8 @@ class ScriptedEngine(LLMEngine):
         self._versions = [None if v is None else list(v) for v in versions]
         self.calls: list[Sequence[int]] = []  # every prompt received, for assertions (when recording)
         self.images_seen: list[tuple[str, ...]] = []  # the images of each call (when recording)
+        self._generations = 0
+        self._cpu_s = 0.0  # thread CPU inside generate: the stand-in model's own work
 
     @property
     def remaining(self) -> int:
@@ -95,6 +104,20 @@ class ScriptedEngine(LLMEngine):
             self.images_seen.append(tuple(images))
         if self._delay_s:
             await asyncio.sleep(self._delay_s)
+        started = time.thread_time()
+        try:
+            return self._answer(prompt_ids, sampling, images, budget)
+        finally:
+            self._generations += 1
+            self._cpu_s += time.thread_time() - started
+
+    def stats(self) -> dict[str, Any]:
+        """The stand-in model's own work: generations answered and the CPU seconds they took (see the docstring)."""
+        return {"generations": self._generations, "model_cpu_s": self._cpu_s}
+
+    def _answer(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams, images: Sequence[str], budget: int
+    ) -> Generation:
         if self._policy is not None:
             step = self._prepare(self._policy(prompt_ids, images))
         elif self._script:
