@@ -1,0 +1,62 @@
+"""apps/serve's log lines: our structlog events (written by structlog straight to stderr) and the standard library's
+records (uvicorn's, warnings) come out as the same JSON lines, with the logger's name, the level, an ISO timestamp,
+bound and context values, a rendered traceback, and the level filter applied. Run in a child process: configuring
+logging is process-wide."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+EMIT = """
+import logging, sys, structlog
+sys.path.insert(0, sys.argv[1])
+from apps.serve.__main__ import configure_logging
+configure_logging(sys.argv[2], "info")
+log = structlog.get_logger("agent_runtime.serving.app")
+bound = log.bind(mode="agent", stream=False)
+bound.info("request_served", duration_ms=1.5)
+bound.debug("filtered_out")
+structlog.contextvars.bind_contextvars(request="r1")
+log.warning("request_failed", error='bad "input"')
+structlog.contextvars.clear_contextvars()
+try:
+    1 / 0
+except ZeroDivisionError:
+    log.exception("failed")
+logging.getLogger("uvicorn.error").info("uvicorn says %s", "hi")
+logging.getLogger("uvicorn.error").debug("filtered out too")
+"""
+
+
+def _lines(log_format: str) -> list[str]:
+    result = subprocess.run(
+        [sys.executable, "-c", EMIT, str(ROOT), log_format], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    return result.stderr.splitlines()
+
+
+def test_json_lines_carry_the_name_level_time_and_values_of_each_event() -> None:
+    events = [json.loads(line) for line in _lines("json")]
+    assert [e["event"] for e in events] == ["request_served", "request_failed", "failed", "uvicorn says hi"]
+    served, failed, crashed, foreign = events
+    assert list(served) == ["mode", "stream", "duration_ms", "event", "logger", "level", "timestamp"]
+    assert served["logger"] == "agent_runtime.serving.app" and served["level"] == "info"
+    assert served["mode"] == "agent" and served["stream"] is False and served["duration_ms"] == 1.5
+    assert served["timestamp"].endswith("Z") and served["timestamp"][:2] == "20"
+    assert failed["request"] == "r1" and failed["error"] == 'bad "input"' and failed["level"] == "warning"
+    assert crashed["level"] == "error" and crashed["exception"].endswith("ZeroDivisionError: division by zero")
+    assert foreign["logger"] == "uvicorn.error" and foreign["level"] == "info" and "timestamp" in foreign
+
+
+def test_console_lines_name_the_logger_too() -> None:
+    lines = _lines("console")
+    assert "request_served" in lines[0] and "agent_runtime.serving.app" in lines[0] and "duration_ms" in lines[0]
+    assert not any("filtered" in line for line in lines)
+    assert any("uvicorn says hi" in line and "uvicorn.error" in line for line in lines)
