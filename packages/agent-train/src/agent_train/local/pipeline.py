@@ -124,10 +124,9 @@ def staleness_totals(metrics: Sequence[Mapping[str, Any]]) -> dict[str, int]:
             continue
         dropped += int(record.get("stale_dropped", 0))
         for key, value in record.items():
-            if key.startswith("staleness_") and key.removeprefix("staleness_").isdigit():
-                totals[int(key.removeprefix("staleness_"))] = totals.get(int(key.removeprefix("staleness_")), 0) + int(
-                    value
-                )
+            suffix = key.removeprefix("staleness_")
+            if key.startswith("staleness_") and suffix.isdigit():
+                totals[int(suffix)] = totals.get(int(suffix), 0) + int(value)
     return {**{str(k): v for k, v in sorted(totals.items())}, "dropped": dropped}
 
 
