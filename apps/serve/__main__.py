@@ -222,11 +222,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 class _NamedWriteLogger(structlog.WriteLogger):
     """structlog's line writer with the name it was asked for, which `add_logger_name` reads as it reads a standard
-    library logger's."""
+    library logger's. A line that cannot be written (stderr full, closed, a broken pipe) is dropped, as the standard
+    library's handler drops it: logging never fails a request."""
 
     def __init__(self, name: str) -> None:
         super().__init__(sys.stderr)
         self.name = name
+
+    def msg(self, message: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            super().msg(message)
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
 
 
 def configure_logging(log_format: str, level: str) -> None:

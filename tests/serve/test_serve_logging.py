@@ -55,6 +55,22 @@ def test_json_lines_carry_the_name_level_time_and_values_of_each_event() -> None
     assert foreign["logger"] == "uvicorn.error" and foreign["level"] == "info" and "timestamp" in foreign
 
 
+def test_a_line_that_cannot_be_written_is_dropped_and_the_caller_goes_on() -> None:
+    """stderr on /dev/full: every write fails (ENOSPC), as on a full disk or a broken pipe; logging raises nothing."""
+    code = (
+        "import os, sys, structlog\n"
+        "sys.stderr = open('/dev/full', 'w')\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from apps.serve.__main__ import configure_logging\n"
+        "configure_logging('json', 'info')\n"
+        "structlog.get_logger('agent_runtime.serving.app').bind(mode='agent').info('request_served')\n"
+        "print('went on', flush=True)\n"
+        "os._exit(0)\n"  # not the interpreter's exit, whose own flush of stderr would fail on /dev/full
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout == "went on\n", result.stderr
+
+
 def test_console_lines_name_the_logger_too() -> None:
     lines = _lines("console")
     assert "request_served" in lines[0] and "agent_runtime.serving.app" in lines[0] and "duration_ms" in lines[0]
