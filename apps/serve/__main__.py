@@ -229,6 +229,15 @@ class _NamedWriteLogger(structlog.WriteLogger):
         super().__init__(sys.stderr)
         self.name = name
 
+    def __getstate__(self) -> str:
+        # the name only: the process that unpickles it writes to its own stderr
+        return self.name
+
+    def __setstate__(self, state: Any) -> None:
+        # Ray ships the app (and the loggers its modules cached) to each replica: structlog's own state keeps only
+        # the stream, and a replica's logger without its name failed at its first event.
+        self.__init__(str(state))  # type: ignore[misc]
+
     def msg(self, message: str) -> None:
         with contextlib.suppress(OSError, ValueError):
             super().msg(message)

@@ -76,3 +76,28 @@ def test_console_lines_name_the_logger_too() -> None:
     assert "request_served" in lines[0] and "agent_runtime.serving.app" in lines[0] and "duration_ms" in lines[0]
     assert not any("filtered" in line for line in lines)
     assert any("uvicorn says hi" in line and "uvicorn.error" in line for line in lines)
+
+
+PICKLED = """
+import sys, cloudpickle, structlog
+sys.path.insert(0, sys.argv[1])
+from apps.serve.__main__ import configure_logging
+configure_logging("json", "info")
+log = structlog.get_logger("agent_runtime.serving.app")
+log.info("before")  # caches the bound logger, as a module's first event does before Ray ships the app
+shipped = cloudpickle.loads(cloudpickle.dumps(log))  # what `--replicas` sends each Ray Serve replica
+shipped.info("in_replica", replica=1)
+"""
+
+
+def test_a_logger_shipped_to_a_replica_keeps_its_name() -> None:
+    """`--replicas` pickles the app, and with it the loggers its modules cached: unpickled, each still writes lines
+    with its name (a replica once failed at its first event, the name lost on the way)."""
+    result = subprocess.run([sys.executable, "-c", PICKLED, str(ROOT)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stderr.splitlines()]
+    assert [(line["event"], line["logger"]) for line in lines] == [
+        ("before", "agent_runtime.serving.app"),
+        ("in_replica", "agent_runtime.serving.app"),
+    ]
+    assert lines[1]["replica"] == 1
