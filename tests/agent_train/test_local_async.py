@@ -234,6 +234,11 @@ def test_async_0_is_the_synchronous_loop_and_async_1_trains_one_version_behind(t
     )
 
     assert sum(r["samples"] for r in _numbers(tmp_path / "sync") if r["kind"] == "rl") > 0  # the weights move
+    # the synchronous loop's step j is sampled by the weights after j updates, and its records say so
+    for run in ("sync", "zero"):
+        steps = sorted((tmp_path / run / "trajectories").glob("step_*.jsonl"))
+        versions = [{tuple(episode.policy_versions) for episode in read_trajectories(path)} for path in steps]
+        assert versions == [{(step,)} for step in range(len(steps))], run
     one = train_local(msgspec.structs.replace(config, rl_async=1), tmp_path / "one", progress=False, recipe=SHAPED)
     assert one.finished and set(one.figures) == {"before", "after_sft", "after_rl"}
     steps = [r for r in read_metrics(tmp_path / "one" / "metrics.jsonl") if r["kind"] == "rl"]

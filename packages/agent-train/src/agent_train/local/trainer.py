@@ -359,6 +359,8 @@ class _Run:
         last_eval = -1
         while self.state.rl_step < config.rl_steps:
             started = time.perf_counter()
+            # the weights the engine shares have had `rl_step` updates (a resumed run's too): its tokens say so
+            self.engine.set_policy_version(self.state.rl_step)
             prompts = self.rng.sample(self.train_rows, config.rl_prompts)
             records = await rollouts.collect(
                 prompts,
