@@ -37,6 +37,8 @@ from agent_env import (
 from agent_protocol import Action, HFTokenizer, ToolCall, get_protocol
 from agent_protocol.protocols.qwen3 import Qwen3Protocol
 from agent_runtime import AgentRuntime, AgentSession, RunResult, ScriptedEngine
+from tests.support.calculator_episode import qwen3_answer as answer
+from tests.support.calculator_episode import qwen3_call as call
 
 N = 6
 BAD = 2  # the episode whose component raises
@@ -83,15 +85,6 @@ def tally() -> Iterator[dict[str, list[int]]]:
 @pytest.fixture(scope="module")
 def tokenizer(qwen3_tokenizer_file: Path) -> HFTokenizer:
     return HFTokenizer.from_file(qwen3_tokenizer_file)
-
-
-def call(expression: str) -> str:
-    payload = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
-    return f"<think>\nUse the tool.\n</think>\n\n<tool_call>\n{payload}\n</tool_call><|im_end|>"
-
-
-def answer(text: str) -> str:
-    return f"<think>\nDone.\n</think>\n\n{text}<|im_end|>"
 
 
 def _bad(task: Any) -> bool:

@@ -53,6 +53,8 @@ from agent_runtime.serving.api_error import ApiError
 from agent_runtime.serving.backend import ServingBackend
 from agent_runtime.serving.openai_wire import decode_request
 from agent_runtime.serving.tools_mode import complete_tools
+from tests.support.calculator_episode import qwen3_answer as answer
+from tests.support.calculator_episode import qwen3_call as call
 
 QUESTION = "What is 17 * 23?"
 
@@ -65,15 +67,6 @@ def contained() -> Iterator[dict[str, bool]]:
     ended = ", ".join(f"{fault}{'' if ok else ' (NOT contained)'}" for fault, ok in tally.items())
     print(f"\na component raising at each point: {sum(tally.values())} / {len(tally)} ended only their episode, "
           f"coded ({ended})")  # fmt: skip
-
-
-def call(expression: str) -> str:
-    payload = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
-    return f"<think>\nUse the tool.\n</think>\n\n<tool_call>\n{payload}\n</tool_call><|im_end|>"
-
-
-def answer(text: str) -> str:
-    return f"<think>\nDone.\n</think>\n\n{text}<|im_end|>"
 
 
 @pytest.fixture(scope="module")

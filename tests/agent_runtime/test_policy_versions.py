@@ -10,7 +10,6 @@ trajectory reports the versions and the staleness, and a record from before vers
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,20 +30,13 @@ from agent_runtime import (
 )
 from agent_runtime.engines import validate_generation
 from agent_runtime.trajectory import read_trajectories
+from tests.support.calculator_episode import qwen3_answer as answer
+from tests.support.calculator_episode import qwen3_call as call
 
 if TYPE_CHECKING:
     from agent_runtime.engines.hf import HFEngine
 
 GREEDY = SamplingParams(max_new_tokens=8, temperature=0.0)
-
-
-def call(expression: str) -> str:
-    payload = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
-    return f"<think>\nUse the tool.\n</think>\n\n<tool_call>\n{payload}\n</tool_call><|im_end|>"
-
-
-def answer(text: str) -> str:
-    return f"<think>\nDone.\n</think>\n\n{text}<|im_end|>"
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,27 @@ that uses this still collects in agent-protocol's isolation run, where its sessi
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any, Literal, NamedTuple
 
 import pytest
 
 from agent_protocol import ChatProtocol, HFTokenizer
 
-__all__ = ["QUESTION", "CalculatorEpisode", "run_calculator_episode"]
+__all__ = ["QUESTION", "CalculatorEpisode", "qwen3_answer", "qwen3_call", "run_calculator_episode"]
 
 QUESTION = "What is 17 * 23?"
+
+
+def qwen3_call(expression: str) -> str:
+    """A Qwen3 completion that thinks, then calls the calculator on `expression`."""
+    payload = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+    return f"<think>\nUse the tool.\n</think>\n\n<tool_call>\n{payload}\n</tool_call><|im_end|>"
+
+
+def qwen3_answer(text: str) -> str:
+    """A Qwen3 completion that thinks, then answers `text`."""
+    return f"<think>\nDone.\n</think>\n\n{text}<|im_end|>"
 
 
 class CalculatorEpisode(NamedTuple):
