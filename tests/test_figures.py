@@ -406,7 +406,8 @@ def test_the_registrys_specs_read_what_the_evaluation_tools_print(tmp_path: Path
 
 def test_the_registrys_json_specs_name_keys_the_runs_write() -> None:
     """Every `summary.json` key a spec reads is one the command's program writes: the local trainer's figures
-    (`agent_train.local.cli`'s list) and `elapsed_s`, or a field of examples/any_agent's result."""
+    (`agent_train.local.cli`'s list) and `elapsed_s` (and under `--async K` its `rl_staleness`: the trained
+    episodes by staleness 0..K, and `dropped`), or a field of examples/any_agent's result."""
     import ast
 
     from agent_train.local.cli import _FIGURES
@@ -426,7 +427,12 @@ def test_the_registrys_json_specs_name_keys_the_runs_write() -> None:
                         continue
                     key = one.split("#", 1)[1].rsplit("/", 1)[0]
                     if "uv run apps/train" in row.command:
-                        assert key in trainer, (entry.id, row.name, key)
+                        staleness = re.fullmatch(r"rl_staleness\.(\d+|dropped)", key)
+                        ahead = re.search(r"--async (\d+)", row.command)
+                        if staleness is not None and ahead is not None:  # trained episodes by staleness 0..K
+                            assert staleness[1] == "dropped" or int(staleness[1]) <= int(ahead[1]), (entry.id, key)
+                        else:
+                            assert key in trainer, (entry.id, row.name, key)
                     else:
                         assert "examples.any_agent.train" in row.command, (entry.id, row.name)
                         assert key.split(".")[0] in any_agent, (entry.id, row.name, key)
