@@ -43,7 +43,7 @@ from tests.support.local_rollout_engine import LocalRolloutEngine
 from tests.support.serve_process import ServeProcess, free_port
 from tests.vllm_cpu.conftest import ENGINE_ARGS, LoopThread
 from tests.vllm_cpu.test_engine import LOGPROB_TOLERANCE
-from tests.vllm_cpu.test_executor import RolloutActor
+from tests.vllm_cpu.test_executor import RolloutActor, assert_same_logs
 from tests.vllm_cpu.test_runtime import assert_same_episode
 from tests.vllm_cpu.test_serve_cli import CPU_ENV, assert_same_greedy_turn
 
@@ -200,7 +200,7 @@ def test_calculator_through_openrlhfs_actor_on_vllm_equals_hf(
         assert sample["action_ranges"] == hf["action_ranges"], row
         assert sample["rollout_log_probs"] == pytest.approx(hf["rollout_log_probs"], abs=LOGPROB_TOLERANCE)
         assert (sample["reward"], sample["truncated"]) == (hf["reward"], hf["truncated"])
-        assert sample["extra_logs"] == hf["extra_logs"]
+        assert_same_logs(sample["extra_logs"], hf["extra_logs"])
         actions = [hf_tokenizer.decode(sample["observation_tokens"][a:b]) for a, b in sample["action_ranges"]]
         assert "<tool_call>" in actions[0] and "calculator" in actions[0], actions
         assert sample["reward"] == float(f"The answer is {row['answer']}." in actions[-1]), (row, actions)
