@@ -44,7 +44,7 @@ from agent_protocol.tokenizer import (
     load_tokenizer,
     processor_vision_grid,
 )
-from agent_protocol.transcript import Span, TokenTranscript, TranscriptRecord
+from agent_protocol.transcript import Span, TokenTranscript, TranscriptRecord, version_runs
 from agent_protocol.types import (
     Action,
     ImagePart,
@@ -119,6 +119,7 @@ __all__ = [
     "register_family",
     "register_protocol",
     "unregister_family",
+    "version_runs",
 ]
 
 __version__ = _version("agent-protocol")

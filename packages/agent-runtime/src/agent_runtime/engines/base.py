@@ -18,7 +18,7 @@ from typing import Any, Final, Literal, overload
 
 import msgspec
 
-from agent_protocol import ChatProtocol, ControlTokens, MessageLike, Tokenizer, coerce_messages
+from agent_protocol import ChatProtocol, ControlTokens, MessageLike, Tokenizer, coerce_messages, version_runs
 from agent_runtime.errors import ContextBudgetExceeded, EngineBadOutput, EngineError
 
 __all__ = [
@@ -278,25 +278,17 @@ def validate_generation(
 
 def check_versions(engine: str, versions: object, count: int) -> list[int] | None:
     """`versions` (an engine's `Generation.versions`) checked for a generation of `count` ids: None, or a list
-    of one plain int >= 0 per id, never decreasing (a generation of one version, the usual case, is checked by one
-    C-level count, which takes a bool equal to that version as the number it equals). A violation raises
-    `EngineBadOutput` naming the first bad value: a record must never say a token came from a policy it did not."""
+    of one plain int >= 0 per id, never decreasing, by the transcript's own rule (`agent_protocol.version_runs`,
+    which appends them). A violation raises `EngineBadOutput` naming the first bad value: a record must never say a
+    token came from a policy it did not."""
     if versions is None:
         return None
     if not isinstance(versions, list):
         raise EngineBadOutput(f"{engine}: the policy versions are a {type(versions).__name__}, not a list")
-    if len(versions) != count:
-        raise EngineBadOutput(f"{engine}: {len(versions)} policy versions for {count} ids")
-    first = versions[0] if count else None
-    if type(first) is int and first >= 0 and versions.count(first) == count:  # one version (most): a C loop
-        return versions
-    previous = 0
-    for position, version in enumerate(versions):
-        if type(version) is not int or version < 0:
-            raise EngineBadOutput(f"{engine}: policy version {position} is {version!r}, not an int >= 0")
-        if version < previous:
-            raise EngineBadOutput(f"{engine}: policy version {position} is {version}, below the {previous} before it")
-        previous = version
+    try:
+        version_runs(versions, count)
+    except ValueError as e:
+        raise EngineBadOutput(f"{engine}: {e}") from None
     return versions
 
 
