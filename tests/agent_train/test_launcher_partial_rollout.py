@@ -10,20 +10,14 @@ from types import ModuleType
 import pytest
 
 from agent_runtime.recipe import Recipe, load_recipe
-from agent_train import LaunchConfig, LaunchError, check_plan, plan_launch
+from agent_train import LaunchError, check_plan, plan_launch
+from tests.agent_train.test_launcher import RECIPE, config
 from tests.support.train_app import load_train_app
-
-ROOT = Path(__file__).resolve().parents[2]
-RECIPE = ROOT / "recipes" / "calculator.py"
 
 
 @pytest.fixture(scope="module")
 def recipe() -> Recipe:
     return load_recipe(RECIPE)
-
-
-def config(tmp_path: Path, **changes: object) -> LaunchConfig:
-    return LaunchConfig(recipe=str(RECIPE), pretrain="Qwen/Qwen3-4B", run_dir=str(tmp_path), **changes)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("device", ["gpu", "cpu"])
