@@ -6,6 +6,7 @@ and its episodes must finish on the other with the ids a single server gives."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -179,6 +180,15 @@ def test_an_upstream_killed_with_requests_in_flight_loses_none(
     episodes = 8
     starts = {tuple(start_of(n, tokenizer)): n for n in range(episodes)}
     done: list[int] = []
+    # The pool sends a key to the upstream rendezvous hashing ranks first, and the servers' ports change every run:
+    # keys are chosen so that the even episodes rank the server to be killed first, the odd ones the survivor
+    # (asked of an idle pool over the same URLs), so half the first turns are in flight there, in any run.
+    probe = UpstreamPool(engine.base_urls)
+    first_on = [killed.base_url.rstrip("/"), survivor.base_url.rstrip("/")]
+    keys = [
+        next(key for i in itertools.count() if probe.pick(key := f"ep-{n}-{i}").url == first_on[n % 2])  # type: ignore[union-attr]
+        for n in range(episodes)
+    ]
 
     async def main() -> None:
         async def kill_under_load() -> None:
@@ -186,7 +196,7 @@ def test_an_upstream_killed_with_requests_in_flight_loses_none(
                 await asyncio.sleep(0.005)
             await asyncio.to_thread(killed.stop)
 
-        runs = (run_episode(engine, reference, list(s), f"ep-{n}", 2, done) for s, n in starts.items())
+        runs = (run_episode(engine, reference, list(s), keys[n], 2, done) for s, n in starts.items())
         await asyncio.gather(kill_under_load(), *runs)
         await engine.close()
 
