@@ -1,5 +1,5 @@
-"""`TranscriptStore` and `conversation_key` on their own: what the key covers, handing conversations over, packing
-them without loss, LRU bounds in conversations, tokens and bytes."""
+"""`TranscriptStore` and `conversation_key` on their own: what the key covers, handing conversations over (a copy;
+the entry stays until it expires), packing them without loss, LRU bounds in conversations, tokens and bytes."""
 
 from __future__ import annotations
 
@@ -76,14 +76,36 @@ def test_the_key_covers_the_tools() -> None:
     assert conversation_key([], conversation()) != conversation_key(TOOLS, conversation())
 
 
-def test_take_hands_the_conversation_over_so_no_two_requests_extend_it(tokenizer: HFTokenizer) -> None:
-    store = TranscriptStore()
+def test_take_hands_a_copy_over_and_leaves_the_entry_until_it_expires(tokenizer: HFTokenizer) -> None:
+    """A take leaves the entry for `retake_s` (two follow-ups to one turn both get it), each taker owns its copy,
+    and an entry is gone `ttl_s` after its put or `retake_s` after its last take, dropped lazily and counted."""
+    now = [0.0]
+    store = TranscriptStore(ttl_s=60, retake_s=10, clock=lambda: now[0])
     assert store.put("k", "c", entry(tokenizer, 5))
     assert store.tokens == 7 and store.bytes > 0
-    got = store.take("k")
-    assert got is not None and got.conversation_id == "c"
-    assert "k" not in store and store.tokens == 0 and store.bytes == 0
-    assert store.take("k") is None  # a second follow-up to the same turn (a branch, a retry) re-renders
+    first, second = store.take("k"), store.take("k")  # a retry, a branch
+    assert first is not None and second is not None and first.conversation_id == second.conversation_id == "c"
+    assert first.segments[0].ids is not second.segments[0].ids  # extending one leaves the other, and the store's
+    first.segments[0].ids.append(9)
+    again = store.take("k")
+    assert again is not None and len(again.segments[0].ids) == 7
+    assert "k" in store and store.tokens == 7
+    now[0] = 9.9
+    assert store.take("k") is not None  # 10 s after the last take, not after the first
+    now[0] = 19.8
+    assert "k" in store
+    now[0] = 19.9
+    assert "k" not in store and store.take("k") is None
+    assert len(store) == 0 and store.tokens == 0 and store.bytes == 0 and store.expired == 1
+    store.put("old", "c", entry(tokenizer, 1))  # never taken: gone at its TTL, dropped by a later put
+    now[0] = 80
+    store.put("new", "c", entry(tokenizer, 2))
+    assert len(store) == 1 and "new" in store and store.tokens == 4 and store.expired == 2
+    assert TranscriptStore(ttl_s=5, retake_s=300).retake_s == 5  # at most the TTL
+    with pytest.raises(ValueError, match="retake_s"):
+        TranscriptStore(retake_s=0)
+    with pytest.raises(ValueError, match="ttl_s"):
+        TranscriptStore(ttl_s=-1)
 
 
 def test_a_conversation_comes_back_as_it_was_stored(tokenizer: HFTokenizer) -> None:
@@ -133,14 +155,15 @@ def test_a_follow_up_is_packed_on_top_of_what_it_was_restored_from(tokenizer: HF
         restored.transcript.append_action([7, 8, 9], [-0.25, -1.0, -2.0] if i % 2 else None)
         restored.add_messages([Message(role="tool", content=str(i)), Message(role="assistant", content="ok")])
         assert store.put(f"k{i + 2}", "c", restored, previous=stored)
+        assert len(stored.segments[0].ids) == len(restored.transcript)  # the taken copy's arrays, extended
         again = store.take(f"k{i + 2}")
-        assert again is not None and again.segments[0].ids is stored.segments[0].ids  # extended, not copied
+        assert again is not None
         whole = StoredConversation.pack("c", restored)
         assert whole is not None and again.messages == whole.messages and again.tokens == whole.tokens
         assert again.restore(fresh(tokenizer)).records() == restored.records()
         assert again.restore(fresh(tokenizer)).messages == restored.messages
         store.put(f"k{i + 2}", "c", again.restore(fresh(tokenizer)))
-    assert store.tokens == 22 + 20 * 5
+    assert again.tokens == 22 + 20 * 5 and len(store) == 21  # each turn's entry stays until it expires
 
 
 @pytest.mark.parametrize(

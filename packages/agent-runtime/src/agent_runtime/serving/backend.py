@@ -59,6 +59,7 @@ class ServingBackend:
                 max_conversations=config.transcript_store_conversations,
                 max_tokens=config.transcript_store_tokens,
                 max_bytes=config.transcript_store_bytes,
+                ttl_s=config.store_ttl_s,
             )
         else:  # replicas share it; the bounds are per entry, Redis's maxmemory bounds the whole
             from agent_runtime.serving.redis_store import RedisTranscriptStore

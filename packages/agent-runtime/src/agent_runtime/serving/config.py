@@ -51,8 +51,9 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True):
     - `store`: where the transcript store lives: ``memory`` (this process; the default) or a Redis URL
       (``redis://HOST:PORT/DB``) that replicas share, so any replica continues any conversation. With Redis the
       three bounds above are per entry (an entry over `transcript_store_tokens` tokens or `transcript_store_bytes`
-      packed bytes is not stored) and Redis's ``maxmemory`` bounds the whole; `store_ttl_s` is how long an entry
-      is kept. A Redis that is down costs speed, never correctness: follow-ups are rendered from scratch.
+      packed bytes is not stored) and Redis's ``maxmemory`` bounds the whole. `store_ttl_s` is how long an entry
+      is kept, in either store (a take keeps it 300 s more). A Redis that is down costs speed, never
+      correctness: follow-ups are rendered from scratch.
     - `max_image_bytes`: the largest image a message may carry, decoded (400 beyond). Images arrive inline as
       base64 data URLs, a third larger than the image, so `max_request_bytes` bounds them too: raise both to
       take large images.
@@ -238,7 +239,7 @@ _FLAGS: Final[dict[str, _Flag]] = {
     "store_ttl_s": _Flag(
         "--store-ttl",
         "SECONDS",
-        "tools mode, with --store redis://: how long a stored conversation is kept for its follow-up",
+        "tools mode: how long a stored conversation is kept for its follow-up (a follow-up's take keeps it 300 s more)",
         low=0,
         exclusive=True,
     ),

@@ -19,10 +19,15 @@ specs decoded into dicts: several times what the store counted. Packed, a text c
 token, 8 more per generated token, and its messages' msgpack (about the size of their text). Packing and
 unpacking are C-speed copies, a few milliseconds per 100,000 tokens, where a re-render tokenizes all of them.
 
-`take` hands the stored conversation over (it leaves the store) and the request puts it back under its new key
-once the model answered. A second follow-up to the same stored turn (a client that branches or retries) finds
-nothing and is rendered from scratch (a `transcript_rerenders`), so no two requests ever extend one transcript.
-The store is a bounded LRU: at most `max_conversations` entries, `max_tokens` token ids and `max_bytes` bytes,
+`take` hands a copy of the stored conversation over and leaves the entry for `retake_s` more seconds (300 by
+default, at most its TTL), as the Redis store's ``GETEX ... PX`` does; the request puts the conversation back under
+its new key once the model answered. So a follow-up sent again after its first try took the entry (the engine
+failed, the client timed out) continues the same ids, and so do two follow-ups to one turn (a client that
+branches); each extends its own copy, so no two requests ever extend one transcript. An entry expires `ttl_s`
+after its put (3600 s by default, `--store-ttl`) or `retake_s` after its last take, whichever is set last; expired
+entries are dropped lazily (a take that finds one, and a put, which drops those at the LRU's cold end), so until
+then they count against the bounds like any entry. The store is a bounded LRU (a take counts as a use): at most
+`max_conversations` entries, `max_tokens` token ids and `max_bytes` bytes,
 counted as what an entry really holds (`StoredConversation.nbytes`: its arrays, strings and objects, images'
 data URLs included, and `ENTRY_BYTES` for the entry itself); `tests/serve/test_transcript_store_memory.py`
 measures a full store against it. One event loop uses it; it has no locks. This module knows messages and
@@ -37,10 +42,12 @@ for such a store (ids and logprobs as machine integers and floats: replicas shar
 from __future__ import annotations
 
 import array
+import dataclasses
 import hashlib
 import sys
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -131,6 +138,11 @@ class _Segment:
         return cls(ids=ids, logprobs=logprobs, spans=tuple(spans), with_logprobs=bytes(flags),
                    images=tuple(transcript.images))  # fmt: skip
 
+    def copy(self) -> _Segment:
+        """This segment with arrays of its own (a C copy), which `pack` may then extend in place."""
+        return _Segment(array.array("i", self.ids), array.array("d", self.logprobs), self.spans, self.with_logprobs,
+                        self.images)  # fmt: skip
+
     def unpack(self) -> TokenTranscript:
         transcript = TokenTranscript()
         transcript.ids = self.ids.tolist()
@@ -214,6 +226,10 @@ class StoredConversation:
             nbytes=held,
         )
 
+    def copy(self) -> StoredConversation:
+        """This entry with arrays of its own: what a take hands over while the entry stays stored."""
+        return dataclasses.replace(self, segments=tuple(segment.copy() for segment in self.segments))
+
     def restore(self, conversation: Conversation) -> Conversation:
         """Give `conversation` (new, with the tools, budgets and error record of the request that continues this
         one) this one's transcript, messages and counters."""
@@ -235,9 +251,10 @@ class StoreUnavailable(RuntimeError):
 
 
 class ConversationStore(Protocol):
-    """What tools mode asks of a transcript store. `atake` hands a conversation over (removed, atomically: of two
-    takes of one key, one gets it); `aput` stores one (False: refused, e.g. over a bound). Both raise
-    `StoreUnavailable` when the store cannot be reached. `stats` is what ``/metrics`` shows of it."""
+    """What tools mode asks of a transcript store. `atake` hands a copy of a conversation over and leaves the entry
+    for a while (`retake_s`: every take of it meanwhile gets it too); `aput` stores one (False: refused, e.g. over
+    a bound). Both raise `StoreUnavailable` when the store cannot be reached. `stats` is what ``/metrics`` shows of
+    it."""
 
     async def atake(self, key: str) -> StoredConversation | None: ...
 
@@ -312,54 +329,94 @@ def load_entry(data: bytes) -> StoredConversation:
 
 
 class TranscriptStore:
-    """A bounded LRU of packed conversations. `take` hands one over; `put` stores one."""
+    """A bounded LRU of packed conversations, each with an expiry. `take` hands a copy of one over; `put` stores
+    one. `clock` (seconds, monotonic) is what expiries are measured on."""
 
     def __init__(
-        self, *, max_conversations: int = 1024, max_tokens: int = 8_000_000, max_bytes: int = 256 * 2**20
+        self,
+        *,
+        max_conversations: int = 1024,
+        max_tokens: int = 8_000_000,
+        max_bytes: int = 256 * 2**20,
+        ttl_s: float = 3600.0,
+        retake_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_conversations < 0 or max_tokens < 0 or max_bytes < 0:
             raise ValueError("the transcript store's bounds must be >= 0 (0 disables it)")
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be positive, got {ttl_s}")
+        if not retake_s > 0:
+            raise ValueError(f"retake_s must be positive, got {retake_s}")
         self.max_conversations = max_conversations
         self.max_tokens = max_tokens
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[str, StoredConversation] = OrderedDict()
+        self.ttl_s, self.retake_s = ttl_s, min(ttl_s, retake_s)
+        self._clock = clock
+        #: key -> (when it expires, on `clock`; the entry), least recently used first
+        self._entries: OrderedDict[str, tuple[float, StoredConversation]] = OrderedDict()
         self.tokens = 0
         self.bytes = 0
         self.evictions = 0
+        self.expired = 0
 
     def __len__(self) -> int:
+        """The entries held, expired ones not yet dropped included."""
         return len(self._entries)
 
     def __contains__(self, key: str) -> bool:
-        return key in self._entries
+        held = self._entries.get(key)
+        return held is not None and held[0] > self._clock()
 
     def take(self, key: str) -> StoredConversation | None:
-        """The conversation stored under `key`, removed from the store (the caller now owns it)."""
-        entry = self._entries.pop(key, None)
-        if entry is not None:
-            self.tokens -= entry.tokens
-            self.bytes -= entry.nbytes
-        return entry
+        """A copy of the conversation stored under `key` (the caller owns it), which stays stored for `retake_s`
+        more seconds; None when there is none or it expired (then it is dropped)."""
+        held = self._entries.get(key)
+        if held is None:
+            return None
+        now = self._clock()
+        expires, entry = held
+        if expires <= now:
+            self._drop(key)
+            self.expired += 1
+            return None
+        self._entries[key] = (now + self.retake_s, entry)
+        self._entries.move_to_end(key)
+        return entry.copy()
+
+    def _drop(self, key: str) -> None:
+        held = self._entries.pop(key, None)
+        if held is not None:
+            self.tokens -= held[1].tokens
+            self.bytes -= held[1].nbytes
 
     def put(
         self, key: str, conversation_id: str, conversation: Conversation, previous: StoredConversation | None = None
     ) -> bool:
-        """Store `conversation` packed under `key`, evicting the least recently used ones to make room; `previous`
-        is the entry it was restored from, if any (see `StoredConversation.pack`). False when it is not stored:
-        the store is disabled, it exceeds a bound alone, or it cannot be packed."""
+        """Store `conversation` packed under `key` for `ttl_s`, dropping expired entries at the LRU's cold end and
+        evicting the least recently used ones to make room; `previous` is what `take` handed over, if any (see
+        `StoredConversation.pack`). False when it is not stored: the store is disabled, it exceeds a bound alone,
+        or it cannot be packed."""
         if self.max_conversations == 0:
             return False
         entry = StoredConversation.pack(conversation_id, conversation, previous)
         if entry is None or entry.tokens > self.max_tokens or entry.nbytes > self.max_bytes:
             return False
-        self.take(key)  # replacing an entry frees what it held
-        self._entries[key] = entry
+        now = self._clock()
+        self._drop(key)  # replacing an entry frees what it held
+        while self._entries:
+            oldest, (expires, _) = next(iter(self._entries.items()))
+            if expires > now:
+                break
+            self._drop(oldest)
+            self.expired += 1
+        self._entries[key] = (now + self.ttl_s, entry)
         self.tokens += entry.tokens
         self.bytes += entry.nbytes
         while (
             len(self._entries) > self.max_conversations or self.tokens > self.max_tokens or self.bytes > self.max_bytes
         ):
-            _, evicted = self._entries.popitem(last=False)
+            _, (_, evicted) = self._entries.popitem(last=False)
             self.tokens -= evicted.tokens
             self.bytes -= evicted.nbytes
             self.evictions += 1
@@ -383,6 +440,9 @@ class TranscriptStore:
             "tokens": self.tokens,
             "bytes": self.bytes,
             "evictions": self.evictions,
+            "expired": self.expired,
+            "ttl_s": self.ttl_s,
+            "retake_s": self.retake_s,
             "max_conversations": self.max_conversations,
             "max_tokens": self.max_tokens,
             "max_bytes": self.max_bytes,
