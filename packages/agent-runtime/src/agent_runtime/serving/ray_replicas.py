@@ -34,7 +34,10 @@ class RayServeMissing(RuntimeError):
 
 
 def require_ray_serve() -> None:
-    """Raise `RayServeMissing` (saying what to install) unless `ray.serve` can be imported here."""
+    """Raise `RayServeMissing` (saying what to install) unless `ray.serve` can be imported here. The first import of
+    Ray in the process: Ray reads `RAY_ENABLE_UV_RUN_RUNTIME_ENV` when it is imported, so it is set here, before."""
+    # else a driver under `uv run` ships its working directory to the cluster and runs every worker under `uv run`
+    os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
     try:
         import ray.serve  # noqa: F401
     except ImportError as e:
@@ -90,12 +93,15 @@ def serve_replicas(
     """Deploy `build_app` as `replicas` Ray Serve replicas behind Ray's HTTP proxy on host:port; block until SIGINT
     or SIGTERM, then delete the application (and, when Ray was started here, stop Serve and Ray)."""
     require_ray_serve()
-    os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"  # a driver under `uv run` would else ship a uv runtime env
     import ray
     from ray import serve
 
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     local = ray_address is None
     try:
         if local:
@@ -107,6 +113,10 @@ def serve_replicas(
             )
         else:
             ray.init(address=ray_address, log_to_driver=False)
+        # ray.init puts in its own SIGTERM handlers (one exits at once, its core worker's aborts the process after
+        # logging): ours again, so SIGTERM deletes the application and stops as Ctrl-C does
+        for sig in previous:
+            signal.signal(sig, on_signal)
         serve.start(http_options={"host": host, "port": port})
         deployment: Any = serve.deployment(
             serve.ingress(_replica_app(build_app))(),
