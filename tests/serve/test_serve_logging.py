@@ -55,6 +55,25 @@ def test_json_lines_carry_the_name_level_time_and_values_of_each_event() -> None
     assert foreign["logger"] == "uvicorn.error" and foreign["level"] == "info" and "timestamp" in foreign
 
 
+def test_values_json_has_no_form_for_are_rendered_as_before() -> None:
+    """Lines are encoded by msgspec; an event holding what it cannot encode goes to json.dumps with structlog's
+    fallback (the value's repr), and non-ASCII text stays readable."""
+    code = (
+        "import sys, structlog\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from apps.serve.__main__ import configure_logging\n"
+        "configure_logging('json', 'info')\n"
+        "log = structlog.get_logger('agent_runtime.serving.app')\n"
+        "log.info('odd', value=object.__new__(type('Thing', (), {'__repr__': lambda self: '<thing>'})))\n"
+        "log.info('text', value='\u00e9t\u00e9 \u2211')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    odd, text = (json.loads(line) for line in result.stderr.splitlines())
+    assert odd["event"] == "odd" and odd["value"] == "<thing>" and odd["logger"] == "agent_runtime.serving.app"
+    assert text["value"] == "\u00e9t\u00e9 \u2211"
+
+
 def test_a_line_that_cannot_be_written_is_dropped_and_the_caller_goes_on() -> None:
     """stderr on /dev/full: every write fails (ENOSPC), as on a full disk or a broken pipe; logging raises nothing."""
     code = (
