@@ -119,8 +119,11 @@ def test_dropping_the_reasoning_on_the_way_back_keeps_the_sampled_ids(tokenizer:
     assert out.sample.extra_logs["agent_prefix_breaks"] == 0 and out.sample.reward == pytest.approx(1.1)
 
 
-@pytest.mark.parametrize(("edit", "reason"), [(with_content, "message_edited"), (with_own_ids, "tool_ids_rewritten")])
-def test_a_rewritten_history_opens_a_segment_and_says_why(tokenizer: HFTokenizer, edit: Any, reason: str) -> None:
+@pytest.mark.parametrize("edit", [with_content, with_own_ids])
+def test_a_rewritten_last_turn_is_rolled_back_and_the_sampled_one_kept(tokenizer: HFTokenizer, edit: Any) -> None:
+    """The client rewrote the only (so the last) assistant turn: the conversation goes on from the turn's start
+    with the rewrite as context, and the sampled turn is a segment of its own (tests/agent_train/
+    test_executor_history_edits.py has every edit kind)."""
     direct = asyncio.run(AgentRuntime(ScriptedEngine(tokenizer, SCRIPT), calculator_recipe().make_session()).run(
         QUESTION, task={"answer": "391"}))  # fmt: skip
     (whole,) = direct.trajectory.segments
@@ -130,21 +133,21 @@ def test_a_rewritten_history_opens_a_segment_and_says_why(tokenizer: HFTokenizer
     engine = ScriptedEngine(tokenizer, SCRIPT, logprob=-0.5)
     out = rollout(program_recipe(two_turns(edit)), engine)
     first, second = out.segments
-    # the first turn is trained as sampled, under the context it was sampled in
+    # the first turn is trained as sampled, under the context it was sampled in (the rolled-back segment)
     assert first.observation_tokens == whole.ids[: whole.action_ranges[0][1]]
     assert first.action_ranges == [whole.action_ranges[0]] and first_turn == first.action_ranges[0][0]
-    # the answer is trained as sampled, under the re-rendered history the model actually saw
+    # the answer is trained as sampled, under the history the model actually saw (the rewrite untrained)
     (start, end), = second.action_ranges  # fmt: skip
     assert second.observation_tokens[start:end] == answer_ids and end == len(second.observation_tokens)
     assert second.observation_tokens[:start] == list(engine.calls[1])
     assert second.rollout_log_probs is not None and set(second.rollout_log_probs[start:end]) == {-0.5}
-    # both with the episode's reward; the break is counted and located
+    assert second.observation_tokens[:first_turn] == whole.ids[:first_turn]  # the stored ids, up to the turn
+    # both with the episode's reward; the rollback is counted, and it is no prefix break
     assert first.reward == second.reward == pytest.approx(1.1)
     logs = out.sample.extra_logs
-    assert logs["agent_segments"] == 2 and logs["agent_prefix_breaks"] == 1 and logs["agent_prefix_broken"] == 1
-    assert logs[f"agent_prefix_break_{reason}"] == 1
-    (found,) = out.trajectory.task["agent_program"]["breaks"]
-    assert found == {"reason": reason, "request": 1, "segment": 1, "at_message": 1}
+    assert logs["agent_segments"] == 2 and logs["agent_prefix_breaks"] == 0 and logs["agent_prefix_broken"] == 0
+    assert logs["agent_edit_last_turn_rewritten"] == 1
+    assert out.trajectory.task["agent_program"]["breaks"] == []
 
 
 def test_openrlhf_gets_every_segment_of_a_broken_episode(tokenizer: HFTokenizer, hf_tokenizer: Any) -> None:
@@ -164,7 +167,7 @@ def test_a_second_conversation_is_a_segment_but_not_a_rewrite(tokenizer: HFToken
 
     out = rollout(program_recipe(asks_twice), ScriptedEngine(tokenizer, [*SCRIPT, answer("Yes.")]))
     logs = out.sample.extra_logs
-    assert logs["agent_segments"] == 2 and logs["agent_prefix_break_new_conversation"] == 1
+    assert logs["agent_segments"] == 2 and logs["agent_edit_new_conversation"] == 1
     assert logs["agent_prefix_breaks"] == 0 and logs["agent_prefix_broken"] == 0
     assert out.trajectory.final_answer == "The answer is 391." and out.sample.reward == pytest.approx(1.1)
 

@@ -90,8 +90,9 @@ def test_the_stored_ids_survive_where_re_tokenizing_would_change_them(
     assert engine.calls[1][start : start + len(sampled)] == sampled
 
 
-def test_a_conversation_that_matches_nothing_is_re_rendered(
-    start_server: ServerFactory, engine: ScriptedEngine, tokenizer: HFTokenizer
+@pytest.mark.parametrize("question", [QUESTION, "What is 17 times 23?"])
+def test_a_rewritten_last_turn_is_rolled_back_and_anything_else_re_rendered(
+    start_server: ServerFactory, engine: ScriptedEngine, tokenizer: HFTokenizer, question: str
 ) -> None:
     server = start_server(engine=engine)
     client = server.client()
@@ -99,14 +100,15 @@ def test_a_conversation_that_matches_nothing_is_re_rendered(
         model=MODEL, messages=[{"role": "user", "content": QUESTION}], tools=[CALCULATOR_TOOL]
     )
     (call,) = first.choices[0].message.tool_calls or []
-    # The client rewrote the assistant turn (another call id): no stored conversation matches it.
+    # The client rewrote the assistant turn (another call id): with the question as it was, its stored ids are
+    # rolled back to the turn's start and go on with the rewrite; with another question nothing matches.
     edited = {
         "role": "assistant",
         "content": None,
         "tool_calls": [{"id": "my_own_id", "type": "function", "function": call.function.model_dump()}],
     }
     messages: list[Any] = [
-        {"role": "user", "content": QUESTION},
+        {"role": "user", "content": question},
         edited,
         {"role": "tool", "tool_call_id": "my_own_id", "content": "391"},
     ]
@@ -114,7 +116,9 @@ def test_a_conversation_that_matches_nothing_is_re_rendered(
 
     assert second.choices[0].message.content == "The answer is 391."
     metrics = server.metrics()
-    assert metrics["transcript_rerenders"] == 1 and metrics["transcript_prefix_hits"] == 0
+    rolled_back = question == QUESTION
+    assert metrics["transcript_rollbacks"] == rolled_back and metrics["transcript_rerenders"] == (not rolled_back)
+    assert metrics["transcript_prefix_hits"] == 0
     rendered = get_protocol("qwen3").render_prompt(messages, tools=[CALCULATOR_TOOL])
     assert engine.calls[1] == tokenizer.encode(rendered)
 

@@ -70,6 +70,8 @@ from agent_runtime.trajectory import EpisodeError, Usage, usage_of
 __all__ = ["MIN_TURN_TOKENS", "Conversation", "Reply", "Stage", "TurnRequest", "stage_code"]
 
 MIN_TURN_TOKENS: Final = 1
+#: a tool result that stands after a rewritten turn while its text is cut out of the template's render
+_PLACEHOLDER: Final = Message(role="tool", content="", tool_call_id="placeholder")
 # The conversation's stages: what the tokenizer or the protocol raises leaves as a `StageError` with its code; a
 # `MessageError` (a message the caller must fix) is not a failure of the stage and leaves as it is.
 _RENDER: Final = boundary("render", passes=(MessageError,), reraise=True)
@@ -219,6 +221,43 @@ class Conversation:
                 ids, _ = self._expand_images(ids, messages, held=len(self.transcript.images))
         self.render_s += time.perf_counter() - t0
         return ids
+
+    async def rewrite_last_turn(self, message: Message, context: Sequence[Message]) -> list[int] | None:
+        """Roll the last generated turn back to its start and put `message` (the client's rewrite of it) in its
+        place: rendered as the chat template renders it after `context` (the messages before it), tokenized
+        alone and appended as an observation (not trained: the model did not sample it). None, and nothing
+        changed, when the current segment does not end with a generated turn."""
+        transcript = self.transcript
+        if not transcript.spans or transcript.spans[-1].kind != "action" or not self.messages:
+            return None
+        t0 = time.perf_counter()
+        with _RENDER:
+            shown = [*context, message] if self.control is None else self.control.mark([*context, message])
+            text = self._turn_text(shown)
+            ids = await encode_off_loop(self.tokenizer, text, self.control)
+        self.render_s += time.perf_counter() - t0
+        cut = transcript.action_ranges[-1][0]
+        transcript.ids, transcript.loss_mask = transcript.ids[:cut], transcript.loss_mask[:cut]
+        transcript.logprobs = transcript.logprobs[:cut]
+        transcript.spans = [span for span in transcript.spans if span.end <= cut]
+        transcript.images = [image for image in transcript.images if image.start < cut]
+        transcript.append_observation(ids)
+        self.messages[-1] = message
+        self.turn_closed, self.ended_by = True, None
+        return ids
+
+    def _turn_text(self, messages: list[Message]) -> str:
+        """The text the template writes for the last of `messages`, an assistant turn, between the generation
+        prompt that opens it and what the feedback after a closed turn writes: the render of the conversation
+        with the turn and a placeholder tool result, less the render up to its generation prompt and the
+        placeholder's feedback. A family whose render does not split so gives its `render_generation`."""
+        tools = self.tools or None
+        head = self.protocol.render_prompt(messages[:-1], tools=tools)
+        tail = self.protocol.render_feedback([_PLACEHOLDER])
+        whole = self.protocol.render_messages([*messages, _PLACEHOLDER], tools=tools, add_generation_prompt=True)
+        if whole.startswith(head) and whole.endswith(tail) and len(whole) >= len(head) + len(tail):
+            return whole[len(head) : len(whole) - len(tail)]
+        return self.protocol.render_generation(messages[-1])
 
     def fits(self, tokens: int, *, reserve: int = MIN_TURN_TOKENS) -> bool:
         """Whether `tokens` more, and `reserve` for the next turn, fit the context."""

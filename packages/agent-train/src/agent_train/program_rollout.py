@@ -10,9 +10,11 @@ per-episode advantages).
 `extra_logs` gets the program's keys (`program_log_keys`, the same for every episode of a run): requests made,
 segments, history rewrites (``agent_prefix_breaks``: every reason but ``new_conversation``, which is a second
 conversation, not a rewrite), whether there was one (``agent_prefix_broken``: its batch mean is the fraction of
-episodes whose client rewrote its history), the count of each reason, and each `ProgramCode` (program errors,
-timeouts, spent token budgets, programs that never called the model). This module knows the proxy and the rollout
-records.
+episodes whose client rewrote its history), how many requests of each history-edit kind the episode made
+(``agent_edit_<kind>``, `agent_runtime.proxy.EDIT_KINDS`: ``append``, ``reasoning_stripped``,
+``last_turn_rewritten`` and the six break reasons; each kind's training rule is `EDIT_RULES`), and each
+`ProgramCode` (program errors, timeouts, spent token budgets, programs that never called the model). This module
+knows the proxy and the rollout records.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import msgspec
 
 from agent_runtime import PROGRAM_CODES, LLMEngine, ProgramTask, Recipe, SamplingParams
-from agent_runtime.proxy import BREAK_REASONS, ProgramEpisode, run_program
+from agent_runtime.proxy import EDIT_KINDS, ProgramEpisode, run_program
 from agent_train.sample import RolloutSample, segment_samples
 from agent_train.task import AgentTask
 
@@ -36,7 +38,7 @@ def program_log_keys() -> list[str]:
         "agent_segments",
         "agent_prefix_broken",
         "agent_prefix_breaks",
-        *(f"agent_prefix_break_{reason}" for reason in BREAK_REASONS),
+        *(f"agent_edit_{kind}" for kind in EDIT_KINDS),
         *(f"agent_program_{code}" for code in PROGRAM_CODES),
     ]
 
@@ -50,8 +52,8 @@ def program_logs(episode: ProgramEpisode) -> dict[str, float]:
     rewrites = sum(1 for b in outcome.breaks if b.reason != "new_conversation")
     logs["agent_prefix_breaks"] = float(rewrites)
     logs["agent_prefix_broken"] = float(rewrites > 0)
-    for found in outcome.breaks:
-        logs[f"agent_prefix_break_{found.reason}"] += 1.0
+    for kind, count in outcome.edits.items():
+        logs[f"agent_edit_{kind}"] = float(count)
     if outcome.code is not None:
         logs[f"agent_program_{outcome.code}"] = 1.0
     return logs

@@ -7,7 +7,9 @@ A recipe with `agent=AgentProgram(fn)` (`agent_runtime.agent_program`) names an 
 ``agent(client, task) -> answer``. Each episode gets its own in-process tools-mode endpoint on the rollout engine
 (`endpoint.py`, `episode_engine.py`); every request is recorded by its transcript (`request_log.py`): sampled ids
 kept as sampled, feedback tokenized alone, loss mask on generated tokens only. A client that rewrites its
-history opens a new segment, with the reason (`prefix_break.py`). `program_thread.py` runs the program on a thread
+history gets the fixed rule of its edit kind (`prefix_break.py`: a plain or reasoning-stripped echo continues,
+a rewritten last turn is rolled back and continued, anything else opens a new segment, with the reason), and
+each kind is counted per episode. `program_thread.py` runs the program on a thread
 and an event loop of its own under its time budget and caps, its requests handed to the endpoint on the rollout's
 loop; `episode.py` turns what it did into the episode and scores it.
 
@@ -17,12 +19,25 @@ A separate import from `agent_runtime`: it needs the `serve` extra (Starlette) a
 from agent_runtime.proxy.endpoint import EpisodeEndpoint
 from agent_runtime.proxy.episode import ProgramEpisode, ProgramOutcome, run_program
 from agent_runtime.proxy.episode_engine import EpisodeEngine
-from agent_runtime.proxy.prefix_break import BREAK_REASONS, BreakReason, PrefixBreak, diagnose
+from agent_runtime.proxy.prefix_break import (
+    BREAK_REASONS,
+    EDIT_KINDS,
+    EDIT_RULES,
+    BreakReason,
+    EditKind,
+    EditRule,
+    PrefixBreak,
+    diagnose,
+)
 from agent_runtime.proxy.request_log import RequestLog, Segment
 
 __all__ = [
     "BREAK_REASONS",
+    "EDIT_KINDS",
+    "EDIT_RULES",
     "BreakReason",
+    "EditKind",
+    "EditRule",
     "EpisodeEndpoint",
     "EpisodeEngine",
     "PrefixBreak",

@@ -40,7 +40,7 @@ from agent_runtime.engines.base import LLMEngine, SamplingParams
 from agent_runtime.outcomes import StopReason
 from agent_runtime.proxy.endpoint import EpisodeEndpoint
 from agent_runtime.proxy.episode_engine import EpisodeEngine
-from agent_runtime.proxy.prefix_break import PrefixBreak
+from agent_runtime.proxy.prefix_break import EditKind, PrefixBreak
 from agent_runtime.proxy.program_thread import run_program_thread
 from agent_runtime.proxy.request_log import Segment, generated
 from agent_runtime.recipe import Recipe, RecipeError
@@ -59,6 +59,8 @@ class ProgramOutcome(msgspec.Struct, frozen=True, kw_only=True):
     message: str = ""
     requests: int = 0
     breaks: list[PrefixBreak] = msgspec.field(default_factory=list)
+    #: how many requests of each history-edit kind it made (`prefix_break.EDIT_KINDS`, `RequestLog.edits`)
+    edits: dict[EditKind, int] = msgspec.field(default_factory=dict)
     generated_tokens: int = 0
 
 
@@ -111,8 +113,9 @@ async def run_program(
         log.warning("agent_program_failed", code=code, error=message, requests=endpoint.requests)
     segments, breaks = endpoint.log.segments()
     outcome = ProgramOutcome(
-        code=code, message=message, requests=endpoint.requests, breaks=breaks, generated_tokens=episode_engine.generated
-    )
+        code=code, message=message, requests=endpoint.requests, breaks=breaks, edits=endpoint.log.edits(),
+        generated_tokens=episode_engine.generated,
+    )  # fmt: skip
     trajectory = await _trajectory(served, engine, task, endpoint, segments, answer, outcome)
     trajectory.timings["total_s"] = time.perf_counter() - started
     last = next((r for r in reversed(endpoint.log.records) if generated(r)), None)

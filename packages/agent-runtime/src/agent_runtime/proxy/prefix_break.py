@@ -1,11 +1,35 @@
-"""Prefix breaks: why a request of an agent program did not continue a conversation the proxy already holds.
+"""History edits: what each request of an agent program did to the conversations the proxy already holds, and
+the fixed training rule each kind gets (`EDIT_RULES`).
+
+Every request after an episode's first is one of nine kinds (`EDIT_KINDS`), and each kind has one rule:
+
+- ``append`` -> ``continue``: the messages extend a stored conversation, whose ids are what the model saw.
+- ``reasoning_stripped`` -> ``continue``: the same, but the client sent a turn back without its reasoning (or with
+  other reasoning); the store's key leaves reasoning out and the sampled ids keep it as it was sampled.
+- ``last_turn_rewritten`` -> ``rollback``: only the last assistant turn of a stored conversation changed (a harness
+  cleans the final answer, fixes a call's arguments, mints its own call ids). The stored ids are kept up to that
+  turn's start, the rewritten turn is rendered as the template renders it, tokenized alone and not trained (the
+  model did not sample it), and the conversation goes on in the same segment. The sampled turn it replaced is
+  kept as a segment of its own (its context, only that turn trained): it was sampled, with its logprobs.
+- ``new_conversation``, ``branched``, ``history_truncated``, ``messages_dropped``, ``tool_ids_rewritten``,
+  ``message_edited`` -> ``new_segment``: the prefix breaks below. The context the model sees is another one
+  (rendered from scratch), so its ids open a new segment.
+
+The peers: uni-agent's gateway rolls a rewritten last assistant turn back to the turn's start and continues (the
+issue's reference; its gateway source is not in the code index searched here, so its keep-or-drop choice for the
+replaced turn could not be read). miles (a fork of slime; its ``SeqTrajectory.calc_prompt_tokens_info`` with
+``inherit_last_assistant=False``) does the same: the ids up to the last turn are kept, the rest re-tokenized with
+mask 0, and each turn's sampled response stays in its own turn record, which is the choice made here. AReaL's
+proxy and slime proper were not checked (not searched for).
+
+The sections below are about the six kinds that are prefix breaks (``new_segment``).
 
 A tools-mode follow-up continues the stored token ids only when the messages it sends up to its last assistant
 turn are exactly a conversation the server produced (`TranscriptStore`: roles, contents, tool calls with their
 ids and arguments, tool-call ids; `reasoning_content` left out, so a client that drops the reasoning it was sent
-still continues the sampled ids). Anything else is rendered from scratch, and its ids are a new segment of the
-episode. `diagnose` compares such a request's messages with every conversation the episode saw before and names
-the first difference:
+still continues the sampled ids), or those messages but a rewritten last assistant turn (rolled back, above).
+Anything else is rendered from scratch, and its ids are a new segment of the episode. `diagnose` compares such a
+request's messages with every conversation the episode saw before and names the first difference:
 
 - ``new_conversation``: the request holds no assistant turn (a second conversation: a sub-agent, a restart);
 - ``branched``: it extends a whole earlier conversation, whose last turn was already continued once (a retry
@@ -27,7 +51,17 @@ import msgspec
 
 from agent_protocol import Message
 
-__all__ = ["BREAK_REASONS", "BreakReason", "PrefixBreak", "diagnose"]
+__all__ = [
+    "BREAK_REASONS",
+    "EDIT_KINDS",
+    "EDIT_RULES",
+    "BreakReason",
+    "EditKind",
+    "EditRule",
+    "PrefixBreak",
+    "diagnose",
+    "same_message",
+]
 
 BreakReason = Literal[
     "new_conversation", "branched", "history_truncated", "messages_dropped", "tool_ids_rewritten", "message_edited"
@@ -40,6 +74,27 @@ BREAK_REASONS: Final[tuple[BreakReason, ...]] = (
     "tool_ids_rewritten",
     "message_edited",
 )
+
+EditKind = Literal[
+    "append",
+    "reasoning_stripped",
+    "last_turn_rewritten",
+    "new_conversation",
+    "branched",
+    "history_truncated",
+    "messages_dropped",
+    "tool_ids_rewritten",
+    "message_edited",
+]
+EDIT_KINDS: Final[tuple[EditKind, ...]] = ("append", "reasoning_stripped", "last_turn_rewritten", *BREAK_REASONS)
+EditRule = Literal["continue", "rollback", "new_segment"]
+#: each kind's training rule (see the module docstring for why)
+EDIT_RULES: Final[dict[EditKind, EditRule]] = {
+    "append": "continue",
+    "reasoning_stripped": "continue",
+    "last_turn_rewritten": "rollback",
+    **dict.fromkeys(BREAK_REASONS, "new_segment"),
+}
 
 
 class PrefixBreak(msgspec.Struct, frozen=True, kw_only=True):
@@ -57,6 +112,11 @@ def _form(message: Message, *, ids: bool = True) -> tuple[object, ...]:
     calls = tuple((c.id if ids else None, c.name, repr(c.arguments)) for c in message.tool_calls)
     call_id = message.tool_call_id if ids else None
     return (message.role, message.content or "", calls, call_id, message.name)
+
+
+def same_message(a: Message, b: Message) -> bool:
+    """Whether two messages are the same to the store's key (reasoning left out)."""
+    return _form(a) == _form(b)
 
 
 def _common(a: Sequence[Message], b: Sequence[Message]) -> int:

@@ -23,6 +23,7 @@ from agent_runtime.serving.images import text_only_reason
 from agent_runtime.serving.metrics import ServerMetrics
 from agent_runtime.serving.openai_wire import ChatCompletionRequest
 from agent_runtime.serving.transcript_store import ConversationStore, TranscriptStore
+from agent_runtime.serving.turn_index import TurnIndex
 from agent_runtime.session import AgentSession
 from agent_runtime.trajectory import Trajectory, TrajectoryWriter
 
@@ -70,6 +71,8 @@ class ServingBackend:
                 max_entry_tokens=config.transcript_store_tokens,
                 max_entry_bytes=config.transcript_store_bytes,
             )
+        #: where a tools-mode turn was stored, by its prompt: for a follow-up that rewrote that turn
+        self.turn_index = TurnIndex(config.transcript_store_conversations)
         self.metrics = ServerMetrics()
         self.writer = TrajectoryWriter(config.trajectory_log) if config.trajectory_log else None
         self.model_ids = (config.model_name, *config.aliases)

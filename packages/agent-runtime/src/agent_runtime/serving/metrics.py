@@ -6,7 +6,9 @@ stored transcript; only the new messages were tokenized, `reused_prompt_tokens` 
 were), `transcript_rerenders` (the conversation had earlier assistant turns but matched no stored transcript, so
 it was rendered from scratch; `transcript_rerenders_store_unavailable` counts those among them whose store could
 not be reached, `transcript_store_put_failures` the turns a store could not keep) and `transcript_new` (a first
-turn, rendered from scratch by nature). One event loop updates it; no locks.
+turn, rendered from scratch by nature); `transcript_rollbacks` counts the follow-ups that rewrote the last
+assistant turn of a stored transcript, continued from that turn's start (`tools_mode`). One event loop updates
+it; no locks.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class ServerMetrics(msgspec.Struct, kw_only=True):
     compactions: int = 0
     transcript_prefix_hits: int = 0
     transcript_rerenders: int = 0
+    transcript_rollbacks: int = 0
     transcript_rerenders_store_unavailable: int = 0
     transcript_store_put_failures: int = 0
     transcript_new: int = 0

@@ -4,8 +4,13 @@ answers with `tool_calls` (finish_reason ``"tool_calls"``) for the client to run
 Token-in-token-out across the client's requests: each turn's transcript is stored (`TranscriptStore`) under the
 conversation as the client will echo it back. A follow-up that extends a stored conversation continues its token
 ids: only the new messages (tool results, a user message) are rendered as feedback and tokenized, alone, so the
-model sees exactly the ids it sampled. Otherwise the conversation is rendered from scratch. Both are counted
-(`transcript_prefix_hits`, `transcript_rerenders`, `transcript_new` in `/metrics`).
+model sees exactly the ids it sampled. A follow-up that rewrote only the last assistant turn of a stored
+conversation (its messages before that turn are the turn's prompt: `TurnIndex`) rolls the stored ids back to the
+turn's start, appends the rewritten turn as the template renders it, tokenized alone and not trained, and continues
+from there (``rollback``). Otherwise the conversation is rendered from scratch. All are counted
+(`transcript_prefix_hits`, `transcript_rollbacks`, `transcript_rerenders`, `transcript_new` in `/metrics`); a
+prefix hit whose client sent a stored turn back without its reasoning (or with other reasoning) says so in its
+record (``reasoning_stripped``), since the key leaves reasoning out.
 
 The client owns the conversation, so the recipe's context policy (`Recipe.context`) is asked where a follow-up
 grows the context: `Continue` appends the client's new messages, `NewSegment` renders the server's context anew
@@ -64,7 +69,7 @@ __all__ = ["complete_tools", "stream_tools"]
 
 logger = structlog.get_logger(__name__)
 
-Preparation = Literal["prefix_hit", "rerender", "new"]
+Preparation = Literal["prefix_hit", "rollback", "rerender", "new"]
 _PASSES: Final = (ApiError, MessageError)  # the caller's to fix (a 400), not a component that failed
 
 
@@ -81,6 +86,7 @@ class _Turn:
     conversation: Conversation = field(init=False)
     stored: StoredConversation | None = None  # what the conversation was restored from (packed again on top of it)
     prepared: Preparation = "new"
+    reasoning_stripped: bool = False  # a prefix hit whose messages carry other reasoning than the stored turns'
     prompt_tokens: int = 0
     generation: Generation | None = None
     action: Action | None = None
@@ -106,16 +112,30 @@ class _Turn:
         """Continue a stored conversation or render this one; raises `ApiError` when it cannot fit."""
         backend, messages, metrics, conversation = self.backend, self.messages, self.backend.metrics, self.conversation
         last = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=None)
-        stored = None
+        stored, rewritten = None, False
         if last is not None and last + 1 < len(messages):
             try:
                 stored = await backend.store.atake(conversation_key(self.tools, messages[: last + 1]))
+                if stored is None and (key := backend.turn_index.get(conversation_key(self.tools, messages[:last]))):
+                    stored, rewritten = await backend.store.atake(key), True
             except StoreUnavailable as e:  # rendered from scratch below: slower, never a wrong transcript
                 logger.warning("transcript_store_unavailable", action="take", error=str(e))
                 metrics.transcript_rerenders_store_unavailable += 1
+            if rewritten and stored is not None and stored.message_count != last + 1:
+                stored = None  # the entry is not the turn's (a context policy rebuilt its messages): rendered anew
         if stored is not None and last is not None:
             self.conversation_id, self.stored = stored.conversation_id, stored
             stored.restore(conversation)
+            if rewritten:
+
+                async def roll_back() -> None:
+                    if await conversation.rewrite_last_turn(messages[last], messages[:last]) is None:
+                        raise ApiError(500, "the stored conversation does not end with a generated turn",
+                                   type="server_error", code="render_error")  # fmt: skip
+
+                await self._contained("the rewritten turn", roll_back)
+            else:
+                self.reasoning_stripped = _reasoning_differs(messages[: last + 1], conversation.messages)
             reused = len(conversation)
             new = messages[last + 1 :]
 
@@ -130,8 +150,11 @@ class _Turn:
                                    param="messages", code="context_length_exceeded")  # fmt: skip
 
             await self._contained("the follow-up", follow_up)
-            self.prepared = "prefix_hit"
-            metrics.transcript_prefix_hits += 1
+            self.prepared = "rollback" if rewritten else "prefix_hit"
+            if rewritten:
+                metrics.transcript_rollbacks += 1
+            else:
+                metrics.transcript_prefix_hits += 1
             metrics.reused_prompt_tokens += reused
             metrics.rendered_prompt_tokens += len(conversation) - reused
         else:
@@ -188,7 +211,8 @@ class _Turn:
         backend.metrics.generated_tokens += len(outcome.ids)
         key = conversation_key(self.tools, [*self.messages, self.echo()])
         try:
-            await backend.store.aput(key, self.conversation_id, conversation, previous=self.stored)
+            if await backend.store.aput(key, self.conversation_id, conversation, previous=self.stored):
+                backend.turn_index.put(conversation_key(self.tools, self.messages), key)
         except StoreUnavailable as e:  # the answer still goes out; its follow-up will be rendered from scratch
             logger.warning("transcript_store_unavailable", action="put", error=str(e))
             backend.metrics.transcript_store_put_failures += 1
@@ -266,7 +290,8 @@ class _Turn:
                 compactions=len(conversation.segments) - 1 if conversation.segments else 0,
                 errors=conversation.errors,
                 timings={"generate_s": self.generate_s, "total_s": time.perf_counter() - self.started},
-                task={"mode": "tools", "prepared": self.prepared},
+                task={"mode": "tools", "prepared": self.prepared}
+                | ({"reasoning_stripped": True} if self.reasoning_stripped else {}),
                 policy_version=self.backend.engine.policy_version,
             )
         )
@@ -286,6 +311,14 @@ def _affinity_key(tools: Sequence[ToolSpec], messages: Sequence[Message]) -> str
     message, the same at every turn, so an engine with several upstreams keeps all its turns on one."""
     first = next((i for i, m in enumerate(messages) if m.role == "user"), len(messages) - 1)
     return conversation_key(tools, messages[: first + 1])[:16]
+
+
+def _reasoning_differs(sent: Sequence[Message], stored: Sequence[Message]) -> bool:
+    """Whether a stored assistant turn that had reasoning came back in `sent` without it (or with other)."""
+    return any(
+        s.role == "assistant" and bool(s.reasoning_content) and m.reasoning_content != s.reasoning_content
+        for m, s in zip(sent, stored, strict=False)
+    )
 
 
 def _prompt_of(messages: Sequence[Message]) -> list[Message]:
