@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
@@ -58,6 +57,7 @@ from agent_runtime.serving.api_error import ApiError, from_decode_error, from_me
 from agent_runtime.serving.backend import ServingBackend
 from agent_runtime.serving.config import ServeConfig
 from agent_runtime.serving.disconnect import ClientGone, unless_disconnected
+from agent_runtime.serving.error_response import check_bearer, error_response, route_error
 from agent_runtime.serving.images import check_request_images, image_count_limit
 from agent_runtime.serving.json_guard import check_json_body
 from agent_runtime.serving.openai_wire import ChatCompletionRequest, ModelCard, ModelList, decode_request, encode
@@ -85,10 +85,6 @@ def _json(value: Any, status: int = 200) -> Response:
     return Response(encode(value), status_code=status, media_type=_JSON)
 
 
-def _error_response(error: ApiError) -> Response:
-    return Response(error.body(), status_code=error.status, media_type=_JSON, headers=error.headers)
-
-
 def _backend(request: Request) -> ServingBackend:
     backend: ServingBackend = request.app.state.backend
     return backend
@@ -96,17 +92,8 @@ def _backend(request: Request) -> ServingBackend:
 
 def _authorize(request: Request, backend: ServingBackend) -> None:
     key = backend.config.api_key
-    if key is None:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    if not header:
-        raise ApiError(
-            401, "missing API key: send `Authorization: Bearer <key>`", code="invalid_api_key",
-            headers={"WWW-Authenticate": "Bearer"},
-        )  # fmt: skip
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
-        raise ApiError(401, "incorrect API key", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    if key is not None:
+        check_bearer(request, key)
 
 
 def _parse(body: bytes, backend: ServingBackend) -> tuple[ChatCompletionRequest, list[Message], list[ToolSpec]]:
@@ -307,15 +294,7 @@ async def _api_error(request: Request, exc: Exception) -> Response:
         metrics.server_errors += 1
     else:
         metrics.client_errors += 1
-    return _error_response(exc)
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    if not isinstance(exc, HTTPException):  # pragma: no cover - registered for HTTPException only
-        raise exc
-    kind = "not_found" if exc.status_code == 404 else "invalid_request"
-    message = f"no route for {request.method} {request.url.path}" if exc.status_code in (404, 405) else exc.detail
-    return _error_response(ApiError(exc.status_code, message, code=kind, headers=exc.headers))
+    return error_response(exc)
 
 
 def create_app(
@@ -360,7 +339,7 @@ def create_app(
         routes += viewer_routes(files, lambda request: _authorize(request, backend))
     app = Starlette(
         routes=routes,
-        exception_handlers={ApiError: _api_error, HTTPException: _http_error},
+        exception_handlers={ApiError: _api_error, HTTPException: route_error},
         lifespan=lifespan,
     )
     app.state.backend = backend
