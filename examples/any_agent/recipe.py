@@ -6,7 +6,8 @@ The agent is the program (`AgentProgram(calculator_agent)`): in rollouts it runs
 the policy, and its answer is scored by the demo's reward (the number after "The answer is"). Everything else is
 the demo recipe's (`agent_demo.recipe`): its chat format, budgets and dataset, and its environment, whose
 calculator has the same schema as the program's, so that the local trainer's evaluation and SFT (which run the
-recipe's own session) and the program's rollouts show the model the same prompt.
+recipe's own session) and the program's rollouts show the model the same prompt. `make_recipe("subprocess")` runs
+the same loop as a separate Python process per episode (`AgentProgram.command`), reached through the gateway.
 """
 
 from __future__ import annotations
@@ -28,15 +29,24 @@ except ModuleNotFoundError:  # loaded by path (`apps/train --recipe examples/any
     from examples.any_agent.agent import calculator_agent
     from examples.any_agent.sdk_agent import sdk_calculator_agent
 
-__all__ = ["make_recipe", "recipe"]
+__all__ = ["SUBPROCESS_AGENT", "make_recipe", "recipe"]
 
 
-def make_recipe(agent: Literal["loop", "sdk"] = "loop") -> Recipe:
-    """The demo recipe with the plain loop (`agent.py`) or the OpenAI Agents SDK agent (`sdk_agent.py`)."""
+SUBPROCESS_AGENT = Path(__file__).resolve().parent / "subprocess_agent.py"
+_NAMES = {"loop": "any-agent-calculator", "sdk": "any-agent-sdk", "subprocess": "any-agent-subprocess"}
+
+
+def make_recipe(agent: Literal["loop", "sdk", "subprocess"] = "loop") -> Recipe:
+    """The demo recipe with the plain loop (`agent.py`), the OpenAI Agents SDK agent (`sdk_agent.py`), or the plain
+    loop as a script of its own run per episode through the gateway (`subprocess_agent.py`)."""
     demo = demo_recipe()
-    function = calculator_agent if agent == "loop" else sdk_calculator_agent
-    program = AgentProgram(function, timeout_s=120.0, max_episode_tokens=256, model_name=demo.name)
-    return dataclasses.replace(demo, name="any-agent-calculator" if agent == "loop" else "any-agent-sdk", agent=program)
+    if agent == "subprocess":
+        argv = [sys.executable, str(SUBPROCESS_AGENT)]
+        program = AgentProgram.command(argv, timeout_s=120.0, max_episode_tokens=256, model_name=demo.name)
+    else:
+        function = calculator_agent if agent == "loop" else sdk_calculator_agent
+        program = AgentProgram(function, timeout_s=120.0, max_episode_tokens=256, model_name=demo.name)
+    return dataclasses.replace(demo, name=_NAMES[agent], agent=program)
 
 
 recipe = make_recipe()

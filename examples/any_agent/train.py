@@ -149,10 +149,15 @@ async def train_from_model(config: AnyAgentConfig, recipe: Recipe, model_dir: Pa
 
 
 def train_any_agent(
-    run_dir: str | Path, config: AnyAgentConfig = SMOKE, *, seed: int = 0, agent: Literal["loop", "sdk"] = "loop"
+    run_dir: str | Path,
+    config: AnyAgentConfig = SMOKE,
+    *,
+    seed: int = 0,
+    agent: Literal["loop", "sdk", "subprocess"] = "loop",
 ) -> AnyAgentResult:
     """The run of the module docstring; blocking. Returns the figures (also in ``run_dir/summary.json``). `agent`:
-    the plain loop (`agent.py`) or the same agent on the OpenAI Agents SDK (`sdk_agent.py`)."""
+    the plain loop (`agent.py`), the same agent on the OpenAI Agents SDK (`sdk_agent.py`), or the plain loop as a
+    process per episode (`subprocess_agent.py`, through a gateway)."""
     run_dir = Path(run_dir)
     recipe = make_recipe(agent)
     warm_start = msgspec.structs.replace(config.warm_start, seed=seed, rl_steps=0)
@@ -170,7 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rollouts", choices=["program", "recipe"], default="program")
     parser.add_argument(
-        "--agent", choices=["loop", "sdk"], default="loop", help="the plain loop or the OpenAI Agents SDK agent"
+        "--agent",
+        choices=["loop", "sdk", "subprocess"],
+        default="loop",
+        help="the plain loop, the OpenAI Agents SDK agent, or the plain loop as a subprocess per episode",
     )
     args = parser.parse_args(argv)
     config = msgspec.structs.replace(SMOKE, rollouts=args.rollouts)

@@ -21,17 +21,28 @@ open (each one a training record). A program that raises anything at all, overru
 passes a cap ends only its own episode, with one of `ProgramCode`; one that never calls the endpoint gets reward 0
 and a warning.
 
-Each episode's program runs on a thread and an event loop of its own, so that blocking code in it (``time.sleep``,
-a synchronous client, a CPU loop) stalls nobody else and is cut off at `timeout_s`; its requests are handed to the
-endpoint on the rollout's own loop, where the engine lives. At most `max_concurrent` episodes of one program run at
-once in a process; the others wait for a place, and their time budget starts when they run.
+A program may also be a command line (`AgentProgram.command`): a process started per episode, in a process group
+of its own, with ``OPENAI_BASE_URL`` (its session's URL on the rollout worker's listening gateway,
+`agent_runtime.proxy.gateway`), ``OPENAI_API_KEY`` (the session's key) and ``OPENAI_MODEL`` in its environment,
+the task as one JSON object on its stdin (``{"prompt": ..., "row": ..., "model": ...}``: `ProgramTask`'s fields),
+and the last non-empty line of its stdout as its answer. Any language, any client, synchronous or not:
+
+    program = AgentProgram.command([sys.executable, "my_agent.py"], timeout_s=120)
+
+Its budgets and codes are a function program's; a non-zero exit is ``program_error`` with the tail of its stderr,
+and its time budget kills the whole process group (SIGTERM, then SIGKILL after `ProgramCommand.kill_grace_s`).
+
+Each function program's episode runs on a thread and an event loop of its own, so that blocking code in it
+(``time.sleep``, a synchronous client, a CPU loop) stalls nobody else and is cut off at `timeout_s`; its requests
+are handed to the endpoint on the rollout's own loop, where the engine lives. At most `max_concurrent` episodes of
+one program run at once in a process; the others wait for a place, and their time budget starts when they run.
 
 This module holds the definition only; running it is `agent_runtime.proxy`'s business.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
@@ -40,11 +51,13 @@ import msgspec
 __all__ = [
     "DEFAULT_MAX_CONCURRENT",
     "DEFAULT_MAX_CONVERSATIONS",
+    "DEFAULT_MAX_OUTPUT_BYTES",
     "DEFAULT_MAX_REQUESTS",
     "PROGRAM_CODES",
     "AgentFunction",
     "AgentProgram",
     "ProgramCode",
+    "ProgramCommand",
     "ProgramTask",
 ]
 
@@ -103,12 +116,44 @@ class ProgramTask(msgspec.Struct, frozen=True, kw_only=True):
 AgentFunction = Callable[[Any, ProgramTask], Awaitable[Any]]
 """``async def agent(client: openai.AsyncOpenAI, task: ProgramTask) -> str | None``: the final answer, or None."""
 
+DEFAULT_MAX_OUTPUT_BYTES: Final = 1 << 20
+"""Bytes of a command program's stdout read at most (more ends the episode as ``program_error``), and of its
+stderr kept (the last ones: the tail quoted when it fails)."""
+
+
+@dataclass(frozen=True)
+class ProgramCommand:
+    """A program that is a command line (`AgentProgram.command`), started once per episode.
+
+    - `argv`: the command and its arguments (no shell).
+    - `env`: the environment it starts with (None: this process's), to which ``OPENAI_BASE_URL``,
+      ``OPENAI_API_KEY`` and ``OPENAI_MODEL`` are added.
+    - `cwd`: its working directory (None: this process's).
+    - `max_output_bytes`: see `DEFAULT_MAX_OUTPUT_BYTES`.
+    - `kill_grace_s`: how long it has to exit after SIGTERM (when its time is up, or it ended its session) before
+      its process group gets SIGKILL.
+    """
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    kill_grace_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.argv or not all(isinstance(a, str) for a in self.argv):
+            raise ValueError(f"a command program needs a non-empty list of strings, got {self.argv!r}")
+        if self.max_output_bytes < 1:
+            raise ValueError(f"max_output_bytes must be at least 1, got {self.max_output_bytes}")
+        if not self.kill_grace_s >= 0:
+            raise ValueError(f"kill_grace_s must be at least 0, got {self.kill_grace_s}")
+
 
 @dataclass(frozen=True)
 class AgentProgram:
     """An agent program and its per-episode budgets (see the module docstring).
 
-    - `agent`: the program.
+    - `agent`: the program: an async function, or a `ProgramCommand` (made by `AgentProgram.command`).
     - `timeout_s`: the most wall-clock seconds one episode may take (None: no bound).
     - `max_episode_tokens`: the most tokens the model may generate over all of an episode's requests (None: only
       the per-turn and context limits apply). A request past it fails (HTTP 500, ``engine_error``) and the
@@ -124,7 +169,7 @@ class AgentProgram:
       while it runs); more wait for a place, and their `timeout_s` counts from when they start.
     """
 
-    agent: AgentFunction
+    agent: AgentFunction | ProgramCommand
     timeout_s: float | None = 600.0
     max_episode_tokens: int | None = None
     model_name: str = "policy"
@@ -132,9 +177,31 @@ class AgentProgram:
     max_conversations: int | None = DEFAULT_MAX_CONVERSATIONS
     max_concurrent: int = DEFAULT_MAX_CONCURRENT
 
+    @classmethod
+    def command(
+        cls,
+        argv: Sequence[str],
+        *,
+        timeout_s: float | None = 600.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        kill_grace_s: float = 2.0,
+        **budgets: Any,
+    ) -> AgentProgram:
+        """A program that is a command line, started per episode (see the module docstring and `ProgramCommand`);
+        `budgets` are the other fields (`max_episode_tokens`, `max_requests`, ...)."""
+        command = ProgramCommand(
+            tuple(argv), env=None if env is None else dict(env), cwd=cwd, max_output_bytes=max_output_bytes,
+            kill_grace_s=kill_grace_s,
+        )  # fmt: skip
+        return cls(command, timeout_s=timeout_s, **budgets)
+
     def __post_init__(self) -> None:
-        if not callable(self.agent):
-            raise TypeError(f"AgentProgram.agent must be an async function, got {type(self.agent).__name__}")
+        if not callable(self.agent) and not isinstance(self.agent, ProgramCommand):
+            raise TypeError(
+                f"AgentProgram.agent must be an async function or a ProgramCommand, got {type(self.agent).__name__}"
+            )
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive (or None), got {self.timeout_s}")
         for name in ("max_episode_tokens", "max_requests", "max_conversations"):

@@ -13,12 +13,20 @@ each kind is counted per episode. `program_thread.py` runs the program on a thre
 and an event loop of its own under its time budget and caps, its requests handed to the endpoint on the rollout's
 loop; `episode.py` turns what it did into the episode and scores it.
 
-A separate import from `agent_runtime`: it needs the `serve` extra (Starlette) and the `openai` client.
+A program in another process, or any client that takes only a base URL, reaches its episode through the rollout
+worker's listening `Gateway` (`gateway.py`: one uvicorn server, a session per episode with its own key and
+``/sessions/{id}/v1`` base URL, ``/end`` and ``/reward`` routes), which hands each request to the same
+`EpisodeEndpoint`. A command program (`AgentProgram.command`) is such a process, started per episode by
+`program_process.py` with ``OPENAI_BASE_URL``/``OPENAI_API_KEY``/``OPENAI_MODEL`` set; function programs keep the
+in-process hand-off (no port, no HTTP encoding). `run_program(..., gateway=...)` takes the worker's gateway.
+
+A separate import from `agent_runtime`: it needs the `serve` extra (Starlette, uvicorn) and the `openai` client.
 """
 
 from agent_runtime.proxy.endpoint import EpisodeEndpoint
 from agent_runtime.proxy.episode import ProgramEpisode, ProgramOutcome, run_program
 from agent_runtime.proxy.episode_engine import EpisodeEngine
+from agent_runtime.proxy.gateway import Gateway, GatewayError, GatewaySession
 from agent_runtime.proxy.prefix_break import (
     BREAK_REASONS,
     EDIT_KINDS,
@@ -40,6 +48,9 @@ __all__ = [
     "EditRule",
     "EpisodeEndpoint",
     "EpisodeEngine",
+    "Gateway",
+    "GatewayError",
+    "GatewaySession",
     "PrefixBreak",
     "ProgramEpisode",
     "ProgramOutcome",

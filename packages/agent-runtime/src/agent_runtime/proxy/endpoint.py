@@ -98,7 +98,7 @@ class EpisodeEndpoint:
     async def forward(self, method: str, url: str, headers: list[tuple[bytes, bytes]], body: bytes) -> Answer:
         """One request of the program, answered by the app (or refused, see the module docstring)."""
         if self.closed or self.ended.done():
-            return self._over()
+            return self.over_answer()
         task = asyncio.current_task()
         assert task is not None  # run_coroutine_threadsafe runs this as a task
         self._inflight.add(task)
@@ -113,7 +113,7 @@ class EpisodeEndpoint:
             response = await self._asgi.handle_async_request(request)
             raw = b"".join([chunk async for chunk in response.aiter_raw()])
             if self._ended_with() == "too_many_conversations":  # this request's record may be the one dropped
-                return self._over()
+                return self.over_answer()
             return response.status_code, list(response.headers.raw), raw
         finally:
             self._inflight.discard(task)
@@ -123,7 +123,7 @@ class EpisodeEndpoint:
             return None
         return self.ended.result()[0]
 
-    def _over(self) -> Answer:
+    def over_answer(self) -> Answer:
         """The answer to a request that comes after the episode ended: the reason, or ``episode_over``."""
         if self._ended_with() is not None:
             code, message = self.ended.result()

@@ -16,8 +16,12 @@ conversation past `max_conversations` (``too_many_conversations``), not starting
 (``program_unavailable``), or returning something that is not a string. What the model generated before is kept
 and trained (up to `max_conversations` conversations). A program that never called the endpoint gets reward 0 and a
 warning (``no_model_calls``); its trajectory holds the task's prompt alone, so that a rollout record still exists.
-The program's code goes in ``trajectory.task["agent_program"]`` with its request count and prefix breaks (the
-stored trajectory's error codes are a closed set that does not name programs). A reward strategy that raises (a
+A command program (`AgentProgram.command`) runs as a process per episode, through the rollout worker's
+`Gateway` (`program_process.py`), with the same budgets and codes; a score it posts to its session's ``/reward``
+is kept as ``ProgramOutcome.reported_reward`` and given to the recipe's rewards as the episode record's
+``metadata["program_reward"]``. The program's code goes in ``trajectory.task["agent_program"]`` with its
+request count and prefix breaks (the stored trajectory's error codes are a closed set that does not name
+programs). A reward strategy that raises (a
 `BaseException` too) leaves the episode unscored. Only the cancellation of the caller's own task propagates.
 
 This module knows the endpoint, the request log and the reward pipeline; it knows nothing about OpenRLHF.
@@ -34,13 +38,15 @@ import structlog
 
 from agent_env import EpisodeRecord, RewardBreakdown
 from agent_protocol import ControlTokens, Message, TokenTranscript, TranscriptRecord, coerce_messages
-from agent_runtime.agent_program import ProgramCode, ProgramTask
+from agent_runtime.agent_program import ProgramCode, ProgramCommand, ProgramTask
 from agent_runtime.boundary import boundary
 from agent_runtime.engines.base import LLMEngine, SamplingParams
 from agent_runtime.outcomes import StopReason
 from agent_runtime.proxy.endpoint import EpisodeEndpoint
 from agent_runtime.proxy.episode_engine import EpisodeEngine
+from agent_runtime.proxy.gateway import Gateway
 from agent_runtime.proxy.prefix_break import EditKind, PrefixBreak
+from agent_runtime.proxy.program_process import run_program_process
 from agent_runtime.proxy.program_thread import run_program_thread
 from agent_runtime.proxy.request_log import Segment, generated
 from agent_runtime.recipe import Recipe, RecipeError
@@ -62,6 +68,7 @@ class ProgramOutcome(msgspec.Struct, frozen=True, kw_only=True):
     #: how many requests of each history-edit kind it made (`prefix_break.EDIT_KINDS`, `RequestLog.edits`)
     edits: dict[EditKind, int] = msgspec.field(default_factory=dict)
     generated_tokens: int = 0
+    reported_reward: float | None = None  # what a command program posted to its session's /reward
 
 
 class ProgramEpisode(msgspec.Struct, frozen=True, kw_only=True):
@@ -81,9 +88,12 @@ async def run_program(
     sampling: SamplingParams,
     max_context_tokens: int | None = None,
     engine_timeout_s: float | None = None,
+    gateway: Gateway | None = None,
 ) -> ProgramEpisode:
     """Run `recipe.agent` once on `task` with `engine` sampling as `sampling` says (see the module docstring).
-    `max_context_tokens` caps every conversation's context (with the recipe's and the engine's limits)."""
+    `max_context_tokens` caps every conversation's context (with the recipe's and the engine's limits). A command
+    program (`AgentProgram.command`) reaches its endpoint through `gateway` (the rollout worker's; None: one of
+    its own for the episode)."""
     program = recipe.agent
     if program is None:
         raise RecipeError(f"recipe {recipe.name!r} names no agent program (Recipe.agent)")
@@ -97,8 +107,13 @@ async def run_program(
     task = msgspec.structs.replace(task, model=program.model_name)
     log = logger.bind(recipe=recipe.name, endpoint=endpoint.key)
     started = time.perf_counter()
+    reported: float | None = None
     try:
-        answer, code, message = await run_program_thread(program, endpoint, task)
+        if isinstance(program.agent, ProgramCommand):
+            run = run_program_process(program, program.agent, endpoint, task, gateway=gateway)
+            (answer, code, message), reported = await run
+        else:
+            answer, code, message = await run_program_thread(program, endpoint, task)
     finally:
         await endpoint.close()
     if code is None and answer is not None and not issubclass(type(answer), str):  # type(): __class__ can lie
@@ -114,7 +129,7 @@ async def run_program(
     segments, breaks = endpoint.log.segments()
     outcome = ProgramOutcome(
         code=code, message=message, requests=endpoint.requests, breaks=breaks, edits=endpoint.log.edits(),
-        generated_tokens=episode_engine.generated,
+        generated_tokens=episode_engine.generated, reported_reward=reported,
     )  # fmt: skip
     trajectory = await _trajectory(served, engine, task, endpoint, segments, answer, outcome)
     trajectory.timings["total_s"] = time.perf_counter() - started
@@ -152,13 +167,16 @@ async def _trajectory(
     refs = tuple(str(r) for r in references) if isinstance(references, (list, tuple)) else ()
     if references is not None and not isinstance(references, (list, tuple)):
         refs = (str(references),)
+    metadata = {k: v for k, v in row.items() if k not in ("references", "answer", "label", "prompt")}
+    if outcome.reported_reward is not None:  # a command program's own score, for the recipe's rewards to read
+        metadata["program_reward"] = outcome.reported_reward
     record = EpisodeRecord(
         prompt=tuple(prompt),
         steps=tuple(steps),
         final_answer=answer,
         references=refs,
         stop_reason=stop_reason,
-        metadata={k: v for k, v in row.items() if k not in ("references", "answer", "label", "prompt")},
+        metadata=metadata,
     )
     breakdown = await _score(recipe, record) if outcome.requests else None  # no model call, nothing to reward
     transcripts = [t for segment in segments for t in segment.record.segments]

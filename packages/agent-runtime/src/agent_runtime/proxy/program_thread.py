@@ -28,8 +28,8 @@ Only the cancellation of the caller's own task propagates (the program is then c
 its own copy of the task: a thread cut off at its timeout may still be running while the episode is recorded.
 
 At most `AgentProgram.max_concurrent` episodes of one program run at once on one rollout loop: the others wait
-for a place (an `asyncio.Semaphore` per loop and `AgentProgram` object) before their clock starts. This module knows the
-endpoint and agent-env's threads; it knows nothing about records or rewards.
+for a place (`gate`: an `asyncio.Semaphore` per loop and `AgentProgram` object, a command program's too) before
+their clock starts. This module knows the endpoint and agent-env's threads; it knows nothing about records or rewards.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ import weakref
 from typing import Any, Final
 
 from agent_env import ContainedBaseException, ThreadLimitError, describe_error, run_coroutine_in_thread
-from agent_runtime.agent_program import AgentProgram, ProgramCode, ProgramTask
+from agent_runtime.agent_program import AgentProgram, ProgramCode, ProgramCommand, ProgramTask
 from agent_runtime.proxy.endpoint import EpisodeEndpoint
 
-__all__ = ["describe", "run_program_thread"]
+__all__ = ["Outcome", "describe", "gate", "run_program_thread"]
 
 _PREVIEW: Final = 500
 
@@ -56,7 +56,7 @@ _gates: Final[
 ] = weakref.WeakKeyDictionary()
 
 
-def _gate(program: AgentProgram) -> asyncio.Semaphore:
+def gate(program: AgentProgram) -> asyncio.Semaphore:
     """The loop's gate for `program`, by identity: an agent may be an unhashable callable (a dataclass instance)."""
     per_loop = _gates.setdefault(asyncio.get_running_loop(), {})
     found = per_loop.get(id(program))
@@ -67,7 +67,7 @@ def _gate(program: AgentProgram) -> asyncio.Semaphore:
 
 async def run_program_thread(program: AgentProgram, endpoint: EpisodeEndpoint, task: ProgramTask) -> Outcome:
     """Run `program` once on `task` against `endpoint` (see the module docstring)."""
-    async with _gate(program):
+    async with gate(program):
         try:
             async with asyncio.timeout(program.timeout_s) as deadline:
                 return await _race(program, endpoint, task)
@@ -107,9 +107,12 @@ def _result(runner: asyncio.Future[Any]) -> Outcome:
 
 async def _main(program: AgentProgram, endpoint: EpisodeEndpoint, task: ProgramTask) -> Any:
     """The program on its own loop, with a client made on that loop (closed there, whatever happens)."""
+    agent = program.agent
+    if isinstance(agent, ProgramCommand):  # run_program gives those to program_process.py
+        raise TypeError("a command program (AgentProgram.command) runs as a process, not on a thread")
     client = endpoint.client()
     try:
-        running = program.agent(client, task)
+        running = agent(client, task)
         if not inspect.isawaitable(running):
             raise TypeError(
                 f"the program returned a {type(running).__name__}, not an awaitable: AgentProgram.agent must be "
