@@ -22,7 +22,7 @@ from agent_env import CalculatorTool, FunctionCallEnvironment, MatchingReward, R
 from agent_protocol import HFTokenizer
 from agent_runtime import Recipe, SamplingParams, ScriptedEngine
 from agent_runtime.agent_program import AgentProgram, ProgramCommand, ProgramTask
-from agent_runtime.proxy import EpisodeEndpoint, EpisodeEngine, Gateway, GatewaySession, run_program
+from agent_runtime.proxy import EpisodeEndpoint, EpisodeEngine, Gateway, GatewayError, GatewaySession, run_program
 from examples.any_agent import agent as in_process
 from examples.any_agent import subprocess_agent
 from examples.any_agent.recipe import SUBPROCESS_AGENT
@@ -345,3 +345,34 @@ def test_the_recipe_variant_runs_the_script() -> None:
     assert recipe.agent is not None and recipe.name == "any-agent-subprocess"
     assert isinstance(recipe.agent.agent, ProgramCommand)
     assert recipe.agent.agent.argv == (sys.executable, str(SUBPROCESS_AGENT))
+
+
+def test_a_gateway_that_cannot_listen_or_is_not_started_says_so(tokenizer: HFTokenizer) -> None:
+    async def main() -> None:
+        endpoint = EpisodeEndpoint(calculator_recipe(), EpisodeEngine(ScriptedEngine(tokenizer, SCRIPT), SAMPLING),
+                                   model_name="policy")  # fmt: skip
+        idle = Gateway()
+        with pytest.raises(GatewayError, match="not started"):
+            idle.open(endpoint)
+        async with Gateway() as first:
+            port = int(first.url.rsplit(":", 1)[1])
+            with pytest.raises(GatewayError, match=f"cannot listen on 127.0.0.1:{port}"):
+                await Gateway(port=port).start()
+        await endpoint.close()
+
+    asyncio.run(main())
+
+
+def test_a_gateway_takes_only_endpoints_of_its_own_loop(tokenizer: HFTokenizer) -> None:
+    async def make_endpoint() -> EpisodeEndpoint:
+        return EpisodeEndpoint(calculator_recipe(), EpisodeEngine(ScriptedEngine(tokenizer, SCRIPT), SAMPLING),
+                               model_name="policy")  # fmt: skip
+
+    elsewhere = asyncio.run(make_endpoint())
+
+    async def main() -> None:
+        async with Gateway() as gateway:
+            with pytest.raises(GatewayError, match="another event loop"):
+                gateway.open(elsewhere)
+
+    asyncio.run(main())

@@ -30,8 +30,9 @@ Streaming: `EpisodeEndpoint.forward` buffers the whole answer, so a streamed cha
 reach the client at once, when the turn is done; a streaming client (``stream=True``) works unchanged.
 
 The server is uvicorn's, started on the loop that calls `start` (the rollout's, where the endpoints and the engine
-live); it takes no signal handlers (the trainer keeps its own). Why in-process function programs do not use it:
-they need no port, and the ASGI hand-off skips the HTTP encoding and the socket (`endpoint.py`).
+live); it takes no signal handlers (the trainer keeps its own) and leaves the process's logging configuration
+alone. Why in-process function programs do not use it: they need no port, and the ASGI hand-off skips the HTTP
+encoding and the socket (`endpoint.py`).
 
 This module knows HTTP, the endpoint's `forward` and the serving app's limits; nothing about records or rewards.
 """
@@ -161,8 +162,8 @@ class Gateway:
             raise GatewayError(f"the gateway cannot listen on {self.host}:{self.port}: {e}") from e
         port = sock.getsockname()[1]
         host = self.advertised_host or (_this_host() if self.host in _WILDCARDS else self.host)
-        config = uvicorn.Config(
-            self.app, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=2
+        config = uvicorn.Config(  # log_config=None: the process's logging stays as its app configured it
+            self.app, log_config=None, lifespan="off", access_log=False, timeout_graceful_shutdown=2
         )
         self._server = _Server(config)
         self._serving = asyncio.create_task(self._server.serve(sockets=[sock]), name="agent-gateway")
