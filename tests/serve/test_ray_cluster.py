@@ -62,36 +62,44 @@ def ray_head() -> Iterator[str]:
         "--dashboard-agent-grpc-port", str(free_port()), "--runtime-env-agent-port", str(free_port()),
         "--metrics-export-port", str(free_port()),
     ]  # fmt: skip
-    head = subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if head.poll() is not None:
-                raise AssertionError(f"ray start exited with {head.returncode}: {(head.stderr or ...).read()}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise AssertionError("the Ray head did not listen within 120 s") from None
-                time.sleep(0.5)
-        yield f"127.0.0.1:{port}"
-    finally:
-        started = psutil.Process(head.pid).children(recursive=True) if head.poll() is None else []
-        head.send_signal(signal.SIGTERM)
+    # the log is a file, not a pipe: nobody reads it while the head runs
+    with tempfile.TemporaryFile(mode="w+") as log:
+        head = subprocess.Popen(command, env=ENV, stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            head.kill()
-            head.wait()
-        for process in started:  # what the head started goes with it; a straggler is killed, not left behind
-            try:
-                process.wait(timeout=30)
-            except psutil.TimeoutExpired:
-                process.kill()
-            except psutil.NoSuchProcess:
-                pass
-        shutil.rmtree(temp_dir, ignore_errors=True)
+            deadline = time.monotonic() + 120
+            while True:
+                if head.poll() is not None:
+                    log.seek(0)
+                    raise AssertionError(f"ray start exited with {head.returncode}: {log.read()[-3000:]}")
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise AssertionError("the Ray head did not listen within 120 s") from None
+                    time.sleep(0.5)
+            yield f"127.0.0.1:{port}"
+        finally:
+            _stop(head)
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _stop(head: subprocess.Popen[str]) -> None:
+    """SIGTERM to `ray start --block`, which stops what it started; a straggler is killed, not left behind."""
+    started = psutil.Process(head.pid).children(recursive=True) if head.poll() is None else []
+    head.send_signal(signal.SIGTERM)
+    try:
+        head.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        head.kill()
+        head.wait()
+    for process in started:
+        try:
+            process.wait(timeout=30)
+        except psutil.TimeoutExpired:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def test_replicas_deploy_on_a_running_cluster_and_leave_it_running(ray_head: str, tiny_qwen3_dir: Path) -> None:
