@@ -202,3 +202,18 @@ def test_a_gateway_is_per_worker_and_left_running(tokenizer: HFTokenizer) -> Non
             return gateway.sessions, str(ran.outcome.code)
 
     assert asyncio.run(main()) == (0, "None")
+
+
+def test_a_conversation_past_the_cap_is_refused_through_the_gateway(tokenizer: HFTokenizer) -> None:
+    code = ONE_CALL + textwrap.dedent("""
+        other = [{"role": "user", "content": "2+2?"}]  # a second conversation
+        try:
+            client.chat.completions.create(model=os.environ["OPENAI_MODEL"], messages=other)
+        except openai.APIStatusError as e:
+            print(e.status_code, e.code, file=sys.stderr)
+            sys.exit(4)
+        print("the second conversation was answered")
+    """)
+    ran = run(tokenizer, python(code, timeout_s=30, max_conversations=1))
+    assert ran.outcome.code == "too_many_conversations" and ran.outcome.requests == 2
+    assert len(ran.trajectory.segments) == 1  # the first conversation kept, the second's turn dropped

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -51,14 +52,17 @@ def calculator_recipe(program: AgentProgram | None = None) -> Recipe:
 Scenario = Callable[[Gateway, list[GatewaySession], httpx.AsyncClient], Awaitable[Any]]
 
 
-def on_gateway(tokenizer: HFTokenizer, scenario: Scenario, *, sessions: int = 2) -> Any:
-    """Run `scenario` against a started gateway with `sessions` open sessions (one endpoint and engine each)."""
+def on_gateway(tokenizer: HFTokenizer, scenario: Scenario, *, sessions: int = 2, delay_s: float = 0.0) -> Any:
+    """Run `scenario` against a started gateway with `sessions` open sessions (one endpoint and engine each; the
+    engine sleeps `delay_s` before each generation)."""
 
     async def main() -> Any:
         async with Gateway() as gateway, httpx.AsyncClient(timeout=30) as http:
             endpoints = [
                 EpisodeEndpoint(
-                    calculator_recipe(), EpisodeEngine(ScriptedEngine(tokenizer, SCRIPT), SAMPLING), model_name="policy"
+                    calculator_recipe(),
+                    EpisodeEngine(ScriptedEngine(tokenizer, SCRIPT, delay_s=delay_s), SAMPLING),
+                    model_name="policy",
                 )
                 for _ in range(sessions)
             ]
@@ -248,14 +252,21 @@ def test_a_streamed_completion_and_a_sync_client_through_the_gateway(tokenizer: 
     async def scenario(gateway: Gateway, sessions: list[GatewaySession], http: httpx.AsyncClient) -> None:
         a, b = sessions
         client = openai.AsyncOpenAI(base_url=a.base_url, api_key=a.key, max_retries=0)
+        started = time.monotonic()
+        arrived: list[float] = []
         try:
             stream = await client.chat.completions.create(
                 model="policy", messages=[{"role": "user", "content": QUESTION}], tools=[in_process.CALCULATOR_TOOL],
                 stream=True,
             )  # fmt: skip
-            chunks = [chunk async for chunk in stream]
+            chunks = []
+            async for chunk in stream:
+                arrived.append(time.monotonic() - started)
+                chunks.append(chunk)
         finally:
             await client.close()
+        # streamed through: the role chunk comes before the engine's 1.5 s generation, the rest after it
+        assert arrived[0] < arrived[-1] - 1.0 and arrived[-1] >= 1.5, arrived
         calls = [c for chunk in chunks for d in chunk.choices for c in (d.delta.tool_calls or [])]
         assert calls and calls[0].function.name == "calculator" and "17 * 23" in calls[0].function.arguments
         assert chunks[-1].choices[-1].finish_reason == "tool_calls" or any(
@@ -272,7 +283,7 @@ def test_a_streamed_completion_and_a_sync_client_through_the_gateway(tokenizer: 
         reply = await asyncio.to_thread(sync_turn)
         assert reply.choices[0].message.tool_calls and b.endpoint.requests == 1
 
-    on_gateway(tokenizer, scenario)
+    on_gateway(tokenizer, scenario, delay_s=1.5)
 
 
 # -- the subprocess agent: the in-process program's record -----------------------------------------------------
@@ -376,3 +387,17 @@ def test_a_gateway_takes_only_endpoints_of_its_own_loop(tokenizer: HFTokenizer) 
                 gateway.open(elsewhere)
 
     asyncio.run(main())
+
+
+def test_a_request_in_flight_when_the_episode_closes_is_answered_episode_over(tokenizer: HFTokenizer) -> None:
+    async def scenario(gateway: Gateway, sessions: list[GatewaySession], http: httpx.AsyncClient) -> None:
+        (a,) = sessions
+        asked = asyncio.ensure_future(http.post(f"{a.base_url}/chat/completions", json=chat_body(), headers=bearer(a)))
+        while a.endpoint.engine.calls == 0:  # the request is in the engine (sleeping)
+            await asyncio.sleep(0.01)
+        gateway.close(a)
+        await a.endpoint.close()
+        answered = await asyncio.wait_for(asked, timeout=2)
+        assert (answered.status_code, error_code(answered)) == (503, "episode_over")
+
+    on_gateway(tokenizer, scenario, sessions=1, delay_s=5.0)

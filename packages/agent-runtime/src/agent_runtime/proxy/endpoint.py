@@ -5,8 +5,9 @@ Each episode gets an app of its own (its own transcript store, request log and m
 (the app refuses any other), so concurrent episodes share nothing but the engine, which batches their requests.
 No port is opened: the client's requests go straight to the app through the ASGI transport of the HTTP library the
 installed `openai` is built on (`openai.DefaultAsyncHttpxClient`'s: httpx, or the fork recent releases ship). A
-framework that only takes a base URL (and makes its own HTTP client) needs a listening server instead; see
-examples/any_agent/README.md.
+program in another process, or a framework that only takes a base URL, goes through the rollout worker's
+listening gateway (`gateway.py`), which hands each request to `serve` as ASGI, so that a streamed answer passes
+through as it is generated; the refusals, caps and records are the same.
 
 Two event loops. The app, its request log and the engine live on the loop that created the endpoint (the
 rollout's: OpenRLHF's vLLM actor, the local trainer); the program runs on a loop of its own, in a thread of its
@@ -33,6 +34,8 @@ import functools
 import sys
 import uuid
 from typing import Any, Final
+
+from starlette.types import Message, Receive, Scope, Send
 
 from agent_runtime.agent_program import ProgramCode
 from agent_runtime.proxy.episode_engine import EpisodeEngine
@@ -95,20 +98,28 @@ class EpisodeEndpoint:
 
     # -- the app's side (the rollout's loop) ----------------------------------------------------------------
 
-    async def forward(self, method: str, url: str, headers: list[tuple[bytes, bytes]], body: bytes) -> Answer:
-        """One request of the program, answered by the app (or refused, see the module docstring)."""
+    def _admit(self, path: str) -> Answer | None:
+        """None if a request to `path` goes to the app (a chat completion then counts as a model call); else
+        the refusal (see the module docstring)."""
         if self.closed or self.ended.done():
             return self.over_answer()
+        if path.endswith("/chat/completions"):
+            if self.max_requests is not None and self.requests >= self.max_requests:
+                message = f"the episode made its {self.max_requests} model calls (AgentProgram.max_requests)"
+                self.end("too_many_requests", message)
+                return _refusal(429, message, "too_many_requests")
+            self.requests += 1
+        return None
+
+    async def forward(self, method: str, url: str, headers: list[tuple[bytes, bytes]], body: bytes) -> Answer:
+        """One request of the program, answered by the app (or refused, see the module docstring)."""
+        refused = self._admit(url.partition("?")[0])
+        if refused is not None:
+            return refused
         task = asyncio.current_task()
         assert task is not None  # run_coroutine_threadsafe runs this as a task
         self._inflight.add(task)
         try:
-            if url.partition("?")[0].endswith("/chat/completions"):
-                if self.max_requests is not None and self.requests >= self.max_requests:
-                    message = f"the episode made its {self.max_requests} model calls (AgentProgram.max_requests)"
-                    self.end("too_many_requests", message)
-                    return _refusal(429, message, "too_many_requests")
-                self.requests += 1
             request = self._http.Request(method, url, headers=headers, content=body)
             response = await self._asgi.handle_async_request(request)
             raw = b"".join([chunk async for chunk in response.aiter_raw()])
@@ -117,6 +128,60 @@ class EpisodeEndpoint:
             return response.status_code, list(response.headers.raw), raw
         finally:
             self._inflight.discard(task)
+
+    async def serve(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
+        """One request of the program as ASGI (the listening gateway's path): `scope` addressed to the app's own
+        routes, its whole `body` (read by the caller under its limits), then the client's `receive` (for its
+        disconnect) and `send`. The app's answer goes to `send` as the app sends it, so a streamed completion's
+        events reach the client as they are generated. Refusals, caps and records are `forward`'s: an answer sent
+        in one part (a plain completion) is held until it is whole and replaced by the episode's end if its record
+        was the one dropped; a stream's record is written when it ends, after its events went out. A request cut
+        off by `close` gets ``episode_over`` (or its stream ends there)."""
+        refused = self._admit(scope["path"])
+        if refused is not None:
+            await _send_answer(send, refused)
+            return
+        started = False
+        held: Message | None = None
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        async def relay(message: Message) -> None:
+            nonlocal held, started
+            if message["type"] == "http.response.start":
+                held = message
+                return
+            if held is not None:
+                if not message.get("more_body", False) and self._ended_with() == "too_many_conversations":
+                    await _send_answer(send, self.over_answer())  # this request's record may be the one dropped
+                    started, held = True, None
+                    return
+                await send(held)
+                started, held = True, None
+            if started:
+                await send(message)
+
+        running = asyncio.ensure_future(self.app(scope, replay, relay))
+        self._inflight.add(running)
+        try:
+            await asyncio.wait((running,))
+        except asyncio.CancelledError:
+            running.cancel()
+            raise
+        finally:
+            self._inflight.discard(running)
+        if not running.cancelled():
+            running.result()  # the app's own bug, if any: the caller's server answers it
+        elif not started:
+            await _send_answer(send, self.over_answer())
+        else:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _ended_with(self) -> ProgramCode | None:
         if not self.ended.done() or self.ended.cancelled():
@@ -157,6 +222,12 @@ class EpisodeEndpoint:
 def _refusal(status: int, message: str, code: str) -> Answer:
     body = ApiError(status, message, type="invalid_request_error", code=code).body()
     return status, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())], body
+
+
+async def _send_answer(send: Send, answer: Answer) -> None:
+    status, headers, content = answer
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": content, "more_body": False})
 
 
 def _handoff(http: Any, endpoint: EpisodeEndpoint) -> Any:

@@ -10,7 +10,7 @@ client that takes only a base URL) reach their episodes' endpoints.
 Each episode is a session with an id (not a secret: it is in the URL) and a key (the secret: its endpoint's key,
 compared with `hmac.compare_digest`). Routes:
 
-- ``/sessions/{id}/v1/...``: handed to the session's `EpisodeEndpoint.forward`, so it is the same tools-mode app,
+- ``/sessions/{id}/v1/...``: handed to the session's `EpisodeEndpoint.serve`, so it is the same tools-mode app,
   with the same caps, request count and records, as an in-process program's; the gateway adds no turn logic.
 - ``POST /sessions/{id}/end`` (optional body ``{"answer": "..."}``): the program says it is done; its episode
   ends normally with that answer (None without one). Once only (409 ``session_already_ended`` after).
@@ -26,15 +26,15 @@ ones are forgotten (404). Bodies are read under the serving app's limits (`reque
 ``invalid_json`` or ``invalid_value``); the forwarded requests are then checked by the app itself. Every error is
 an `ApiError` in OpenAI's shape (`serving.error_response`, shared with the serving app).
 
-Streaming: `EpisodeEndpoint.forward` buffers the whole answer, so a streamed chat completion's server-sent events
-reach the client at once, when the turn is done; a streaming client (``stream=True``) works unchanged.
+Streaming: a request goes to the endpoint as ASGI (`EpisodeEndpoint.serve`), so a streamed chat completion's
+server-sent events reach the client as the app sends them.
 
 The server is uvicorn's, started on the loop that calls `start` (the rollout's, where the endpoints and the engine
 live); it takes no signal handlers (the trainer keeps its own) and leaves the process's logging configuration
 alone. Why in-process function programs do not use it: they need no port, and the ASGI hand-off skips the HTTP
 encoding and the socket (`endpoint.py`).
 
-This module knows HTTP, the endpoint's `forward` and the serving app's limits; nothing about records or rewards.
+This module knows HTTP, the endpoint's `serve` and the serving app's limits; nothing about records or rewards.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import math
 import socket
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final
 
 import msgspec
@@ -56,6 +56,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from agent_runtime.proxy.endpoint import Answer, EpisodeEndpoint
 from agent_runtime.serving import ServeConfig
@@ -71,6 +72,8 @@ logger = structlog.get_logger(__name__)
 _LIMITS: Final = ServeConfig(model_name="gateway")  # the serving app's body limits, as its defaults set them
 _METHODS: Final = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 _HOP_BY_HOP: Final = frozenset({b"content-length", b"transfer-encoding", b"connection", b"keep-alive"})
+_SCOPE_KEYS: Final = ("type", "asgi", "http_version", "method", "scheme", "server", "client", "headers",
+                      "query_string", "extensions")  # fmt: skip  # what a request's scope says of it, no routing
 _START_TIMEOUT_S: Final = 10.0
 _WILDCARDS: Final = frozenset({"0.0.0.0", "::", ""})
 
@@ -126,7 +129,7 @@ class Gateway:
         self._url: str | None = None
         self.app = Starlette(
             routes=[
-                Route("/sessions/{sid}/v1/{path:path}", self._forward, methods=_METHODS),
+                Route("/sessions/{sid}/v1/{path:path}", _Asgi(self._forward), methods=_METHODS),
                 Route("/sessions/{sid}/end", self._end, methods=["POST"]),
                 Route("/sessions/{sid}/reward", self._reward, methods=["POST"]),
                 Route("/health", self._health, methods=["GET"]),
@@ -246,28 +249,22 @@ class Gateway:
 
     # -- routes -----------------------------------------------------------------------------------------------
 
-    async def _forward(self, request: Request) -> Response:
+    async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``/sessions/{id}/v1/...`` (ASGI, so that a stream passes through): the request, its body read under the
+        limits, to the session's endpoint (`EpisodeEndpoint.serve`) at the app's own ``/v1/...``."""
+        request = Request(scope, receive)
         found = self._lookup(request)
         try:
             body = await self._body(request)
         except ClientDisconnect:
-            return Response(status_code=499)
+            return
         if not isinstance(found, GatewaySession):
-            return _answer(found)
-        url = f"http://gateway/v1/{request.path_params['path']}"
-        if request.url.query:
-            url += f"?{request.url.query}"
-        headers = [(k, v) for k, v in request.headers.raw if k.lower() not in _HOP_BY_HOP and k.lower() != b"host"]
-        endpoint = found.endpoint
-        call = asyncio.ensure_future(endpoint.forward(request.method, url, headers, body))
-        try:
-            await asyncio.wait((call,))
-        except asyncio.CancelledError:
-            call.cancel()
-            raise
-        if call.cancelled():  # the episode closed while the request was in flight
-            return _answer(endpoint.over_answer())
-        return _answer(call.result())
+            await _answer(found)(scope, receive, send)
+            return
+        path = f"/v1/{request.path_params['path']}"
+        inner: dict[str, Any] = {key: scope[key] for key in _SCOPE_KEYS if key in scope}
+        inner.update(path=path, raw_path=path.encode(), root_path="")
+        await found.endpoint.serve(inner, body, receive, send)
 
     async def _end(self, request: Request) -> Response:
         found = self._lookup(request)
@@ -317,6 +314,16 @@ def _decode(body: bytes, kind: type[Any]) -> Any:
 
 def _json(value: Any, status: int = 200) -> Response:
     return Response(msgspec.json.encode(value), status_code=status, media_type="application/json")
+
+
+class _Asgi:
+    """An ASGI callable Starlette's `Route` passes the raw request to (it wraps functions and methods)."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
 
 
 def _answer(answer: Answer) -> Response:
