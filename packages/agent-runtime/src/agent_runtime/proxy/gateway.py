@@ -29,10 +29,10 @@ an `ApiError` in OpenAI's shape (`serving.error_response`, shared with the servi
 Streaming: a request goes to the endpoint as ASGI (`EpisodeEndpoint.serve`), so a streamed chat completion's
 server-sent events reach the client as the app sends them.
 
-The server is uvicorn's, started on the loop that calls `start` (the rollout's, where the endpoints and the engine
-live); it takes no signal handlers (the trainer keeps its own) and leaves the process's logging configuration
-alone. Why in-process function programs do not use it: they need no port, and the ASGI hand-off skips the HTTP
-encoding and the socket (`endpoint.py`).
+The server is uvicorn's (the `serve` extra, imported when a gateway starts), started on the loop that calls
+`start` (the rollout's, where the endpoints and the engine live); it takes no signal handlers (the trainer keeps
+its own) and leaves the process's logging configuration alone. Why in-process function programs do not use it:
+they need no port, and the ASGI hand-off skips the HTTP encoding and the socket (`endpoint.py`).
 
 This module knows HTTP, the endpoint's `serve` and the serving app's limits; nothing about records or rewards.
 """
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import socket
 import uuid
@@ -50,7 +51,6 @@ from typing import Any, Final
 
 import msgspec
 import structlog
-import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -124,7 +124,7 @@ class Gateway:
         self._sessions: dict[str, GatewaySession] = {}
         self._closed: OrderedDict[str, tuple[str, Answer]] = OrderedDict()  # id -> (key, its last answer)
         self._budget = BodyBudget(_LIMITS.max_buffered_request_bytes)
-        self._server: _Server | None = None
+        self._server: Any = None
         self._serving: asyncio.Task[None] | None = None
         self._url: str | None = None
         self.app = Starlette(
@@ -155,6 +155,7 @@ class Gateway:
         """Listen (on the running loop, which must be the endpoints' loop)."""
         if self._serving is not None:
             raise GatewayError("the gateway is already started")
+        config_class, server_class = _uvicorn()
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -165,10 +166,10 @@ class Gateway:
             raise GatewayError(f"the gateway cannot listen on {self.host}:{self.port}: {e}") from e
         port = sock.getsockname()[1]
         host = self.advertised_host or (_this_host() if self.host in _WILDCARDS else self.host)
-        config = uvicorn.Config(  # log_config=None: the process's logging stays as its app configured it
+        config = config_class(  # log_config=None: the process's logging stays as its app configured it
             self.app, log_config=None, lifespan="off", access_log=False, timeout_graceful_shutdown=2
         )
-        self._server = _Server(config)
+        self._server = server_class(config)
         self._serving = asyncio.create_task(self._server.serve(sockets=[sock]), name="agent-gateway")
         try:
             async with asyncio.timeout(_START_TIMEOUT_S):
@@ -296,12 +297,21 @@ class Gateway:
         return _json({"status": "ok", "sessions": len(self._sessions)})
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's server without its signal handlers: the process's Ctrl-C and SIGTERM stay the trainer's."""
+@functools.cache
+def _uvicorn() -> tuple[type[Any], type[Any]]:
+    """uvicorn's `Config`, and its server without its signal handlers (the process's Ctrl-C and SIGTERM stay the
+    trainer's). Imported here, when a gateway starts: the `proxy` extra (function programs) does not need it."""
+    try:
+        import uvicorn
+    except ImportError as e:
+        raise GatewayError("the gateway needs uvicorn: install agent-runtime[serve]") from e
 
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return uvicorn.Config, Server
 
 
 def _decode(body: bytes, kind: type[Any]) -> Any:
