@@ -300,11 +300,11 @@ class Gateway:
 @functools.cache
 def _uvicorn() -> tuple[type[Any], type[Any]]:
     """uvicorn's `Config`, and its server without its signal handlers (the process's Ctrl-C and SIGTERM stay the
-    trainer's). Imported here, when a gateway starts: the `proxy` extra (function programs) does not need it."""
+    trainer's). Imported here, when a gateway starts: in-process function programs do not need it."""
     try:
         import uvicorn
     except ImportError as e:
-        raise GatewayError("the gateway needs uvicorn: install agent-runtime[serve]") from e
+        raise GatewayError("the gateway needs uvicorn: install agent-runtime[proxy] (or [serve])") from e
 
     class Server(uvicorn.Server):
         @contextlib.contextmanager
