@@ -29,7 +29,7 @@ an `ApiError` in OpenAI's shape (`serving.error_response`, shared with the servi
 Streaming: a request goes to the endpoint as ASGI (`EpisodeEndpoint.serve`), so a streamed chat completion's
 server-sent events reach the client as the app sends them.
 
-The server is uvicorn's (the `serve` extra, imported when a gateway starts), started on the loop that calls
+The server is uvicorn's (the `proxy` and `serve` extras, imported when a gateway starts), started on the loop that calls
 `start` (the rollout's, where the endpoints and the engine live); it takes no signal handlers (the trainer keeps
 its own) and leaves the process's logging configuration alone. Why in-process function programs do not use it:
 they need no port, and the ASGI hand-off skips the HTTP encoding and the socket (`endpoint.py`).
