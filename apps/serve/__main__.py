@@ -247,15 +247,12 @@ class _NamedWriteLogger(structlog.WriteLogger):
     fatal = failure = err = error = critical = exception = msg
 
 
-_log_encoder = msgspec.json.Encoder()
-
-
 def _json_line(event: dict[str, Any], **dumps_kw: Any) -> str:
     """A JSON log line by msgspec: the same keys and order as `json.dumps`, compact, and non-ASCII text as UTF-8; at
     about 9 us less a line it was 3% of an agent request's server CPU (in-process A/B). An event holding what msgspec
     cannot encode (an object without a JSON form) goes to `json.dumps` with structlog's fallback, as before."""
-    try:
-        return _log_encoder.encode(event).decode()
+    try:  # msgspec's module function, not an Encoder object: Ray pickles this module's functions (--replicas)
+        return msgspec.json.encode(event).decode()
     except (TypeError, OverflowError, ValueError):
         return json.dumps(event, **dumps_kw)
 
