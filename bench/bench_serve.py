@@ -6,7 +6,8 @@ Two servers run as separate processes under the same uvicorn settings, each on i
       (the floor: HTTP, the framework, JSON in and out, nothing else);
   (b) agent: `agent_runtime.serving.create_app` serving the calculator recipe on a `ScriptedEngine` whose policy
       answers from the prompt (real Qwen3 token ids, the real calculator tool), logging configured by apps/serve's
-      own `configure_logging` (JSON at info level through the standard library's handler, stderr into /dev/null).
+      own `configure_logging` (JSON lines at info level, rendered by structlog and written straight to stderr,
+      which goes into /dev/null).
 
 Three kinds of request go to the agent server: agent mode (a whole episode server-side: render, two generations,
 one calculator call, feedback tokenized alone, a trajectory record), the same streamed as SSE with agent events,
