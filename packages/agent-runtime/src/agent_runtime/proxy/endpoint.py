@@ -16,7 +16,7 @@ own (`program_thread.py`), and its client (`client()`, made there) hands each re
 own loop only. Cancelling a request on the program's side cancels it on the app's.
 
 The endpoint counts the program's model calls and enforces the episode's caps where it sees them: a chat
-completion past `max_requests` is refused before it reaches the app (HTTP 429, ``too_many_requests``), and a
+completion (or a Responses API call) past `max_requests` is refused before it reaches the app (HTTP 429, ``too_many_requests``), and a
 request whose record would open a conversation past `max_conversations` is dropped from the log and answered with
 a 429 (``too_many_conversations``). Either ends the episode (`ended`), and every later request gets the same 429.
 After `close()` every request is refused (HTTP 503, ``episode_over``): the thread of a program that ran past its
@@ -103,7 +103,7 @@ class EpisodeEndpoint:
         the refusal (see the module docstring)."""
         if self.closed or self.ended.done():
             return self.over_answer()
-        if path.endswith("/chat/completions"):
+        if path.endswith(("/chat/completions", "/responses")):  # a model call, on either API
             if self.max_requests is not None and self.requests >= self.max_requests:
                 message = f"the episode made its {self.max_requests} model calls (AgentProgram.max_requests)"
                 self.end("too_many_requests", message)

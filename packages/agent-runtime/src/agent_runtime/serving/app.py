@@ -5,6 +5,8 @@ Routes:
 - ``POST /v1/chat/completions``: OpenAI's chat completions. Without `tools`, agent mode (`agent_mode.py`): the
   server runs the whole episode with the recipe's tools. With `tools`, tools mode (`tools_mode.py`): one model
   turn, tool calls returned for the client to run, token-in-token-out across follow-ups. `stream: true` in both.
+- ``POST /v1/responses``: OpenAI's Responses API (the Agents SDK's default model), converted to the messages and
+  tools of a tools-mode turn and served by that core (`responses_api.py`); the same admission, limits and errors.
 - ``GET /v1/models``, ``GET /v1/models/{id}``: the served model.
 - ``GET /health``: liveness and what is served. ``GET /metrics``: the counters (`ServerMetrics`) as JSON.
 - ``GET /``: the web chat page (``static/``: plain HTML and JavaScript, no build step).
@@ -36,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from importlib import resources
 from typing import Any, Final
 
@@ -62,6 +64,12 @@ from agent_runtime.serving.images import check_request_images, image_count_limit
 from agent_runtime.serving.json_guard import check_json_body
 from agent_runtime.serving.openai_wire import ChatCompletionRequest, ModelCard, ModelList, decode_request, encode
 from agent_runtime.serving.request_body import BodyBudget, request_body
+from agent_runtime.serving.responses_api import (
+    complete_response,
+    decode_responses_request,
+    stream_response,
+    to_chat_request,
+)
 from agent_runtime.serving.sse import EventStream
 from agent_runtime.serving.text_budget import check_message_count, check_text_fits
 from agent_runtime.serving.tools_mode import complete_tools, stream_tools
@@ -96,7 +104,11 @@ def _authorize(request: Request, backend: ServingBackend) -> None:
         check_bearer(request, key)
 
 
-def _parse(body: bytes, backend: ServingBackend) -> tuple[ChatCompletionRequest, list[Message], list[ToolSpec]]:
+Parsed = tuple[Any, ChatCompletionRequest, list[Message], list[ToolSpec]]
+"""A request as its route decoded it, the chat completion request it stands for, its messages and tools."""
+
+
+def _parse(body: bytes, backend: ServingBackend) -> Parsed:
     """Decode and check a chat completion request; raises `ApiError` (400 naming the field, 404 for the model).
     Nothing here tokenizes: a request is refused or accepted before it costs a slot or the tokenizer's time."""
     check_json_body(body)  # nesting and number lengths, before any recursive decoder sees the body
@@ -106,6 +118,24 @@ def _parse(body: bytes, backend: ServingBackend) -> tuple[ChatCompletionRequest,
         raise from_decode_error(e) from e
     except (RecursionError, ValueError) as e:  # not expected past check_json_body; still the caller's input
         raise ApiError(400, f"the request body cannot be read: {type(e).__name__}: {e}", code="invalid_json") from e
+    messages, tools = _checked(chat, backend)
+    return chat, chat, messages, tools
+
+
+def _parse_responses(body: bytes, backend: ServingBackend) -> Parsed:
+    """A Responses API request, converted to its chat completion request and checked as one."""
+    check_json_body(body)
+    try:
+        asked = decode_responses_request(body)
+    except (RecursionError, ValueError) as e:  # not expected past check_json_body; still the caller's input
+        raise ApiError(400, f"the request body cannot be read: {type(e).__name__}: {e}", code="invalid_json") from e
+    chat = to_chat_request(asked)
+    messages, tools = _checked(chat, backend)
+    return asked, chat, messages, tools
+
+
+def _checked(chat: ChatCompletionRequest, backend: ServingBackend) -> tuple[list[Message], list[ToolSpec]]:
+    """A decoded request's checks and its messages and tools (see `_parse`)."""
     if chat.model not in backend.model_ids:
         raise ApiError(
             404,
@@ -140,10 +170,42 @@ def _parse(body: bytes, backend: ServingBackend) -> tuple[ChatCompletionRequest,
     check_text_fits(
         messages, tools, context_tokens=backend.context_limit, max_chars_per_token=backend.config.max_chars_per_token
     )
-    return chat, messages, tools
+    return messages, tools
+
+
+Answer = Callable[[ServingBackend, Any, ChatCompletionRequest, list[Message], list[ToolSpec]], Coroutine[Any, Any, Any]]
+
+
+async def _chat_complete(
+    backend: ServingBackend, _: Any, chat: ChatCompletionRequest, messages: list[Message], tools: list[ToolSpec]
+) -> Any:
+    return await (complete_tools(backend, chat, messages, tools) if tools else complete_agent(backend, chat, messages))
+
+
+async def _chat_stream(
+    backend: ServingBackend, _: Any, chat: ChatCompletionRequest, messages: list[Message], tools: list[ToolSpec]
+) -> AsyncGenerator[bytes]:
+    return await stream_tools(backend, chat, messages, tools) if tools else stream_agent(backend, chat, messages)
 
 
 async def chat_completions(request: Request) -> Response:
+    return await _serve(request, _parse, _chat_complete, _chat_stream)
+
+
+async def responses(request: Request) -> Response:
+    """The Responses API: always one tools-mode turn (with or without tools), whatever the route's wire."""
+    return await _serve(request, _parse_responses, complete_response, stream_response, always_tools=True)
+
+
+async def _serve(
+    request: Request,
+    parse: Callable[[bytes, ServingBackend], Parsed],
+    complete: Answer,
+    stream: Answer,
+    *,
+    always_tools: bool = False,
+) -> Response:
+    """Admit, parse and answer one completion request (see the module docstring for the order)."""
     backend = _backend(request)
     metrics = backend.metrics
     metrics.requests += 1
@@ -156,9 +218,9 @@ async def chat_completions(request: Request) -> Response:
         ) as body:
             # megabytes of JSON, or images (each is decoded to be checked): checked and decoded off the event loop
             if len(body) > _PARSE_OFF_LOOP_BYTES or b"image" in body or b"\\u" in body:
-                chat, messages, tools = await asyncio.to_thread(_parse, body, backend)
+                asked, chat, messages, tools = await asyncio.to_thread(parse, body, backend)
             else:
-                chat, messages, tools = _parse(body, backend)
+                asked, chat, messages, tools = parse(body, backend)
     except ClientDisconnect:  # gone before its request was read: nobody to answer
         metrics.client_disconnects += 1
         logger.info("client_disconnected", path=request.url.path)
@@ -179,18 +241,16 @@ async def chat_completions(request: Request) -> Response:
     started = time.perf_counter()
     try:
         with boundary(passes=(ApiError, HTTPException), limit=None) as failed:  # a bug (a plug-in's sys.exit too)
-            mode = "tools" if tools else "agent"
-            if tools:
+            tools_mode = bool(tools) or always_tools
+            mode = "tools" if tools_mode else "agent"
+            if tools_mode:
                 metrics.requests_tools += 1
             else:
                 metrics.requests_agent += 1
             log = logger.bind(mode=mode, stream=chat.stream, messages=len(messages))
             if chat.stream:
                 metrics.requests_streamed += 1
-                if tools:
-                    frames = await stream_tools(backend, chat, messages, tools)
-                else:
-                    frames = stream_agent(backend, chat, messages)
+                frames = await stream(backend, asked, chat, messages, tools)
                 streaming = True
 
                 def done() -> None:
@@ -198,7 +258,7 @@ async def chat_completions(request: Request) -> Response:
                     log.info("request_served", duration_ms=round((time.perf_counter() - started) * 1000, 1))
 
                 return EventStream(frames, on_close=done)
-            work = complete_tools(backend, chat, messages, tools) if tools else complete_agent(backend, chat, messages)
+            work = complete(backend, asked, chat, messages, tools)
             try:  # a client that hangs up meanwhile has its completion cancelled, and its slot freed, at once
                 result = await unless_disconnected(request.receive, work)
             except ClientGone:
@@ -327,6 +387,7 @@ def create_app(
 
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

@@ -65,7 +65,7 @@ from agent_runtime.serving.sse import SSE_DONE, sse_data
 from agent_runtime.serving.transcript_store import StoredConversation, StoreUnavailable, conversation_key
 from agent_runtime.trajectory import build_trajectory
 
-__all__ = ["complete_tools", "stream_tools"]
+__all__ = ["ToolsTurn", "complete_tools", "open_turn", "stream_tools"]
 
 logger = structlog.get_logger(__name__)
 
@@ -333,6 +333,12 @@ async def _new_turn(
     turn = _Turn(backend, request, list(messages), list(tools))
     await turn.prepare()
     return turn
+
+
+ToolsTurn = _Turn
+"""One tools-mode turn, for another wire format of the same core (`responses_api.py`): `open_turn` prepares it,
+then its `generate()`, `went_away()` and `record()` are driven as `complete_tools` and `stream_tools` drive them."""
+open_turn = _new_turn
 
 
 async def complete_tools(
