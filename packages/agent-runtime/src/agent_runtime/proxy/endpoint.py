@@ -15,12 +15,12 @@ own (`program_thread.py`), and its client (`client()`, made there) hands each re
 (`asyncio.run_coroutine_threadsafe`) and awaits the answer on its own: blocking code in the program stalls its
 own loop only. Cancelling a request on the program's side cancels it on the app's.
 
-The endpoint counts the program's model calls and enforces the episode's caps where it sees them: a chat
-completion (or a Responses API call) past `max_requests` is refused before it reaches the app (HTTP 429, ``too_many_requests``), and a
-request whose record would open a conversation past `max_conversations` is dropped from the log and answered with
-a 429 (``too_many_conversations``). Either ends the episode (`ended`), and every later request gets the same 429.
-After `close()` every request is refused (HTTP 503, ``episode_over``): the thread of a program that ran past its
-time cannot add to a finished episode.
+The endpoint counts the program's model calls and enforces the episode's caps where it sees them: a chat completion
+(or a Responses API call) past `max_requests` is refused before it reaches the app (HTTP 429,
+``too_many_requests``), and a request whose record would open a conversation past `max_conversations` is dropped
+from the log and answered with a 429 (``too_many_conversations``). Either ends the episode (`ended`), and every
+later request gets the same 429. After `close()` every request is refused (HTTP 503, ``episode_over``): the thread
+of a program that ran past its time cannot add to a finished episode.
 
 The client has retries off (`max_retries=0`): a failed turn must reach the program as it happened, once, so
 that the episode's record is the program's actual conversation. This module knows the serving app and the
