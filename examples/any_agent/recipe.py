@@ -23,28 +23,31 @@ from agent_runtime.agent_program import AgentProgram
 
 try:
     from examples.any_agent.agent import calculator_agent
-    from examples.any_agent.sdk_agent import sdk_calculator_agent
+    from examples.any_agent.sdk_agent import sdk_calculator_agent, sdk_responses_calculator_agent
 except ModuleNotFoundError:  # loaded by path (`apps/train --recipe examples/any_agent/recipe.py`): the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from examples.any_agent.agent import calculator_agent
-    from examples.any_agent.sdk_agent import sdk_calculator_agent
+    from examples.any_agent.sdk_agent import sdk_calculator_agent, sdk_responses_calculator_agent
 
 __all__ = ["SUBPROCESS_AGENT", "make_recipe", "recipe"]
 
 
 SUBPROCESS_AGENT = Path(__file__).resolve().parent / "subprocess_agent.py"
 _NAMES = {"loop": "any-agent-calculator", "sdk": "any-agent-sdk", "subprocess": "any-agent-subprocess"}
+_NAMES["sdk-responses"] = "any-agent-sdk-responses"
+_FUNCTIONS = {"loop": calculator_agent, "sdk": sdk_calculator_agent, "sdk-responses": sdk_responses_calculator_agent}
 
 
-def make_recipe(agent: Literal["loop", "sdk", "subprocess"] = "loop") -> Recipe:
+def make_recipe(agent: Literal["loop", "sdk", "sdk-responses", "subprocess"] = "loop") -> Recipe:
     """The demo recipe with the plain loop (`agent.py`), the OpenAI Agents SDK agent (`sdk_agent.py`), or the plain
-    loop as a script of its own run per episode through the gateway (`subprocess_agent.py`)."""
+    loop as a script of its own run per episode through the gateway (`subprocess_agent.py`); ``"sdk-responses"`` is
+    the SDK agent on its default, Responses API model."""
     demo = demo_recipe()
     if agent == "subprocess":
         argv = [sys.executable, str(SUBPROCESS_AGENT)]
         program = AgentProgram.command(argv, timeout_s=120.0, max_episode_tokens=256, model_name=demo.name)
     else:
-        function = calculator_agent if agent == "loop" else sdk_calculator_agent
+        function = _FUNCTIONS[agent]
         program = AgentProgram(function, timeout_s=120.0, max_episode_tokens=256, model_name=demo.name)
     return dataclasses.replace(demo, name=_NAMES[agent], agent=program)
 
