@@ -21,8 +21,8 @@ from tests.support.calculator_policy import CALCULATOR_TOOL, calculator_policy
 
 QUESTION = "What is 17 * 23?"
 FUNCTION = CALCULATOR_TOOL["function"]
-RESPONSES_TOOL = {"type": "function", **FUNCTION, "strict": False}
-CHAT_TOOL = {"type": "function", "function": {**FUNCTION, "strict": False}}
+RESPONSES_TOOL: Any = {"type": "function", **FUNCTION, "strict": False}
+CHAT_TOOL: Any = {"type": "function", "function": {**FUNCTION, "strict": False}}
 
 
 def async_client(server: LiveServer) -> openai.AsyncOpenAI:
@@ -184,7 +184,7 @@ def test_malformed_requests_are_400s_naming_the_field(
         return refused.value
 
     error = asyncio.run(main())
-    assert error.status_code == 400
+    assert error.status_code == 400 and isinstance(error.body, dict)
     assert error.body["param"] == param and error.body["code"] == code, error.body
     assert says in error.body["message"]
     after = server.metrics()
@@ -195,3 +195,83 @@ def test_malformed_requests_are_400s_naming_the_field(
 @pytest.fixture(scope="module")
 def refusing(start_server: ServerFactory) -> LiveServer:
     return start_server()
+
+
+def test_an_engine_failure_is_the_chat_routes_error_and_is_recorded(
+    start_server: ServerFactory, tmp_path: Path
+) -> None:
+    """The engine fails on the follow-up turn: a 500 ``engine_error`` (an ``error`` event mid-stream, which the
+    openai client raises), recorded on the trajectory as the chat route records it; the server goes on."""
+    server = start_server(trajectory_log=str(tmp_path / "log.jsonl"))
+    items: Any = [
+        {"role": "user", "content": "What is 6 * 7? Then explode."},
+        {"type": "function_call", "call_id": "c1", "name": "calculator", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "42"},
+    ]
+
+    async def main() -> tuple[openai.InternalServerError, openai.APIError, Any]:
+        client = async_client(server)
+        with pytest.raises(openai.InternalServerError) as failed:
+            await client.responses.create(model=MODEL, input=items, tools=[RESPONSES_TOOL])
+        with pytest.raises(openai.APIError) as streamed:
+            async with client.responses.stream(model=MODEL, input=items, tools=[RESPONSES_TOOL]) as stream:
+                async for _ in stream:
+                    pass
+        answer = await client.responses.create(model=MODEL, input=QUESTION, tools=[RESPONSES_TOOL])
+        return failed.value, streamed.value, answer
+
+    failed, streamed, answer = asyncio.run(main())
+    assert isinstance(failed.body, dict) and failed.body["code"] == "engine_error"
+    assert "failed on purpose" in failed.body["message"] and "failed on purpose" in streamed.message
+    assert answer.output[-1].type == "function_call"  # the server goes on serving
+    metrics = server.metrics()
+    assert metrics["server_errors"] == 2 and metrics["in_flight"] == 0
+    records = list(read_trajectories(tmp_path / "log.jsonl"))
+    assert [r.stop_reason for r in records] == ["engine_error", "engine_error", "tool_calls"]
+    assert records[0].errors[-1].code == "engine_error"
+
+
+def test_a_conversation_longer_than_the_context_is_the_chat_routes_400(refusing: LiveServer) -> None:
+    async def main() -> openai.BadRequestError:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await async_client(refusing).responses.create(model=MODEL, input="seven times six " * 40_000)
+        return refused.value
+
+    error = asyncio.run(main())
+    assert isinstance(error.body, dict) and error.body["code"] == "context_length_exceeded", error.body
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
+def test_the_agents_sdk_default_model_runs_an_episode(
+    start_server: ServerFactory, tokenizer: HFTokenizer, streamed: bool
+) -> None:
+    """`Agent(model=...)` with `set_default_openai_client`: the SDK's own default (`OpenAIResponsesModel`), its
+    stream consumed by the SDK's own event handling, gets the model's answer after running the tool."""
+    from agents import Agent, FunctionTool, Runner, set_default_openai_client, set_tracing_disabled
+
+    engine = ScriptedEngine(tokenizer, policy=calculator_policy(tokenizer))
+    server = start_server(engine=engine)
+    ran: list[str] = []
+
+    async def calculator(_context: Any, arguments: str) -> str:
+        ran.append(arguments)
+        return "391"
+
+    async def main() -> Any:
+        set_tracing_disabled(True)
+        set_default_openai_client(async_client(server), use_for_tracing=False)
+        tool = FunctionTool(name=FUNCTION["name"], description=FUNCTION["description"],
+                            params_json_schema=FUNCTION["parameters"], on_invoke_tool=calculator,
+                            strict_json_schema=False)  # fmt: skip
+        agent = Agent(name="calculator", model=MODEL, tools=[tool])
+        if not streamed:
+            return (await Runner.run(agent, QUESTION, max_turns=4)).final_output
+        result = Runner.run_streamed(agent, QUESTION, max_turns=4)
+        async for _ in result.stream_events():
+            pass
+        return result.final_output
+
+    assert asyncio.run(main()) == "The answer is 391."
+    assert [json.loads(a) for a in ran] == [{"expression": "17 * 23"}]
+    assert len(engine.calls) == 2 and engine.calls[1][: len(engine.calls[0])] == engine.calls[0]
+    assert server.metrics()["transcript_prefix_hits"] == 1
