@@ -16,6 +16,7 @@ import json
 import socket
 import threading
 import time
+import urllib.parse
 from collections import Counter
 from collections.abc import Iterator, MutableMapping, Sequence
 from typing import Any
@@ -95,9 +96,11 @@ def error_of(response: httpx.Response) -> dict[str, Any]:
 
 
 def raw_head(server: LiveServer, headers: str, body: bytes = b"") -> socket.socket:
-    """A raw connection that sent a POST's head (and `body`, perhaps only part of it) and then stops sending."""
+    """A raw connection that sent a POST's head (and `body`, perhaps only part of it) and then stops sending. Its
+    path is ``/v1/chat/completions`` below `server.url`'s path (a gateway session's: test_gateway_hostile_requests)."""
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}\r\n"
+    path = urllib.parse.urlsplit(server.url).path + "/v1/chat/completions"
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}\r\n"
     sock.sendall(head.encode() + body)
     return sock
 

@@ -22,9 +22,10 @@ An unknown id is a 404 (``session_not_found``); a missing or wrong key a 401 (``
 session's endpoint sees anything (its request count does not move). A closed session keeps answering with its
 endpoint's last word (503 ``episode_over``, or the 429 that ended it) for its last `closed_kept` sessions; older
 ones are forgotten (404). Bodies are read under the serving app's limits (`request_body`: 413, 408, 429, with
-`ServeConfig`'s defaults) and `/end` and `/reward` bodies are checked as its own are (`check_json_body`, 400
-``invalid_json`` or ``invalid_value``); the forwarded requests are then checked by the app itself. Every error is
-an `ApiError` in OpenAI's shape (`serving.error_response`, shared with the serving app).
+`ServeConfig`'s defaults, or the gateway's `limits`; a client that hangs up mid-body gets the app's 499) and `/end`
+and `/reward` bodies are checked as its own are (`check_json_body`, 400 ``invalid_json`` or ``invalid_value``); the
+forwarded requests are then checked by the app itself. Every error is an `ApiError` in OpenAI's shape
+(`serving.error_response`, shared with the serving app).
 
 Streaming: a request goes to the endpoint as ASGI (`EpisodeEndpoint.serve`), so a streamed chat completion's
 server-sent events reach the client as the app sends them.
@@ -76,6 +77,7 @@ _SCOPE_KEYS: Final = ("type", "asgi", "http_version", "method", "scheme", "serve
                       "query_string", "extensions")  # fmt: skip  # what a request's scope says of it, no routing
 _START_TIMEOUT_S: Final = 10.0
 _WILDCARDS: Final = frozenset({"0.0.0.0", "::", ""})
+_GONE: Final = Response(status_code=499)  # to a client that hung up mid-body, as the serving app answers it
 
 
 class GatewayError(RuntimeError):
@@ -107,7 +109,9 @@ class GatewaySession:
 class Gateway:
     """The listening server (see the module docstring). `host`/`port`: where it listens (loopback and a port the
     system picks by default); `advertised_host`: the host in the sessions' URLs (default: `host`, or this machine's
-    address when `host` is a wildcard). An async context manager, or `start()`/`stop()` on one loop."""
+    address when `host` is a wildcard); `limits`: the request body limits (`ServeConfig`'s ``max_request_bytes``,
+    ``request_read_timeout_s``, ``max_buffered_request_bytes``; the serving app's defaults). An async context
+    manager, or `start()`/`stop()` on one loop."""
 
     def __init__(
         self,
@@ -116,6 +120,7 @@ class Gateway:
         port: int = 0,
         advertised_host: str | None = None,
         closed_kept: int = 4096,
+        limits: ServeConfig = _LIMITS,
     ) -> None:
         self.host = host
         self.port = port
@@ -123,7 +128,8 @@ class Gateway:
         self.closed_kept = closed_kept
         self._sessions: dict[str, GatewaySession] = {}
         self._closed: OrderedDict[str, tuple[str, Answer]] = OrderedDict()  # id -> (key, its last answer)
-        self._budget = BodyBudget(_LIMITS.max_buffered_request_bytes)
+        self.limits = limits
+        self._budget = BodyBudget(limits.max_buffered_request_bytes)
         self._server: Any = None
         self._serving: asyncio.Task[None] | None = None
         self._url: str | None = None
@@ -241,12 +247,18 @@ class Gateway:
             return session.endpoint.over_answer()
         return session
 
-    async def _body(self, request: Request) -> bytes:
-        async with request_body(
-            request, max_bytes=_LIMITS.max_request_bytes, timeout_s=_LIMITS.request_read_timeout_s,
-            budget=self._budget,
-        ) as body:  # fmt: skip
-            return body
+    async def _body(self, request: Request) -> bytes | None:
+        """The body, read under the limits; None if the client hung up before it was whole (nobody to answer: the
+        serving app's 499, not an exception in the server's error log)."""
+        try:
+            async with request_body(
+                request, max_bytes=self.limits.max_request_bytes, timeout_s=self.limits.request_read_timeout_s,
+                budget=self._budget,
+            ) as body:  # fmt: skip
+                return body
+        except ClientDisconnect:
+            logger.info("client_disconnected", path=request.url.path)
+            return None
 
     # -- routes -----------------------------------------------------------------------------------------------
 
@@ -255,9 +267,8 @@ class Gateway:
         limits, to the session's endpoint (`EpisodeEndpoint.serve`) at the app's own ``/v1/...``."""
         request = Request(scope, receive)
         found = self._lookup(request)
-        try:
-            body = await self._body(request)
-        except ClientDisconnect:
+        body = await self._body(request)
+        if body is None:
             return
         if not isinstance(found, GatewaySession):
             await _answer(found)(scope, receive, send)
@@ -270,6 +281,8 @@ class Gateway:
     async def _end(self, request: Request) -> Response:
         found = self._lookup(request)
         body = await self._body(request)
+        if body is None:
+            return _GONE
         if not isinstance(found, GatewaySession):
             return _answer(found)
         ended = _decode(body, _EndBody) if body.strip() else _EndBody()
@@ -281,6 +294,8 @@ class Gateway:
     async def _reward(self, request: Request) -> Response:
         found = self._lookup(request)
         body = await self._body(request)
+        if body is None:
+            return _GONE
         if not isinstance(found, GatewaySession):
             return _answer(found)
         posted = _decode(body, _RewardBody)
