@@ -6,7 +6,8 @@
 
 `POST /v1/chat/completions` without `tools` runs the recipe's whole episode server-side (agent mode); with `tools`
 it is one model turn that returns `tool_calls` for the client to run, token-in-token-out across follow-ups (tools
-mode). See `app.py` for the routes and errors, `openai_wire.py` for the wire format and its extensions
+mode). `POST /v1/responses` is the Responses API on that same tools-mode turn (`responses_api.py`). See `app.py`
+for the routes and errors, `openai_wire.py` for the wire format and its extensions
 (`agent_event` on stream chunks, `agent` on completions). `create_viewer_app(path)` serves the trajectory viewer
 alone over trajectory files (`trajectory_viewer.py`); a served agent has it at ``/viewer`` over its log.
 
