@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from agent_runtime import PROGRAM_CODES, LLMEngine, ProgramTask, Recipe, SamplingParams
-from agent_runtime.proxy import EDIT_KINDS, ProgramEpisode, run_program
+from agent_runtime.proxy import EDIT_KINDS, Gateway, ProgramEpisode, run_program
 from agent_train.sample import RolloutSample, segment_samples
 from agent_train.task import AgentTask
 
@@ -70,8 +70,10 @@ async def program_samples(
     max_length: int | None,
     with_logprobs: bool,
     engine_timeout_s: float | None,
+    gateway: Gateway | None = None,
 ) -> tuple[ProgramEpisode, list[RolloutSample]]:
-    """One episode of `recipe`'s program on `task`, and its records (one per segment, in order)."""
+    """One episode of `recipe`'s program on `task`, and its records (one per segment, in order). A command program
+    reaches its endpoint through `gateway`, the rollout worker's (`WorkerGateway`)."""
     episode = await run_program(
         recipe,
         engine,
@@ -79,6 +81,7 @@ async def program_samples(
         sampling=sampling,
         max_context_tokens=max_length,
         engine_timeout_s=engine_timeout_s,
+        gateway=gateway,
     )
     samples = segment_samples(
         episode.trajectory,

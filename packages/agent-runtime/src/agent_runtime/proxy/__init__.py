@@ -18,7 +18,10 @@ worker's listening `Gateway` (`gateway.py`: one uvicorn server, a session per ep
 ``/sessions/{id}/v1`` base URL, ``/end`` and ``/reward`` routes), which hands each request to the same
 `EpisodeEndpoint`. A command program (`AgentProgram.command`) is such a process, started per episode by
 `program_process.py` with ``OPENAI_BASE_URL``/``OPENAI_API_KEY``/``OPENAI_MODEL`` set; function programs keep the
-in-process hand-off (no port, no HTTP encoding). `run_program(..., gateway=...)` takes the worker's gateway.
+in-process hand-off (no port, no HTTP encoding). `run_program(..., gateway=...)` takes the worker's gateway:
+`WorkerGateway` (`worker_gateway.py`) starts it on the worker's loop when first needed, with its address from
+``AGENT_GATEWAY_HOST``/``AGENT_GATEWAY_PORT``/``AGENT_GATEWAY_ADVERTISED_HOST`` (loopback, an ephemeral port by
+default), and stops it when the worker closes or exits.
 
 A separate import from `agent_runtime`: it needs the `serve` extra (Starlette, uvicorn) and the `openai` client.
 """
@@ -38,11 +41,13 @@ from agent_runtime.proxy.prefix_break import (
     diagnose,
 )
 from agent_runtime.proxy.request_log import RequestLog, Segment
+from agent_runtime.proxy.worker_gateway import GATEWAY_ENV, WorkerGateway
 
 __all__ = [
     "BREAK_REASONS",
     "EDIT_KINDS",
     "EDIT_RULES",
+    "GATEWAY_ENV",
     "BreakReason",
     "EditKind",
     "EditRule",
@@ -56,6 +61,7 @@ __all__ = [
     "ProgramOutcome",
     "RequestLog",
     "Segment",
+    "WorkerGateway",
     "diagnose",
     "run_program",
 ]

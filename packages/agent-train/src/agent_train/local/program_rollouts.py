@@ -9,6 +9,9 @@ seed ``seed * 100_003 + i``), the generation cap, logprobs, and one `RolloutReco
 episode's index, so that an episode broken into segments by its client is trained as a compacted one is: every
 segment with the episode's advantage. An episode the program failed is a record like any other (its error coded
 in `extra_logs`); only one that could not run at all is left out (logged as ``rollout_lost``).
+
+A command program's episodes share the rollouts' one listening gateway (`AgentExecutor.gateway`), started on the
+loop of the first of them; `aclose()` (or ``async with``) stops it.
 """
 
 from __future__ import annotations
@@ -53,3 +56,13 @@ class ProgramRollouts(Rollouts):
             truncated=rollout.sample.truncated,
             logs=rollout.sample.extra_logs,  # the episode's, with the program's own counts
         )
+
+    async def aclose(self) -> None:
+        """Stop the rollouts' gateway, if a command program started one (on the loop it runs on)."""
+        await self.executor.aclose()
+
+    async def __aenter__(self) -> ProgramRollouts:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -23,6 +23,11 @@ tool or engine failure never raises out of `execute`: it is recorded, scored and
 A recipe that names an agent program (`Recipe.agent`) runs that program instead, against a per-episode OpenAI
 endpoint on the same engine (`agent_train.program_rollout`, `agent_runtime.proxy`); its segments (one per
 conversation continued token-exactly, a new one at each prefix break) come back the way a compacted episode's do.
+A command program (`AgentProgram.command`, a process per episode) reaches its endpoint through the worker's one
+listening gateway (`agent_runtime.proxy.WorkerGateway`): started on the executor's loop (in OpenRLHF, the vLLM
+actor's) by the first such episode, shared by all the others, stopped by `aclose` or at the actor's exit; its
+address comes from ``AGENT_GATEWAY_HOST``/``AGENT_GATEWAY_PORT``/``AGENT_GATEWAY_ADVERTISED_HOST`` (loopback and
+an ephemeral port by default).
 
 Vision-language recipes (`ChatProtocol.accepts_images`) follow OpenRLHF 0.11.2's VLM contract: OpenRLHF passes the
 model's processor as `hf_tokenizer` (`as_tokenizer` keeps its image grid) and the row's image column as `images`,
@@ -76,6 +81,7 @@ from agent_runtime import (
     AgentRuntime,
     AssistantEvent,
     LLMEngine,
+    ProgramCommand,
     Recipe,
     SamplingParams,
     Trajectory,
@@ -118,6 +124,7 @@ class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is unt
         self.trajectory_writer = TrajectoryWriter(trajectory_log) if trajectory_log else None
         self._definition = self.recipe.make_session()  # spawned per episode; the engine's tokenizer is bound then
         self._tokenizers: dict[tuple[Any, ...], Tokenizer] = {}
+        self.worker_gateway: Any = None  # its `WorkerGateway`, made by the first episode of a command program
         logger.info("agent_executor_ready", recipe=self.recipe.name, protocol=self._definition.protocol.name)
 
     async def execute(
@@ -206,7 +213,7 @@ class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is unt
 
             episode, samples = await program_samples(
                 self.recipe, task, engine, prompt=prompt, label=label, sampling=base, max_length=max_length,
-                with_logprobs=with_logprobs, engine_timeout_s=self.engine_timeout_s,
+                with_logprobs=with_logprobs, engine_timeout_s=self.engine_timeout_s, gateway=await self.gateway(),
             )  # fmt: skip
             return Rollout(trajectory=episode.trajectory, sample=samples[-1], segments=samples)
         runtime = AgentRuntime(
@@ -228,6 +235,24 @@ class AgentExecutor(AgentExecutorBase):  # type: ignore[misc]  # OpenRLHF is unt
             truncated=truncated,
         )
         return Rollout(trajectory=result.trajectory, sample=segments[-1], segments=segments)
+
+    async def gateway(self) -> Any:
+        """The worker's `Gateway` for a command program's episodes (started on the running loop when first asked
+        for, then shared); None for a recipe whose program is a function or that runs no program."""
+        program = self.recipe.agent
+        if program is None or not isinstance(program.agent, ProgramCommand):
+            return None
+        if self.worker_gateway is None:
+            from agent_runtime.proxy import WorkerGateway
+
+            self.worker_gateway = WorkerGateway()
+        return await self.worker_gateway.get()
+
+    async def aclose(self) -> None:
+        """Stop the worker's gateway, if one was started (on its loop). OpenRLHF never calls it: there the gateway
+        stops at the actor's exit."""
+        if self.worker_gateway is not None:
+            await self.worker_gateway.aclose()
 
 
 def _log(writer: TrajectoryWriter, trajectory: Trajectory) -> None:
