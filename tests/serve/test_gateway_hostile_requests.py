@@ -12,7 +12,9 @@ What applies and what does not, by design:
 - clients stalling mid-body and trickling their body, and bodies held at once past the budget: against a gateway
   with the suite's short read timeout and small budget (`Gateway(limits=...)`);
 - many idle connections, a client that disconnects mid-stream, and one that hangs up mid-body on a completion,
-  ``/end`` or ``/reward`` (the app's 499, nothing in the error log): the gateway's own (the suite has none);
+  ``/end`` or ``/reward`` (the app's 499, nothing in the error log), clients that never finish their headers
+  (slowloris on the head), and a head too large (uvicorn's answer, the same as the app's): the gateway's own (the
+  suite has none of these);
 - not applied: the suite's agent-mode cases (`test_a_raising_component_ends_only_its_request_in_agent_mode`): a
   session is tools mode only, the program runs its own loop; and its `/metrics` counts: a gateway has no metrics
   route (its sessions' records are checked instead).
@@ -421,3 +423,40 @@ def test_a_client_that_hangs_up_mid_body_is_no_server_error(
         served(live, bystander)
     assert [r.getMessage() for r in caplog.records if r.levelno >= 40] == []
     assert not gone.session.finished.done() and gone.session.reward is None and gone.session.endpoint.requests == 0
+
+
+def test_clients_trickling_their_headers_hold_no_other_session(live: LiveGateway, bystander: Target) -> None:
+    """Slowloris on the head: clients that never finish their headers hold a connection each, not the server (the
+    serving app's uvicorn has no header timeout either: closing them is a proxy's job in front of both)."""
+    path = bystander.url.removeprefix(f"http://127.0.0.1:{live.port}") + "/v1/chat/completions"
+    slow = []
+    for _ in range(STALLED):
+        sock = socket.create_connection(("127.0.0.1", live.port), timeout=10)
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nX-Slow: a".encode())
+        slow.append(sock)
+    try:
+        for sock in slow:
+            sock.sendall(b"b")  # one more byte of a header that never ends
+        served(live, bystander)
+        assert not any(answered_yet(sock) for sock in slow)
+    finally:
+        for sock in slow:
+            sock.close()
+    served(live, bystander)
+
+
+def test_a_head_too_large_gets_the_serving_apps_answer(
+    live: LiveGateway, bystander: Target, server: LiveServer
+) -> None:
+    target = live.session()
+    replies = []
+    head = f"{target.auth_line}X-Huge: {'x' * 200_000}\r\nContent-Length: 2\r\n"
+    for where in (target, server):
+        sock = raw_head(where, head, b"{}")  # type: ignore[arg-type]
+        try:
+            replies.append(read_reply(sock, timeout=5).split(b"\r\n", 1)[0])
+        finally:
+            sock.close()
+    assert replies[0] == replies[1] and replies[0].startswith(b"HTTP/1.1 4"), replies
+    untouched(target)
+    served(live, bystander)
