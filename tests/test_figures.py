@@ -407,14 +407,15 @@ def test_the_registrys_specs_read_what_the_evaluation_tools_print(tmp_path: Path
 def test_the_registrys_json_specs_name_keys_the_runs_write() -> None:
     """Every `summary.json` key a spec reads is one the command's program writes: the local trainer's figures
     (`agent_train.local.cli`'s list) and `elapsed_s` (and under `--async K` its `rl_staleness`: the trained
-    episodes by staleness 0..K, and `dropped`), or a field of examples/any_agent's result."""
+    episodes by staleness 0..K, and `dropped`), or a field of examples/any_agent's result (`ProgramTrainResult`)."""
     import ast
 
     from agent_train.local.cli import _FIGURES
 
     trainer = {f"figures.{key}" for key, _ in _FIGURES} | {"elapsed_s"}
-    tree = ast.parse((ROOT / "examples" / "any_agent" / "train.py").read_text(encoding="utf-8"))
-    result = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "AnyAgentResult")
+    training = ROOT / "packages" / "agent-train" / "src" / "agent_train" / "local" / "program_training.py"
+    tree = ast.parse(training.read_text(encoding="utf-8"))  # examples/any_agent/train.py's run and result
+    result = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ProgramTrainResult")
     any_agent = {n.target.id for n in result.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
     registry = load(ROOT / "docs" / "figures.toml")
     checked = 0

@@ -3,6 +3,7 @@
     uv run apps/train                                   # train the demo agent on CPU (backend "local")
     uv run apps/train --demo compaction                 # the compaction demo: a running total through summaries
     uv run apps/train -- --seed 1 --run-dir runs/seed1  # local trainer options go after `--`
+    uv run apps/train --recipe examples/any_agent/recipe.py  # an agent-program recipe, trained locally
     uv run apps/train --backend openrlhf --recipe recipes/calculator.py --pretrain Qwen/Qwen3-4B --dry-run
     uv run apps/train --backend openrlhf --recipe R --pretrain M --ray-address http://head:8265 -- --ckpt.save_steps 20
     uv run apps/train data --recipe recipes/calculator.py --output data/train.jsonl
@@ -47,6 +48,13 @@ backends:
             --demo compaction: the compaction demo instead (a running total over a list too long for the
             context, carried through summaries; every segment trained), with its figures with compaction
             off and with summary tokens masked (the ablation); served by `uv run apps/serve --demo compaction`
+            --recipe R: an agent-program recipe (R's agent is an AgentProgram: a function or a command line)
+            instead of a demo: warm start (SFT on the calculator demo's expert episodes, so R must be that task:
+            its dataset's train and test splits), held-out reward of the program, RL through the program's own
+            rollouts (a command program through one listening gateway), held-out reward again, RUN_DIR/summary.json
+            (agent_train.local.program_training); its options after `--`: --preset smoke|tiny, --seed,
+            --run-dir (default runs/<recipe name>), --rollouts program|recipe; a recipe with no program or no
+            such dataset is an error (exit 2)
   openrlhf  build `python -m agent_train.openrlhf.main` (OpenRLHF's train_ppo_ray with every segment of a
             compacted episode trained) for the recipe, prepare its dataset, check the flags with OpenRLHF's own
             parser, then run it on a local Ray or submit it with --ray-address;
@@ -78,6 +86,7 @@ examples:
   uv run apps/train -- --seed 1 --run-dir runs/seed1    # local trainer options after `--`
   uv run apps/train -- --resume                         # continue an interrupted run from its checkpoint
   uv run apps/train --demo compaction                   # the compaction demo, into runs/compaction
+  uv run apps/train --recipe examples/any_agent/recipe.py -- --preset tiny --run-dir runs/tiny
   uv run apps/train --backend openrlhf --recipe recipes/calculator.py --pretrain Qwen/Qwen3-4B --dry-run
   uv run apps/train --backend openrlhf --recipe recipes/calculator.py --pretrain Qwen/Qwen3-4B \\
       --algo grpo --gpus-per-node 8 --ray-address http://127.0.0.1:8265 -- --logger.wandb.key "$WANDB_KEY"
@@ -131,7 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="{data}")
 
     run = parser.add_argument_group("openrlhf: what to train")
-    run.add_argument("--recipe", help="recipe file (.py) or module path (package.module[:attr])")
+    run.add_argument(
+        "--recipe",
+        help="recipe file (.py) or module path (package.module[:attr]); openrlhf: the recipe to train; local: an "
+        "agent-program recipe, trained from the demo's warm start (below)",
+    )
     run.add_argument("--pretrain", help="the model to start from: a Hugging Face id or directory")
     run.add_argument("--dataset", help="JSONL of prompts to train on instead of the recipe's dataset")
     run.add_argument("--split", default="train", help="the recipe's dataset split to train on (default: train)")
@@ -275,7 +288,7 @@ def run_openrlhf(args: argparse.Namespace, extra: list[str]) -> int:
 
 def openrlhf_only_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
     """The OpenRLHF options given a value other than their default (the local backend would silently ignore them)."""
-    shared = {"help", "backend", "verbose", "command", "demo"}
+    shared = {"help", "backend", "verbose", "command", "demo", "recipe"}
     return [
         action.option_strings[0]
         for action in parser._actions  # argparse keeps no public list of a parser's options
@@ -291,6 +304,14 @@ def run_local(extra: list[str], verbose: bool = False, demo: str = "calculator")
     if not verbose:
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     return run_cli(["--demo", demo, *extra] if demo != "calculator" else extra)
+
+
+def run_local_recipe(recipe: str, extra: list[str], verbose: bool = False) -> int:
+    from agent_train.local import run_program_cli  # torch, transformers load once the recipe is checked
+
+    if not verbose:  # as run_local: the rollouts' info logs would drown the figures
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    return run_program_cli(["--recipe", recipe, *extra])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -313,6 +334,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_data(args)
         if args.backend == "openrlhf":
             return run_openrlhf(args, extra)
+        if args.recipe:
+            if args.demo != "calculator":
+                parser.error("--demo and --recipe: the local backend trains a demo or a program recipe, not both")
+            return run_local_recipe(args.recipe, extra, args.verbose)
         return run_local(extra, args.verbose, args.demo)
     except (LaunchError, DatasetError, RecipeError) as e:
         print(f"apps/train: error: {e}", file=sys.stderr)

@@ -17,7 +17,9 @@ episodes' transcript records. One idea per module:
 - `paired`: two saved models on the same held-out problems, fixed / broken and a sign test;
 - `metrics` (JSONL), `plot` (PNG), `checkpoint` (HF model directory + trainer state, resume);
 - `trajectory_log`: every RL step's, evaluation's and expert's episodes as the trajectory viewer reads them;
-- `trainer`: `train_local`, the phases in order; `cli`: `main(argv)`, what `uv run apps/train` runs.
+- `trainer`: `train_local`, the phases in order; `cli`: `main(argv)`, what `uv run apps/train` runs;
+- `program_training`: an agent-program recipe trained from the warm start through `ProgramRollouts`, what
+  `uv run apps/train --recipe R` runs (`run_program_cli`).
 
 Importing this package is light; `train_local` and `TrainResult` load torch and transformers on first use.
 """
@@ -33,7 +35,7 @@ from agent_train.local.config import PRESETS, LocalTrainConfig, preset
 if TYPE_CHECKING:
     from agent_train.local.trainer import TrainResult, train_local
 
-__all__ = ["PRESETS", "LocalTrainConfig", "TrainResult", "preset", "run_cli", "train_local"]
+__all__ = ["PRESETS", "LocalTrainConfig", "TrainResult", "preset", "run_cli", "run_program_cli", "train_local"]
 
 _LAZY = {"train_local": "agent_train.local.trainer", "TrainResult": "agent_train.local.trainer"}
 
@@ -48,5 +50,13 @@ def run_cli(argv: Sequence[str] | None = None) -> int:
     """The local trainer's command line (`agent_train.local.cli`), loaded on call: torch, transformers and vLLM
     load from here on."""
     from agent_train.local.cli import main
+
+    return main(argv)
+
+
+def run_program_cli(argv: Sequence[str] | None = None) -> int:
+    """The command line of an agent-program recipe's training (`agent_train.local.program_training`); a recipe it
+    cannot train raises `agent_runtime.RecipeError` before torch loads."""
+    from agent_train.local.program_training import main
 
     return main(argv)
