@@ -127,6 +127,9 @@ def test_a_worker_never_closed_stops_its_gateway_at_exit() -> None:
         gateway = asyncio.run_coroutine_threadsafe(holder.get(), loop).result(timeout=15)
         port = port_of(gateway.url)
         assert not refuses(port)
+        with pytest.raises(GatewayError, match="on the loop it runs on"):
+            asyncio.run(holder.aclose())  # another loop cannot stop it, and it is not forgotten
+        assert holder.gateway is gateway and not refuses(port)
         _stop_at_exit(weakref.ref(holder))  # what atexit runs
         assert refuses(port)
     finally:
