@@ -42,11 +42,12 @@ def train_any_agent(
     config: AnyAgentConfig = SMOKE,
     *,
     seed: int = 0,
-    agent: Literal["loop", "sdk", "subprocess"] = "loop",
+    agent: Literal["loop", "sdk", "sdk-responses", "subprocess"] = "loop",
 ) -> AnyAgentResult:
     """The run (`program_training.train_program`) of the agent `agent`: the plain loop (`agent.py`), the same
-    agent on the OpenAI Agents SDK (`sdk_agent.py`), or the plain loop as a process per episode
-    (`subprocess_agent.py`, through the gateway); blocking. Returns the figures (also in ``run_dir/summary.json``)."""
+    agent on the OpenAI Agents SDK (`sdk_agent.py`: its Chat Completions model, or ``sdk-responses``, its default
+    Responses model), or the plain loop as a process per episode (`subprocess_agent.py`, through the gateway);
+    blocking. Returns the figures (also in ``run_dir/summary.json``)."""
     return train_program(make_recipe(agent), run_dir, config, seed=seed)
 
 
@@ -57,9 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rollouts", choices=["program", "recipe"], default="program")
     parser.add_argument(
         "--agent",
-        choices=["loop", "sdk", "subprocess"],
+        choices=["loop", "sdk", "sdk-responses", "subprocess"],
         default="loop",
-        help="the plain loop, the OpenAI Agents SDK agent, or the plain loop as a subprocess per episode",
+        help="the plain loop; the OpenAI Agents SDK agent on Chat Completions (sdk) or on its default Responses "
+        "API (sdk-responses); or the plain loop as a subprocess per episode",
     )
     args = parser.parse_args(argv)
     config = msgspec.structs.replace(SMOKE, rollouts=args.rollouts)
