@@ -6,8 +6,8 @@ synchronous `openai` client and the standard library, and takes what it needs fr
 
 Without an argument it reads its task from stdin: a JSON object with a ``prompt`` (a string or chat messages) and
 an optional ``model``, as the trainer sends it (`AgentProgram.command`). It prints its answer as the last line of
-its stdout. The loop, the tool schema and the evaluator are `agent.py`'s, copied so that this file stands alone
-(tests/agent_runtime/test_proxy_gateway.py checks that they match).
+its stdout. The tool schema, the evaluator and the turn limit are defined here, where only the standard library is
+at hand, and `agent.py` (the same loop for an `openai.AsyncOpenAI`) imports them from here.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import openai
 
-MAX_TURNS: Final = 3
+MAX_TURNS: Final = 3  # model turns per episode, as the demo recipe's environment allows
 
 CALCULATOR_TOOL: Final[dict[str, Any]] = {
     "type": "function",
