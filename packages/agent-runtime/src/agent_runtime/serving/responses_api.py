@@ -28,7 +28,6 @@ client raises). This module knows the Responses wire format and the conversion; 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import AsyncGenerator, Sequence
@@ -323,13 +322,7 @@ async def complete_response(
 ) -> dict[str, Any]:
     """One model turn as a ``response`` object."""
     turn = await open_turn(backend, chat, messages, tools)
-    try:
-        await turn.generate()
-    except asyncio.CancelledError:  # the client hung up (`disconnect.py`): recorded as such
-        turn.went_away()
-        raise
-    finally:
-        turn.record()
+    await turn.answer()
     answer = _Answer(asked, chat)
     return answer.response(turn, _status(turn), answer.items(turn))
 

@@ -74,9 +74,11 @@ _PASSES: Final = (ApiError, MessageError)  # the caller's to fix (a 400), not a 
 
 
 @dataclass
-class _Turn:
+class ToolsTurn:
     """One tools-mode request: a turn of the stored `Conversation` it continues, or of one rendered from the
-    client's messages, driven through the same core as every agent-mode turn."""
+    client's messages, driven through the same core as every agent-mode turn. `open_turn` makes one ready; a wire
+    format (chat completions here, `responses_api.py`) `answer`s it, or drives `generate`, `went_away` and
+    `record` itself when it streams."""
 
     backend: ServingBackend
     request: ChatCompletionRequest
@@ -305,6 +307,17 @@ class _Turn:
         self.conversation.record_error("client_disconnected", "the client went away")
         self.failed = "client_disconnected"
 
+    async def answer(self) -> None:
+        """`generate`, and `record` the turn however that ends: a client that hung up (`disconnect.py`) is
+        recorded as such."""
+        try:
+            await self.generate()
+        except asyncio.CancelledError:
+            self.went_away()
+            raise
+        finally:
+            self.record()
+
 
 def _affinity_key(tools: Sequence[ToolSpec], messages: Sequence[Message]) -> str:
     """The engine's session key of a conversation: a hash of its tools and its messages up to the first user
@@ -327,32 +340,22 @@ def _prompt_of(messages: Sequence[Message]) -> list[Message]:
     return list(messages[:first])
 
 
-async def _new_turn(
+async def open_turn(
     backend: ServingBackend, request: ChatCompletionRequest, messages: Sequence[Message], tools: Sequence[ToolSpec]
-) -> _Turn:
-    turn = _Turn(backend, request, list(messages), list(tools))
+) -> ToolsTurn:
+    """The turn of `messages`, its prompt found in the transcript store or rendered (a prompt that does not fit
+    is an `ApiError` here, before any answer starts)."""
+    turn = ToolsTurn(backend, request, list(messages), list(tools))
     await turn.prepare()
     return turn
-
-
-ToolsTurn = _Turn
-"""One tools-mode turn, for another wire format of the same core (`responses_api.py`): `open_turn` prepares it,
-then its `generate()`, `went_away()` and `record()` are driven as `complete_tools` and `stream_tools` drive them."""
-open_turn = _new_turn
 
 
 async def complete_tools(
     backend: ServingBackend, request: ChatCompletionRequest, messages: Sequence[Message], tools: Sequence[ToolSpec]
 ) -> ChatCompletion:
     """One model turn: text, or tool calls for the client to run."""
-    turn = await _new_turn(backend, request, messages, tools)
-    try:
-        await turn.generate()
-    except asyncio.CancelledError:  # the client hung up (`disconnect.py`): recorded as such
-        turn.went_away()
-        raise
-    finally:
-        turn.record()
+    turn = await open_turn(backend, request, messages, tools)
+    await turn.answer()
     return ChatCompletion(
         id=new_completion_id(),
         created=int(time.time()),
@@ -367,10 +370,10 @@ async def stream_tools(
 ) -> AsyncGenerator[bytes]:
     """The turn as SSE frames. The prompt is prepared here, before the stream starts, so a conversation that does
     not fit is a 400, not an error frame."""
-    return _stream(backend, request, await _new_turn(backend, request, messages, tools))
+    return _stream(backend, request, await open_turn(backend, request, messages, tools))
 
 
-async def _stream(backend: ServingBackend, request: ChatCompletionRequest, turn: _Turn) -> AsyncGenerator[bytes]:
+async def _stream(backend: ServingBackend, request: ChatCompletionRequest, turn: ToolsTurn) -> AsyncGenerator[bytes]:
     chunk_id, created, model = new_completion_id(), int(time.time()), request.model
 
     def chunk(choices: list[ChunkChoice], *, usage: CompletionUsage | None = None) -> bytes:
