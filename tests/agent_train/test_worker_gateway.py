@@ -159,3 +159,41 @@ def test_the_address_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch)
         WorkerGateway()
     with pytest.raises(GatewayError, match=r"0\.\.65535"):
         WorkerGateway(port=70000)
+
+
+def test_command_episodes_through_the_gateway_go_to_the_lockstep_engine_as_their_own_episodes(tmp_path: Path) -> None:
+    """The local trainer's engine tells episodes apart by a context variable. A gateway request used to run in the
+    context of the episode whose first request started the gateway, so the lockstep engine held the whole round's
+    requests as that one episode's and waited for the others until its stall timer went off (every program of the
+    example's first evaluation then ran out of time). Each episode's requests must count as its own: no stall and
+    nothing passed through outside the waves."""
+    pytest.importorskip("torch")
+    from tokenizers import Tokenizer
+
+    from agent_protocol import HFTokenizer as Wrapped
+    from agent_runtime.engines.hf import HFEngine
+    from agent_train.demo.model import load_demo_model
+    from agent_train.local.lockstep import LockstepEngine
+    from agent_train.local.program_rollouts import ProgramRollouts
+    from examples.any_agent.recipe import make_recipe
+    from tests.support.tiny_demo import save_tiny_demo_model
+
+    model_dir = save_tiny_demo_model(tmp_path / "tiny", tokenizer_episodes=100)
+    raw = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    recipe = make_recipe("subprocess")
+    rows = list(recipe.rows("test"))[:2]
+
+    async def collect() -> tuple[list[Any], LockstepEngine]:
+        hf = HFEngine(load_demo_model(model_dir), Wrapped(raw, source="demo"), context_length=512)
+        engine = LockstepEngine(hf, stall_s=20.0)
+        try:
+            async with ProgramRollouts(recipe, engine) as rollouts:
+                records = await rollouts.collect(rows, group_size=2, temperature=1.0, seed=0)
+        finally:
+            await engine.close()
+        return records, engine
+
+    records, engine = asyncio.run(collect())
+    assert engine.stalls == 0 and engine.passed_through == 0, (engine.stalls, engine.passed_through)
+    assert engine.waves >= 1
+    assert all(r.extra_logs["agent_program_program_timeout"] == 0 for r in records), [r.extra_logs for r in records]

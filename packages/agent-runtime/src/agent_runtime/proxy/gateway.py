@@ -30,6 +30,12 @@ forwarded requests are then checked by the app itself. Every error is an `ApiErr
 Streaming: a request goes to the endpoint as ASGI (`EpisodeEndpoint.serve`), so a streamed chat completion's
 server-sent events reach the client as the app sends them.
 
+Context: a session's requests run under the context variables of the task that opened it (the episode's), as an
+in-process program's requests do, and the server's own tasks under an empty context. Without that, every request
+carried the context of the episode whose first request happened to start the gateway, and the local trainer's
+lockstep engine, which tells episodes apart by a context variable, held the whole round's requests as that one
+episode's until its stall timer (120 s, the example's time budget too) went off.
+
 The server is uvicorn's (the `proxy` and `serve` extras, imported when a gateway starts), started on the loop that calls
 `start` (the rollout's, where the endpoints and the engine live); it takes no signal handlers (the trainer keeps
 its own) and leaves the process's logging configuration alone. Why in-process function programs do not use it:
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import math
 import socket
@@ -94,9 +101,11 @@ class _RewardBody(msgspec.Struct, forbid_unknown_fields=True):
 
 class GatewaySession:
     """One episode on the gateway: its `id`, `key` and `base_url` (what the program is given), its `endpoint`,
-    `finished` (set to the answer by ``/end``) and `reward` (set by ``/reward``)."""
+    `finished` (set to the answer by ``/end``) and `reward` (set by ``/reward``). `context`: the context variables
+    of the task that opened it (the episode's), under which its requests run."""
 
     def __init__(self, endpoint: EpisodeEndpoint, url: str) -> None:
+        self.context = contextvars.copy_context()
         self.id = uuid.uuid4().hex
         self.key = endpoint.key
         self.base_url = f"{url}/sessions/{self.id}/v1"
@@ -176,7 +185,9 @@ class Gateway:
             self.app, log_config=None, lifespan="off", access_log=False, timeout_graceful_shutdown=2
         )
         self._server = server_class(config)
-        self._serving = asyncio.create_task(self._server.serve(sockets=[sock]), name="agent-gateway")
+        # a context of its own: the server's tasks must not carry the context of whichever episode started it
+        serve = self._server.serve(sockets=[sock])
+        self._serving = asyncio.create_task(serve, name="agent-gateway", context=contextvars.Context())
         try:
             async with asyncio.timeout(_START_TIMEOUT_S):
                 while not self._server.started:
@@ -276,7 +287,10 @@ class Gateway:
         path = f"/v1/{request.path_params['path']}"
         inner: dict[str, Any] = {key: scope[key] for key in _SCOPE_KEYS if key in scope}
         inner.update(path=path, raw_path=path.encode(), root_path="")
-        await found.endpoint.serve(inner, body, receive, send)
+        # in the opener's context, as an in-process program's requests are (an engine that tells episodes apart
+        # by a context variable, such as the local trainer's lockstep, sees the request as the episode's)
+        # (a task awaited is cancelled with its awaiter, so a client that goes away cancels it as before)
+        await asyncio.create_task(found.endpoint.serve(inner, body, receive, send), context=found.context)
 
     async def _end(self, request: Request) -> Response:
         found = self._lookup(request)
