@@ -5,6 +5,7 @@ Serve is not installed says which extra to install. The Redis URL is a free loop
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -31,7 +32,9 @@ def run_serve(args: list[str], *, without_ray: bool = False) -> tuple[int, str, 
 
 def startup_error(stderr: str) -> str:
     (line,) = [line for line in stderr.splitlines() if '"startup_failed"' in line]
-    return line.split('"error": "', 1)[1].split('", "event"', 1)[0]
+    event = json.loads(line)
+    assert event["event"] == "startup_failed", line
+    return str(event["error"])
 
 
 def test_an_unreachable_store_fails_one_process_and_replicas_at_once_with_one_message(tiny_qwen3_dir: Path) -> None:
