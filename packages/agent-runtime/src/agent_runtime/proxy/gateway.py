@@ -292,13 +292,22 @@ class Gateway:
         # (a task awaited is cancelled with its awaiter, so a client that goes away cancels it as before)
         await asyncio.create_task(found.endpoint.serve(inner, body, receive, send), context=found.context)
 
-    async def _end(self, request: Request) -> Response:
+    async def _session_body(self, request: Request) -> tuple[GatewaySession, bytes] | Response:
+        """The open session a ``/end`` or ``/reward`` request names and its body; or the answer instead: the
+        lookup's (404, 401, a closed session's last word), or 499 to a client that hung up mid-body."""
         found = self._lookup(request)
         body = await self._body(request)
         if body is None:
             return _GONE
         if not isinstance(found, GatewaySession):
             return _answer(found)
+        return found, body
+
+    async def _end(self, request: Request) -> Response:
+        opened = await self._session_body(request)
+        if isinstance(opened, Response):
+            return opened
+        found, body = opened
         ended = _decode(body, _EndBody) if body.strip() else _EndBody()
         if found.finished.done():
             raise ApiError(409, "this session has already ended", code="session_already_ended")
@@ -306,12 +315,10 @@ class Gateway:
         return _json({"status": "ended", "answer": ended.answer})
 
     async def _reward(self, request: Request) -> Response:
-        found = self._lookup(request)
-        body = await self._body(request)
-        if body is None:
-            return _GONE
-        if not isinstance(found, GatewaySession):
-            return _answer(found)
+        opened = await self._session_body(request)
+        if isinstance(opened, Response):
+            return opened
+        found, body = opened
         posted = _decode(body, _RewardBody)
         if not math.isfinite(posted.reward):
             raise ApiError(400, f"reward must be a finite number, got {posted.reward}", param="reward",
