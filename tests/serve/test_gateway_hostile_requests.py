@@ -50,6 +50,7 @@ from tests.serve.test_hostile_requests import (
     raising_protocol,
     raw_head,
     read_reply,
+    trickle,
 )
 from tests.support.calculator_policy import CALCULATOR_TOOL, calculator_policy
 from tests.support.calculator_recipe import calculator_recipe
@@ -325,12 +326,7 @@ def test_a_client_trickling_its_body_is_cut_off_at_the_read_timeout(tokenizer: H
         sock = raw_head(target, target.auth_line + f"Content-Length: {len(VALID)}\r\n")  # type: ignore[arg-type]
         started = time.monotonic()
         try:
-            for byte in VALID[:-1]:
-                if answered_yet(sock) or time.monotonic() - started > 3:
-                    break
-                sock.sendall(bytes([byte]))
-                time.sleep(0.2)
-            reply = read_reply(sock, timeout=5)
+            reply = trickle(sock, VALID, started)
         finally:
             sock.close()
         tally.record_reply(reply)

@@ -168,18 +168,24 @@ def test_clients_stalling_mid_body_do_not_lock_out_valid_requests(start_server: 
     assert metrics["client_errors"] == STALLED
 
 
+def trickle(sock: socket.socket, body: bytes, started: float) -> bytes:
+    """Send all but the last byte of `body`, one every 0.2 s, until the server answers or 3 s have passed since
+    `started`; then its reply."""
+    for byte in body[:-1]:
+        if answered_yet(sock) or time.monotonic() - started > 3:
+            break  # (sending on after the answer would make the server's close a reset)
+        sock.sendall(bytes([byte]))
+        time.sleep(0.2)
+    return read_reply(sock, timeout=5)
+
+
 def test_a_client_trickling_its_body_is_cut_off_at_the_read_timeout(start_server: ServerFactory, tally: Tally) -> None:
     """The read timeout bounds the whole body, not each read: a byte every 0.2 s does not keep it open."""
     server = start_server(request_read_timeout_s=1.0)
     sock = raw_head(server, f"Content-Length: {len(VALID)}\r\n")
     started = time.monotonic()
     try:
-        for byte in VALID[:-1]:
-            if answered_yet(sock) or time.monotonic() - started > 3:
-                break  # (sending on after the answer would make the server's close a reset)
-            sock.sendall(bytes([byte]))
-            time.sleep(0.2)
-        reply = read_reply(sock, timeout=5)
+        reply = trickle(sock, VALID, started)
     finally:
         sock.close()
     tally.record_reply(reply)
