@@ -23,3 +23,14 @@ def test_a_disabled_store_keeps_no_turns_and_a_negative_capacity_is_refused() ->
     assert index.get("a") is None and len(index) == 0
     with pytest.raises(ValueError, match="capacity"):
         TurnIndex(-1)
+
+
+def test_turn_keys_are_the_store_keys_of_the_prompt_and_of_the_prompt_with_its_turn() -> None:
+    from agent_protocol import Message, ToolSpec
+    from agent_runtime.serving.transcript_store import conversation_key, turn_keys
+
+    tools = [ToolSpec(name="calculator", description="d", parameters={"type": "object"})]
+    prompt = [Message(role="system", content="s"), Message(role="user", content="What is 2 + 2?")]
+    turn = Message(role="assistant", content="4", reasoning_content="add")
+    assert turn_keys(tools, prompt, turn) == (conversation_key(tools, prompt), conversation_key(tools, [*prompt, turn]))
+    assert turn_keys([], [], turn) == (conversation_key([], []), conversation_key([], [turn]))

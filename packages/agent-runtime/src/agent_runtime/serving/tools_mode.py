@@ -62,7 +62,7 @@ from agent_runtime.serving.openai_wire import (
     ToolCallOut,
 )
 from agent_runtime.serving.sse import SSE_DONE, sse_data
-from agent_runtime.serving.transcript_store import StoredConversation, StoreUnavailable, conversation_key
+from agent_runtime.serving.transcript_store import StoredConversation, StoreUnavailable, conversation_key, turn_keys
 from agent_runtime.trajectory import build_trajectory
 
 __all__ = ["ToolsTurn", "complete_tools", "open_turn", "stream_tools"]
@@ -211,10 +211,10 @@ class ToolsTurn:
         elif reply.truncated:
             self.finish = "length"
         backend.metrics.generated_tokens += len(outcome.ids)
-        key = conversation_key(self.tools, [*self.messages, self.echo()])
+        turn_key, key = turn_keys(self.tools, self.messages, self.echo())
         try:
             if await backend.store.aput(key, self.conversation_id, conversation, previous=self.stored):
-                backend.turn_index.put(conversation_key(self.tools, self.messages), key)
+                backend.turn_index.put(turn_key, key)
         except StoreUnavailable as e:  # the answer still goes out; its follow-up will be rendered from scratch
             logger.warning("transcript_store_unavailable", action="put", error=str(e))
             backend.metrics.transcript_store_put_failures += 1

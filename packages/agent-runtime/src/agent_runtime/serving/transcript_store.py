@@ -65,6 +65,7 @@ __all__ = [
     "conversation_key",
     "dump_entry",
     "load_entry",
+    "turn_keys",
 ]
 
 #: what one entry costs besides what it packs: the entry and its segments' objects, the key, the LRU's node
@@ -94,12 +95,28 @@ def _message_form(message: Message) -> list[object]:
 
 def conversation_key(tools: Sequence[ToolSpec], messages: Sequence[Message]) -> str:
     """The store key of a conversation: a hash of its tools and messages (reasoning left out)."""
+    return _digest(tools, messages).hexdigest()
+
+
+def turn_keys(tools: Sequence[ToolSpec], prompt: Sequence[Message], turn: Message) -> tuple[str, str]:
+    """`conversation_key` of `prompt` and of `prompt` followed by `turn`, hashing `prompt` once for both."""
+    digest = _digest(tools, prompt)
+    with_turn = digest.copy()
+    _add_message(with_turn, turn)
+    return digest.hexdigest(), with_turn.hexdigest()
+
+
+def _digest(tools: Sequence[ToolSpec], messages: Sequence[Message]) -> hashlib.blake2b:
     digest = hashlib.blake2b(digest_size=16)
     digest.update(_canonical.encode([[t.name, t.description, t.parameters] for t in tools]))
     for message in messages:
-        digest.update(b"\x1e")
-        digest.update(_canonical.encode(_message_form(message)))
-    return digest.hexdigest()
+        _add_message(digest, message)
+    return digest
+
+
+def _add_message(digest: hashlib.blake2b, message: Message) -> None:
+    digest.update(b"\x1e")
+    digest.update(_canonical.encode(_message_form(message)))
 
 
 @dataclass(frozen=True, slots=True)
