@@ -23,6 +23,10 @@ in-process hand-off (no port, no HTTP encoding). `run_program(..., gateway=...)`
 ``AGENT_GATEWAY_HOST``/``AGENT_GATEWAY_PORT``/``AGENT_GATEWAY_ADVERTISED_HOST`` (loopback, an ephemeral port by
 default), and stops it when the worker closes or exits.
 
+Served: `ProgramEpisodes` (`served_program.py`) is agent mode for such a recipe (`create_app(episodes=...)`, which
+`apps/serve --recipe` passes for a program recipe): each chat completion without `tools` runs the program once on
+the server's engine, its turns streamed live as agent events, its answer the completion's.
+
 A separate import from `agent_runtime`: it needs the `serve` extra (Starlette, uvicorn) and the `openai` client.
 """
 
@@ -41,6 +45,7 @@ from agent_runtime.proxy.prefix_break import (
     diagnose,
 )
 from agent_runtime.proxy.request_log import RequestLog, Segment
+from agent_runtime.proxy.served_program import ProgramEpisodes, ServedProgram
 from agent_runtime.proxy.worker_gateway import GATEWAY_ENV, WorkerGateway
 
 __all__ = [
@@ -58,9 +63,11 @@ __all__ = [
     "GatewaySession",
     "PrefixBreak",
     "ProgramEpisode",
+    "ProgramEpisodes",
     "ProgramOutcome",
     "RequestLog",
     "Segment",
+    "ServedProgram",
     "WorkerGateway",
     "diagnose",
     "run_program",

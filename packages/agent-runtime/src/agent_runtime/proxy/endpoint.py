@@ -20,7 +20,8 @@ The endpoint counts the program's model calls and enforces the episode's caps wh
 ``too_many_requests``), and a request whose record would open a conversation past `max_conversations` is dropped
 from the log and answered with a 429 (``too_many_conversations``). Either ends the episode (`ended`), and every
 later request gets the same 429. After `close()` every request is refused (HTTP 503, ``episode_over``): the thread
-of a program that ran past its time cannot add to a finished episode.
+of a program that ran past its time cannot add to a finished episode. `on_record` sees each record the log keeps,
+as it is written (`RequestLog`).
 
 The client has retries off (`max_retries=0`): a failed turn must reach the program as it happened, once, so
 that the episode's record is the program's actual conversation. This module knows the serving app and the
@@ -33,6 +34,7 @@ import asyncio
 import functools
 import sys
 import uuid
+from collections.abc import Callable
 from typing import Any, Final
 
 from starlette.types import Message, Receive, Scope, Send
@@ -43,6 +45,7 @@ from agent_runtime.proxy.request_log import RequestLog
 from agent_runtime.recipe import Recipe
 from agent_runtime.serving import ServeConfig, create_app
 from agent_runtime.serving.api_error import ApiError
+from agent_runtime.trajectory import Trajectory
 
 __all__ = ["EpisodeEndpoint"]
 
@@ -65,6 +68,7 @@ class EpisodeEndpoint:
         engine_timeout_s: float | None = None,
         max_requests: int | None = None,
         max_conversations: int | None = None,
+        on_record: Callable[[Trajectory], None] | None = None,
     ) -> None:
         self.key = f"episode-{uuid.uuid4().hex[:16]}"
         self.engine = engine
@@ -72,7 +76,9 @@ class EpisodeEndpoint:
             model_name=model_name, api_key=self.key, engine_timeout_s=engine_timeout_s or _NO_DEADLINE_S
         )
         self.app = create_app(engine, recipe, config)
-        self.log = RequestLog(max_conversations=max_conversations, on_refused=self._too_many_conversations)
+        self.log = RequestLog(
+            max_conversations=max_conversations, on_refused=self._too_many_conversations, on_record=on_record
+        )
         self.app.state.backend.writer = self.log  # every request's record comes here (the serving trajectory log)
         self.requests = 0  # the model calls served (chat completions that reached the app)
         self.max_requests = max_requests

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -89,11 +90,13 @@ async def run_program(
     max_context_tokens: int | None = None,
     engine_timeout_s: float | None = None,
     gateway: Gateway | None = None,
+    on_record: Callable[[Trajectory], None] | None = None,
 ) -> ProgramEpisode:
     """Run `recipe.agent` once on `task` with `engine` sampling as `sampling` says (see the module docstring).
     `max_context_tokens` caps every conversation's context (with the recipe's and the engine's limits). A command
     program (`AgentProgram.command`) reaches its endpoint through `gateway` (the rollout worker's; None: one of
-    its own for the episode)."""
+    its own for the episode). `on_record` is called with each request's record as the endpoint keeps it, on the
+    running loop (a served program streams its turns from there)."""
     program = recipe.agent
     if program is None:
         raise RecipeError(f"recipe {recipe.name!r} names no agent program (Recipe.agent)")
@@ -102,7 +105,7 @@ async def run_program(
     episode_engine = EpisodeEngine(engine, sampling, max_tokens=program.max_episode_tokens)
     endpoint = EpisodeEndpoint(
         served, episode_engine, model_name=program.model_name, engine_timeout_s=engine_timeout_s,
-        max_requests=program.max_requests, max_conversations=program.max_conversations,
+        max_requests=program.max_requests, max_conversations=program.max_conversations, on_record=on_record,
     )  # fmt: skip
     task = msgspec.structs.replace(task, model=program.model_name)
     log = logger.bind(recipe=recipe.name, endpoint=endpoint.key)

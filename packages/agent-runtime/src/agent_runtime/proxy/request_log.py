@@ -22,6 +22,9 @@ than that (a request that is not a ``prefix_hit`` or ``rollback`` of a conversat
 `on_refused` is called with the cap, once per refused record; the conversations already opened go on being
 recorded.
 
+`on_record`, when given, is called with each record kept, as it is written (on the loop of the server that writes
+it): a served program's turns are streamed to its client from there (`served_program.py`).
+
 `steps()` gives the model's turns as reward steps: each generated assistant message, with the tool messages the
 program sent back after it as its observations. This module knows trajectories and messages; it runs nothing.
 """
@@ -74,11 +77,16 @@ class RequestLog(TrajectoryWriter):
     """The serving trajectory log of one episode, in memory (`write` is what the server calls per request)."""
 
     def __init__(
-        self, *, max_conversations: int | None = None, on_refused: Callable[[int], None] | None = None
+        self,
+        *,
+        max_conversations: int | None = None,
+        on_refused: Callable[[int], None] | None = None,
+        on_record: Callable[[Trajectory], None] | None = None,
     ) -> None:  # no file: the records stay here
         self.records: list[Trajectory] = []
         self.max_conversations = max_conversations
         self.on_refused = on_refused
+        self.on_record = on_record
         self.refused = 0
         self._opened: set[str] = set()
 
@@ -93,6 +101,8 @@ class RequestLog(TrajectoryWriter):
                 return
             self._opened.add(trajectory.episode_id)
         self.records.append(trajectory)
+        if self.on_record is not None:
+            self.on_record(trajectory)
 
     def segments(self) -> tuple[list[Segment], list[PrefixBreak]]:
         """The episode's segments in the order they were opened (a rolled-back turn's before the segment that

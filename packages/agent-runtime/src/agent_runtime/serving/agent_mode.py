@@ -17,15 +17,21 @@ a plug-in calling `sys.exit`) ends that request only, with a 500 whose code says
 mid-stream); the episode is recorded in the trajectory log either way, its error included, and a client that
 goes away (mid-stream, or before a plain answer is ready) leaves a record marked ``client_disconnected``. This
 module knows the runtime and the wire format; routing, auth and the overload gate are the app's.
+
+What runs is the served episode (`ServedEpisode`), opened by the backend's `EpisodeSource`: by default the
+recipe's own session on the runtime (`SessionEpisodes`); a recipe whose agent is a program (`Recipe.agent`) is
+served by `agent_runtime.proxy.ProgramEpisodes` instead (given to `create_app(episodes=...)`: the proxy sits above
+this package), whose episode runs the program once and reports its turns as the same events.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, Protocol
 
 import structlog
 
@@ -62,7 +68,7 @@ from agent_runtime.serving.sse import SSE_DONE, sse_data
 from agent_runtime.session import AgentSession
 from agent_runtime.trajectory import Usage
 
-__all__ = ["complete_agent", "stream_agent"]
+__all__ = ["EpisodeSource", "ServedEpisode", "SessionEpisodes", "complete_agent", "stream_agent"]
 
 logger = structlog.get_logger(__name__)
 
@@ -71,6 +77,60 @@ _FAILED_STOPS = {
     "environment_error", "decode_error", "parse_error", "render_error", "reward_error",  # a component raised in a step
     "internal_error",  # anything else that escaped the episode
 }  # fmt: skip
+
+
+class ServedEpisode(Protocol):
+    """One agent-mode request's episode, as the request drives it: its events (never raising: a failure is kept
+    for `failure()`), then its failure or its answer and summary; `finish` records it, whatever happened."""
+
+    @property
+    def episode_id(self) -> str: ...
+
+    def events(self) -> AsyncGenerator[Event]: ...
+
+    async def event_dict(self, event: Event) -> dict[str, Any]: ...
+
+    def failure(self) -> ApiError | None: ...
+
+    def answer(self) -> tuple[ResponseMessage, FinishReason, CompletionUsage]: ...
+
+    def summary(self) -> AgentSummary: ...
+
+    def finish(self, *, disconnected: bool = False) -> None: ...
+
+
+class EpisodeSource(Protocol):
+    """What opens the served episodes of one app: `kind` names the agent for ``/health`` (``"session"``,
+    ``"program"``); `aclose` runs when the app shuts down."""
+
+    kind: str
+
+    def open(
+        self, backend: ServingBackend, request: ChatCompletionRequest, messages: Sequence[Message]
+    ) -> ServedEpisode: ...
+
+    async def aclose(self) -> None: ...
+
+
+class SessionEpisodes:
+    """The default source: each request runs the recipe's own session on the runtime."""
+
+    kind = "session"
+
+    def open(
+        self, backend: ServingBackend, request: ChatCompletionRequest, messages: Sequence[Message]
+    ) -> ServedEpisode:
+        return _Episode(backend, request, messages)
+
+    async def aclose(self) -> None:
+        return None
+
+
+_SESSIONS: Final = SessionEpisodes()
+
+
+def _open(backend: ServingBackend, request: ChatCompletionRequest, messages: Sequence[Message]) -> ServedEpisode:
+    return (backend.episodes or _SESSIONS).open(backend, request, messages)
 
 
 @dataclass
@@ -96,6 +156,10 @@ class _Episode:
             engine_timeout_s=self.backend.config.engine_timeout_s,
         )
         self.session = self.runtime.new_session()
+
+    @property
+    def episode_id(self) -> str:
+        return self.session.episode_id
 
     async def events(self) -> AsyncGenerator[Event]:
         metrics = self.backend.metrics
@@ -209,11 +273,12 @@ async def complete_agent(
     backend: ServingBackend, request: ChatCompletionRequest, messages: Sequence[Message]
 ) -> ChatCompletion:
     """Run the episode to its end and answer with the final assistant message."""
-    episode = _Episode(backend, request, messages)
+    episode = _open(backend, request, messages)
     cancelled = False
     try:
-        async for _ in episode.events():
-            pass
+        async with contextlib.aclosing(episode.events()) as events:
+            async for _ in events:
+                pass
     except asyncio.CancelledError:  # the client hung up (`disconnect.py`): recorded as such
         cancelled = True
         raise
@@ -238,11 +303,13 @@ def stream_agent(
 ) -> AsyncGenerator[bytes]:
     """The episode as SSE frames, each runtime event as it happens (see the module docstring). The episode's
     session is made here, before the stream starts, so a failure to make it is an HTTP error, not a frame."""
-    return _stream(backend, request, _Episode(backend, request, messages))
+    return _stream(backend, request, _open(backend, request, messages))
 
 
-async def _stream(backend: ServingBackend, request: ChatCompletionRequest, episode: _Episode) -> AsyncGenerator[bytes]:
-    log = logger.bind(episode_id=episode.session.episode_id, mode="agent", stream=True)
+async def _stream(
+    backend: ServingBackend, request: ChatCompletionRequest, episode: ServedEpisode
+) -> AsyncGenerator[bytes]:
+    log = logger.bind(mode="agent", stream=True)
     chunk_id, created, model = new_completion_id(), int(time.time()), request.model
 
     def chunk(
@@ -257,8 +324,9 @@ async def _stream(backend: ServingBackend, request: ChatCompletionRequest, episo
     finished = False
     try:
         yield chunk([ChunkChoice(index=0, delta=Delta(role="assistant", content=""))])
-        async for event in episode.events():  # never raises: a failure becomes `episode.raised`
-            yield chunk([], agent_event=await episode.event_dict(event))
+        async with contextlib.aclosing(episode.events()) as events:  # closed here, also when the client left
+            async for event in events:  # never raises: a failure is kept for `episode.failure()`
+                yield chunk([], agent_event=await episode.event_dict(event))
         finished = True
         failure = episode.failure()
         if failure is not None:
@@ -266,7 +334,7 @@ async def _stream(backend: ServingBackend, request: ChatCompletionRequest, episo
                 backend.metrics.server_errors += 1
             else:
                 backend.metrics.client_errors += 1
-            log.warning("request_failed", code=failure.code, error=failure.message)
+            log.warning("request_failed", episode_id=episode.episode_id, code=failure.code, error=failure.message)
             yield sse_data(ErrorBody(error=failure.detail()))
             yield SSE_DONE
             return

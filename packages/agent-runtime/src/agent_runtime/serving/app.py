@@ -3,8 +3,9 @@
 Routes:
 
 - ``POST /v1/chat/completions``: OpenAI's chat completions. Without `tools`, agent mode (`agent_mode.py`): the
-  server runs the whole episode with the recipe's tools. With `tools`, tools mode (`tools_mode.py`): one model
-  turn, tool calls returned for the client to run, token-in-token-out across follow-ups. `stream: true` in both.
+  server runs the whole episode with the recipe's tools (or runs the recipe's agent program once, when the app is
+  given `ProgramEpisodes`). With `tools`, tools mode (`tools_mode.py`): one model turn, tool calls returned for
+  the client to run, token-in-token-out across follow-ups. `stream: true` in both.
 - ``POST /v1/responses``: OpenAI's Responses API (the Agents SDK's default model), converted to the messages and
   tools of a tools-mode turn and served by that core (`responses_api.py`); the same admission, limits and errors.
 - ``GET /v1/models``, ``GET /v1/models/{id}``: the served model.
@@ -54,7 +55,7 @@ from agent_protocol import Message, MessageError, ToolSpec, coerce_messages, coe
 from agent_runtime.boundary import boundary
 from agent_runtime.engines.base import LLMEngine
 from agent_runtime.recipe import Recipe
-from agent_runtime.serving.agent_mode import complete_agent, stream_agent
+from agent_runtime.serving.agent_mode import EpisodeSource, complete_agent, stream_agent
 from agent_runtime.serving.api_error import ApiError, from_decode_error, from_message_error
 from agent_runtime.serving.backend import ServingBackend
 from agent_runtime.serving.config import ServeConfig
@@ -303,6 +304,7 @@ async def health(request: Request) -> Response:
             "recipe": backend.recipe.name,
             "engine": backend.engine.name,
             "protocol": backend.protocol.name,
+            "agent": backend.episodes.kind if backend.episodes is not None else "session",
             "tools": [spec.name for spec in backend.session.environment.tools],
             "in_flight": backend.metrics.in_flight,
             "max_concurrency": backend.config.max_concurrency,
@@ -363,10 +365,14 @@ def create_app(
     config: ServeConfig | None = None,
     *,
     close_engine: bool = False,
+    episodes: EpisodeSource | None = None,
 ) -> Starlette:
     """The server of `recipe` on `engine`. `config` defaults to serving the recipe under its own name.
-    With `close_engine`, the engine is closed when the app shuts down (the app then owns it)."""
+    With `close_engine`, the engine is closed when the app shuts down (the app then owns it). `episodes` opens
+    each agent-mode episode (None: the recipe's own session; `agent_runtime.proxy.ProgramEpisodes` runs the
+    recipe's agent program instead), and is closed when the app shuts down."""
     backend = ServingBackend(engine, recipe, config or ServeConfig(model_name=recipe.name))
+    backend.episodes = episodes
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -380,6 +386,8 @@ def create_app(
         try:
             yield
         finally:
+            if episodes is not None:  # a program's gateway stops listening
+                await episodes.aclose()
             await backend.store.aclose()
             if close_engine:
                 await engine.close()

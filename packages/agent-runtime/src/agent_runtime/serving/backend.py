@@ -1,6 +1,6 @@
 """`ServingBackend`: what every request of one server shares: the engine, the recipe's session definition and
-chat protocol, whether the model takes images, the tools-mode transcript store, the metrics, the trajectory log,
-and the overload gate.
+chat protocol, what runs an agent-mode episode (`episodes`), whether the model takes images, the tools-mode
+transcript store, the metrics, the trajectory log, and the overload gate.
 
 It also turns a request's sampling fields into `SamplingParams` (the recipe's sampling, overridden field by
 field). This module knows the runtime and the wire request; it knows nothing about HTTP routing.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 import structlog
@@ -26,6 +26,9 @@ from agent_runtime.serving.transcript_store import ConversationStore, Transcript
 from agent_runtime.serving.turn_index import TurnIndex
 from agent_runtime.session import AgentSession
 from agent_runtime.trajectory import Trajectory, TrajectoryWriter
+
+if TYPE_CHECKING:  # agent_mode imports this module
+    from agent_runtime.serving.agent_mode import EpisodeSource
 
 __all__ = ["ServingBackend", "new_completion_id"]
 
@@ -77,6 +80,8 @@ class ServingBackend:
         self.writer = TrajectoryWriter(config.trajectory_log) if config.trajectory_log else None
         self.model_ids = (config.model_name, *config.aliases)
         self.created = int(time.time())
+        #: what opens an agent-mode request's episode (None: the recipe's own session, `agent_mode.SessionEpisodes`)
+        self.episodes: EpisodeSource | None = None
 
     # -- the overload gate -------------------------------------------------------------------------------
 
