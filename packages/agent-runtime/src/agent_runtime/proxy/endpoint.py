@@ -109,7 +109,7 @@ class EpisodeEndpoint:
         the refusal (see the module docstring)."""
         if self.closed or self.ended.done():
             return self.over_answer()
-        if path.endswith(("/chat/completions", "/responses")):  # a model call, on either API
+        if path.endswith(("/chat/completions", "/responses", "/messages")):  # a model call, on any of the APIs
             if self.max_requests is not None and self.requests >= self.max_requests:
                 message = f"the episode made its {self.max_requests} model calls (AgentProgram.max_requests)"
                 self.end("too_many_requests", message)

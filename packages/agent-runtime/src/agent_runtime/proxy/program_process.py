@@ -5,8 +5,9 @@ exception of the caller's.
     (answer, code, message), reward = await run_program_process(program, command, endpoint, task, gateway=gateway)
 
 The process gets its session's ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and ``OPENAI_MODEL`` in its environment
-(added to `ProgramCommand.env`, or to this process's), the task as one JSON object on its stdin
-(``{"prompt", "row", "model"}``, then stdin is closed), and runs in a session and process group of its own
+(added to `ProgramCommand.env`, or to this process's), with ``ANTHROPIC_BASE_URL`` and ``ANTHROPIC_API_KEY`` for
+the same session (an `anthropic` client appends ``/v1/messages`` to its base URL), the task as one JSON object on
+its stdin (``{"prompt", "row", "model"}``, then stdin is closed), and runs in a session and process group of its own
 (``start_new_session``), so that everything it starts can be stopped with it. Its answer is the last non-empty
 line of its stdout (None if it printed nothing), unless it posted one to its session's ``/end`` first.
 
@@ -83,6 +84,8 @@ async def _run(command: ProgramCommand, session: GatewaySession, task: ProgramTa
         return None, "program_error", f"the task cannot be sent to the command as JSON: {describe(e)}"
     env = dict(os.environ if command.env is None else command.env)
     env.update(OPENAI_BASE_URL=session.base_url, OPENAI_API_KEY=session.key, OPENAI_MODEL=task.model)
+    # the same session for the anthropic SDK, which adds /v1/messages to its base URL itself
+    env.update(ANTHROPIC_BASE_URL=session.base_url.removesuffix("/v1"), ANTHROPIC_API_KEY=session.key)
     try:
         process = await asyncio.create_subprocess_exec(
             *command.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,

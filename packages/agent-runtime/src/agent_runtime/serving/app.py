@@ -8,6 +8,8 @@ Routes:
   the client to run, token-in-token-out across follow-ups. `stream: true` in both.
 - ``POST /v1/responses``: OpenAI's Responses API (the Agents SDK's default model), converted to the messages and
   tools of a tools-mode turn and served by that core (`responses_api.py`); the same admission, limits and errors.
+- ``POST /v1/messages``: Anthropic's Messages API, the same way (`messages_api.py`); its errors in Anthropic's
+  shape, its key as ``x-api-key`` or a bearer token.
 - ``GET /v1/models``, ``GET /v1/models/{id}``: the served model.
 - ``GET /health``: liveness and what is served. ``GET /metrics``: the counters (`ServerMetrics`) as JSON.
 - ``GET /``: the web chat page (``static/``: plain HTML and JavaScript, no build step).
@@ -63,6 +65,13 @@ from agent_runtime.serving.disconnect import ClientGone, unless_disconnected
 from agent_runtime.serving.error_response import check_bearer, error_response, route_error
 from agent_runtime.serving.images import check_request_images, image_count_limit
 from agent_runtime.serving.json_guard import check_json_body
+from agent_runtime.serving.messages_api import (
+    complete_message,
+    decode_messages_request,
+    stream_message,
+)
+from agent_runtime.serving.messages_api import error_response as anthropic_error
+from agent_runtime.serving.messages_api import to_chat_request as messages_to_chat
 from agent_runtime.serving.openai_wire import ChatCompletionRequest, ModelCard, ModelList, decode_request, encode
 from agent_runtime.serving.request_body import BodyBudget, request_body
 from agent_runtime.serving.responses_api import (
@@ -135,6 +144,18 @@ def _parse_responses(body: bytes, backend: ServingBackend) -> Parsed:
     return asked, chat, messages, tools
 
 
+def _parse_messages(body: bytes, backend: ServingBackend) -> Parsed:
+    """An Anthropic Messages request, converted to its chat completion request and checked as one."""
+    check_json_body(body)
+    try:
+        asked = decode_messages_request(body)
+    except (RecursionError, ValueError) as e:  # not expected past check_json_body; still the caller's input
+        raise ApiError(400, f"the request body cannot be read: {type(e).__name__}: {e}", code="invalid_json") from e
+    chat = messages_to_chat(asked)
+    messages, tools = _checked(chat, backend)
+    return asked, chat, messages, tools
+
+
 def _checked(chat: ChatCompletionRequest, backend: ServingBackend) -> tuple[list[Message], list[ToolSpec]]:
     """A decoded request's checks and its messages and tools (see `_parse`)."""
     if chat.model not in backend.model_ids:
@@ -196,6 +217,15 @@ async def chat_completions(request: Request) -> Response:
 async def responses(request: Request) -> Response:
     """The Responses API: always one tools-mode turn (with or without tools), whatever the route's wire."""
     return await _serve(request, _parse_responses, complete_response, stream_response, always_tools=True)
+
+
+async def messages(request: Request) -> Response:
+    """Anthropic's Messages API: one tools-mode turn, as `responses`; its refusals in Anthropic's error shape."""
+    try:
+        return await _serve(request, _parse_messages, complete_message, stream_message, always_tools=True)
+    except ApiError as e:
+        _count_error(request, e)
+        return anthropic_error(e)
 
 
 async def _serve(
@@ -349,6 +379,11 @@ def _static_routes() -> list[Route]:
 async def _api_error(request: Request, exc: Exception) -> Response:
     if not isinstance(exc, ApiError):  # pragma: no cover - registered for ApiError only
         raise exc
+    _count_error(request, exc)
+    return error_response(exc)
+
+
+def _count_error(request: Request, exc: ApiError) -> None:
     metrics = _backend(request).metrics
     if exc.code == "server_overloaded":  # no slot or no room for the body: counted where refused
         pass
@@ -356,7 +391,6 @@ async def _api_error(request: Request, exc: Exception) -> Response:
         metrics.server_errors += 1
     else:
         metrics.client_errors += 1
-    return error_response(exc)
 
 
 def create_app(
@@ -396,6 +430,7 @@ def create_app(
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/responses", responses, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", get_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

@@ -37,13 +37,16 @@ async def route_error(request: Request, exc: Exception) -> Response:
 
 
 def check_bearer(request: Request, key: str) -> None:
-    """Raise `ApiError` 401 unless `request` sends ``Authorization: Bearer <key>`` (compared in constant time)."""
+    """Raise `ApiError` 401 unless `request` sends ``Authorization: Bearer <key>`` or, as Anthropic's clients do,
+    ``x-api-key: <key>`` (compared in constant time)."""
     header = request.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
-    if not header:
+    if not header and (other := request.headers.get("x-api-key")) is not None:
+        scheme, given = "bearer", other
+    elif not header:
         raise ApiError(
-            401, "missing API key: send `Authorization: Bearer <key>`", code="invalid_api_key",
-            headers={"WWW-Authenticate": "Bearer"},
+            401, "missing API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`)",
+            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"},
         )  # fmt: skip
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
         raise ApiError(401, "incorrect API key", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
