@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import structlog
@@ -46,6 +46,9 @@ from agent_runtime.serving import (
     create_viewer_app,
     require_ray_serve,
 )
+
+if TYPE_CHECKING:
+    from agent_runtime.proxy import ProgramEpisodes
 
 # A model id (not a directory) without --recipe: the files its recipe is derived from, fetched from the Hub cache.
 MODEL_CONFIG_FILES = ["config.json", "generation_config.json", "tokenizer_config.json", "chat_template.*"]
@@ -142,7 +145,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"is (one of {', '.join(list_protocols())}; another family is refused, name a recipe), its "
         "max_position_embeddings as the context, generation_config.json's max_new_tokens and sampling (else 8192 "
         "tokens a turn, at most half the context), no tools in agent mode (tools mode uses the tools the client "
-        "sends)",
+        "sends). A program recipe (one whose `agent` is an AgentProgram, e.g. examples/any_agent/recipe.py) is "
+        "served by running its program: each agent-mode request runs it once on the served model, its turns "
+        "streamed as agent events and its return value the answer (a command program through one gateway on "
+        "loopback, AGENT_GATEWAY_HOST/PORT to change it)",
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="interface to listen on; 0.0.0.0 for every interface (default: %(default)s)"
@@ -356,6 +362,19 @@ def serving_recipe(args: argparse.Namespace) -> Recipe:
     return recipe
 
 
+def program_episodes(recipe: Recipe) -> ProgramEpisodes | None:
+    """What runs an agent-mode request: the recipe's own session (None), or its agent program when it has one."""
+    program = recipe.agent
+    if program is None:
+        return None
+    from agent_runtime import ProgramCommand
+    from agent_runtime.proxy import ProgramEpisodes
+
+    kind = "command" if isinstance(program.agent, ProgramCommand) else "function"
+    logger.info("agent_program_served", recipe=recipe.name, program=kind, timeout_s=program.timeout_s)
+    return ProgramEpisodes()
+
+
 def demo_model_dir(demo: str = "calculator") -> Path:
     """The demo model's directory, built first when missing (training it needs agent-train; apps sit above it)."""
     from agent_train.demo import ensure_demo_model
@@ -444,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("startup_failed", error=str(e))
         return 1
     config = serve_config(args, recipe, model)
-    app = create_app(engine, recipe, config, close_engine=True)
+    app = create_app(engine, recipe, config, close_engine=True, episodes=program_episodes(recipe))
     shown_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it handled, after a clean shutdown
         asyncio.run(serve(app, args.host, args.port, f"http://{shown_host}:{args.port}"))
@@ -465,7 +484,8 @@ def store_unusable(store: str) -> str | None:
 def build_app(args: argparse.Namespace, model: str) -> Any:
     """The server as one replica builds it: its own recipe, engine and store from the same flags."""
     recipe = serving_recipe(args)
-    return create_app(build_engine(args, model), recipe, serve_config(args, recipe, model), close_engine=True)
+    config = serve_config(args, recipe, model)
+    return create_app(build_engine(args, model), recipe, config, close_engine=True, episodes=program_episodes(recipe))
 
 
 def serve_on_replicas(args: argparse.Namespace) -> int:
