@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Literal
 
 from agent_demo.recipe import make_recipe as demo_recipe
+from agent_env import CalculatorTool, FunctionCallEnvironment
+from agent_protocol import ToolSpec
 from agent_runtime import Recipe
 from agent_runtime.agent_program import AgentProgram
 
@@ -38,6 +40,29 @@ _NAMES["sdk-responses"] = "any-agent-sdk-responses"
 _FUNCTIONS = {"loop": calculator_agent, "sdk": sdk_calculator_agent, "sdk-responses": sdk_responses_calculator_agent}
 
 
+class SDKListedCalculator(CalculatorTool):
+    """The demo's calculator as the Agents SDK lists it: its function tool carries ``"strict": false`` (after the
+    name, description and parameters), which the chat template prints as it prints any key of a tool. The SDK
+    recipes' environment has it, so that the warm start's SFT and evaluation (the recipe's own session) show the
+    model the prompt the SDK's rollouts show it; with the plain calculator the demo model, trained on the other
+    listing, never called the tool from the SDK's prompt (held-out 0.000 before and after RL)."""
+
+    @property
+    def spec(self) -> ToolSpec:
+        function = {"name": self.name, "description": self.description, "parameters": self.parameters, "strict": False}
+        return ToolSpec(
+            name=self.name,
+            description=self.description,
+            parameters=self.parameters,
+            source={"type": "function", "function": function},
+        )
+
+
+def sdk_environment() -> FunctionCallEnvironment:
+    """The demo's environment (`agent_demo.recipe.demo_environment`) with the SDK's listing of its calculator."""
+    return FunctionCallEnvironment(tools=[SDKListedCalculator(timeout_s=5.0)], max_steps=3)
+
+
 def make_recipe(agent: Literal["loop", "sdk", "sdk-responses", "subprocess"] = "loop") -> Recipe:
     """The demo recipe with the plain loop (`agent.py`), the OpenAI Agents SDK agent (`sdk_agent.py`), or the plain
     loop as a script of its own run per episode through the gateway (`subprocess_agent.py`); ``"sdk-responses"`` is
@@ -49,6 +74,8 @@ def make_recipe(agent: Literal["loop", "sdk", "sdk-responses", "subprocess"] = "
     else:
         function = _FUNCTIONS[agent]
         program = AgentProgram(function, timeout_s=120.0, max_episode_tokens=256, model_name=demo.name)
+    if agent in ("sdk", "sdk-responses"):
+        return dataclasses.replace(demo, name=_NAMES[agent], agent=program, environment=sdk_environment)
     return dataclasses.replace(demo, name=_NAMES[agent], agent=program)
 
 

@@ -117,3 +117,27 @@ def test_the_sdk_agent_trains_in_the_cpu_smoke_mode(tmp_path: Path) -> None:
     assert len(result.step_rewards) == 1
     assert result.segments_per_episode == 1.0
     assert 0.0 <= result.before <= 1.1 and 0.0 <= result.after <= 1.1
+
+
+@pytest.mark.parametrize("agent", ["sdk", "sdk-responses"])
+def test_the_sdk_recipes_list_the_calculator_as_the_sdk_sends_it(agent: Any) -> None:
+    """The warm start (the recipe's own session) must show the model the SDK's tool listing, key order and
+    ``"strict": false`` included, or the model it trains never sees its rollouts' prompt."""
+    from agents import FunctionTool
+    from agents.models.chatcmpl_converter import Converter
+
+    from examples.any_agent.recipe import make_recipe
+    from examples.any_agent.subprocess_agent import CALCULATOR_TOOL as PROGRAM_TOOL
+
+    spec = PROGRAM_TOOL["function"]
+
+    async def unused(_context: Any, _arguments: str) -> str:
+        return ""
+
+    tool = FunctionTool(name=spec["name"], description=spec["description"], params_json_schema=spec["parameters"],
+                        on_invoke_tool=unused, strict_json_schema=False)  # fmt: skip
+    sent = Converter.tool_to_openai(tool)
+    (listed,) = [t.to_openai() for t in make_recipe(agent).environment().tools]
+    assert listed == sent and list(listed["function"]) == list(sent["function"])
+    (plain,) = [t.to_openai() for t in make_recipe("loop").environment().tools]
+    assert plain == PROGRAM_TOOL  # the plain loop's recipe keeps the program's own listing
