@@ -9,7 +9,7 @@ own) decides what an episode does as its context grows. `Trajectory` is the reco
 
 from importlib.metadata import version as _version
 
-from agent_runtime.agent_program import PROGRAM_CODES, AgentProgram, ProgramCommand, ProgramTask
+from agent_runtime.agent_program import PROGRAM_CODES, AgentProgram, ProgramCommand, ProgramSync, ProgramTask
 from agent_runtime.boundary import StageError, boundary
 from agent_runtime.compaction import CompactableSession
 from agent_runtime.context_policy import (
@@ -93,6 +93,7 @@ __all__ = [
     "LLMEngine",
     "NewSegment",
     "ProgramCommand",
+    "ProgramSync",
     "ProgramTask",
     "Recipe",
     "RecipeError",

@@ -21,6 +21,11 @@ open (each one a training record). A program that raises anything at all, overru
 passes a cap ends only its own episode, with one of `ProgramCode`; one that never calls the endpoint gets reward 0
 and a warning.
 
+A program may also be a synchronous function (`AgentProgram.sync`), ``def agent(client: openai.OpenAI, task) ->
+str | None``: it runs on a thread of its own with a synchronous client bound to its endpoint (the endpoint's URL and
+key cannot be given as ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` in process: the environment is the whole process's;
+a program that reads only those runs as a command line, below).
+
 A program may also be a command line (`AgentProgram.command`): a process started per episode, in a process group
 of its own, with ``OPENAI_BASE_URL`` (its session's URL on the rollout worker's listening gateway,
 `agent_runtime.proxy.gateway`), ``OPENAI_API_KEY`` (the session's key) and ``OPENAI_MODEL`` in its environment,
@@ -58,6 +63,7 @@ __all__ = [
     "AgentProgram",
     "ProgramCode",
     "ProgramCommand",
+    "ProgramSync",
     "ProgramTask",
 ]
 
@@ -150,6 +156,18 @@ class ProgramCommand:
 
 
 @dataclass(frozen=True)
+class ProgramSync:
+    """A program that is a synchronous function (`AgentProgram.sync`): ``function(client, task)``, where `client`
+    is an `openai.OpenAI` bound to the episode's endpoint; run on the episode's own thread."""
+
+    function: Callable[[Any, ProgramTask], Any]
+
+    def __post_init__(self) -> None:
+        if not callable(self.function):
+            raise TypeError(f"a synchronous program must be callable, got {type(self.function).__name__}")
+
+
+@dataclass(frozen=True)
 class AgentProgram:
     """An agent program and its per-episode budgets (see the module docstring).
 
@@ -169,13 +187,19 @@ class AgentProgram:
       while it runs); more wait for a place, and their `timeout_s` counts from when they start.
     """
 
-    agent: AgentFunction | ProgramCommand
+    agent: AgentFunction | ProgramCommand | ProgramSync
     timeout_s: float | None = 600.0
     max_episode_tokens: int | None = None
     model_name: str = "policy"
     max_requests: int | None = DEFAULT_MAX_REQUESTS
     max_conversations: int | None = DEFAULT_MAX_CONVERSATIONS
     max_concurrent: int = DEFAULT_MAX_CONCURRENT
+
+    @classmethod
+    def sync(cls, function: Callable[[Any, ProgramTask], Any], **budgets: Any) -> AgentProgram:
+        """A program that is a synchronous function taking an `openai.OpenAI` (see `ProgramSync`); `budgets` are the
+        other fields (`timeout_s`, `max_episode_tokens`, ...)."""
+        return cls(ProgramSync(function), **budgets)
 
     @classmethod
     def command(
@@ -198,9 +222,10 @@ class AgentProgram:
         return cls(command, timeout_s=timeout_s, **budgets)
 
     def __post_init__(self) -> None:
-        if not callable(self.agent) and not isinstance(self.agent, ProgramCommand):
+        if not callable(self.agent) and not isinstance(self.agent, (ProgramCommand, ProgramSync)):
             raise TypeError(
-                f"AgentProgram.agent must be an async function or a ProgramCommand, got {type(self.agent).__name__}"
+                "AgentProgram.agent must be an async function, a ProgramSync or a ProgramCommand, got "
+                f"{type(self.agent).__name__}"
             )
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive (or None), got {self.timeout_s}")

@@ -102,6 +102,16 @@ class EpisodeEndpoint:
             base_url=f"http://{self.key}.proxy/v1", api_key=self.key, http_client=http_client, max_retries=0
         )
 
+    def sync_client(self) -> Any:
+        """An `openai.OpenAI` for this episode, for a synchronous program on its own thread (not the rollout's
+        loop's: each request blocks that thread until the endpoint answers). No retries, as `client`."""
+        http_client = self._openai.DefaultHttpxClient(
+            transport=_sync_handoff_class(self._http)(self), base_url=f"http://{self.key}.proxy", timeout=None
+        )
+        return self._openai.OpenAI(
+            base_url=f"http://{self.key}.proxy/v1", api_key=self.key, http_client=http_client, max_retries=0
+        )
+
     # -- the app's side (the rollout's loop) ----------------------------------------------------------------
 
     def _admit(self, path: str) -> Answer | None:
@@ -263,6 +273,31 @@ def _handoff_class(http: Any) -> type:
             return http.Response(status, headers=headers, content=content, request=request)
 
     return HandOff
+
+
+@functools.cache
+def _sync_handoff_class(http: Any) -> type:
+    """The synchronous client's transport: each request is answered by `endpoint.forward` on the endpoint's loop,
+    the calling thread waiting for it."""
+
+    class SyncHandOff(http.BaseTransport):  # type: ignore[misc]  # httpx or its fork, found at runtime
+        def __init__(self, endpoint: EpisodeEndpoint) -> None:
+            self.endpoint = endpoint
+
+        def handle_request(self, request: Any) -> Any:
+            endpoint = self.endpoint
+            body = request.read()
+            call = endpoint.forward(request.method, str(request.url), list(request.headers.raw), body)
+            try:
+                future = asyncio.run_coroutine_threadsafe(call, endpoint.loop)
+            except RuntimeError:  # the rollout's loop is closed: the episode is long over
+                call.close()
+                status, headers, content = _refusal(503, "this episode is over", "episode_over")
+            else:
+                status, headers, content = future.result()
+            return http.Response(status, headers=headers, content=content, request=request)
+
+    return SyncHandOff
 
 
 def _openai() -> Any:

@@ -42,7 +42,7 @@ import weakref
 from typing import Any, Final
 
 from agent_env import ContainedBaseException, ThreadLimitError, describe_error, run_coroutine_in_thread
-from agent_runtime.agent_program import AgentProgram, ProgramCode, ProgramCommand, ProgramTask
+from agent_runtime.agent_program import AgentProgram, ProgramCode, ProgramCommand, ProgramSync, ProgramTask
 from agent_runtime.proxy.endpoint import EpisodeEndpoint
 
 __all__ = ["Outcome", "describe", "gate", "run_program_thread"]
@@ -110,6 +110,13 @@ async def _main(program: AgentProgram, endpoint: EpisodeEndpoint, task: ProgramT
     agent = program.agent
     if isinstance(agent, ProgramCommand):  # run_program gives those to program_process.py
         raise TypeError("a command program (AgentProgram.command) runs as a process, not on a thread")
+    if isinstance(agent, ProgramSync):  # blocking calls on this thread: its loop runs nothing else
+        sync_client = endpoint.sync_client()
+        try:
+            return agent.function(sync_client, task)
+        finally:
+            with contextlib.suppress(Exception):
+                sync_client.close()
     client = endpoint.client()
     try:
         running = agent(client, task)
