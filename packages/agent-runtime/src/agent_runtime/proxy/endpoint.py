@@ -31,6 +31,7 @@ OpenAI client; what an episode's records mean is `request_log.py`'s.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import sys
 import uuid
@@ -246,6 +247,17 @@ async def _send_answer(send: Send, answer: Answer) -> None:
     await send({"type": "http.response.body", "body": content, "more_body": False})
 
 
+def _send(endpoint: EpisodeEndpoint, request: Any, body: bytes) -> concurrent.futures.Future[Answer] | Answer:
+    """Hand a client's request to `endpoint.forward` on the endpoint's loop: the future of its answer, or the
+    refusal when that loop is closed (the episode is long over)."""
+    call = endpoint.forward(request.method, str(request.url), list(request.headers.raw), body)
+    try:
+        return asyncio.run_coroutine_threadsafe(call, endpoint.loop)
+    except RuntimeError:
+        call.close()
+        return _refusal(503, "this episode is over", "episode_over")
+
+
 def _handoff(http: Any, endpoint: EpisodeEndpoint) -> Any:
     """The client's transport: each request is answered by `endpoint.forward` on the endpoint's loop."""
     return _handoff_class(http)(endpoint)
@@ -260,16 +272,8 @@ def _handoff_class(http: Any) -> type:
             self.endpoint = endpoint
 
         async def handle_async_request(self, request: Any) -> Any:
-            endpoint = self.endpoint
-            body = await request.aread()
-            call = endpoint.forward(request.method, str(request.url), list(request.headers.raw), body)
-            try:
-                future = asyncio.run_coroutine_threadsafe(call, endpoint.loop)
-            except RuntimeError:  # the rollout's loop is closed: the episode is long over
-                call.close()
-                status, headers, content = _refusal(503, "this episode is over", "episode_over")
-            else:
-                status, headers, content = await asyncio.wrap_future(future)
+            sent = _send(self.endpoint, request, await request.aread())
+            status, headers, content = sent if isinstance(sent, tuple) else await asyncio.wrap_future(sent)
             return http.Response(status, headers=headers, content=content, request=request)
 
     return HandOff
@@ -285,16 +289,8 @@ def _sync_handoff_class(http: Any) -> type:
             self.endpoint = endpoint
 
         def handle_request(self, request: Any) -> Any:
-            endpoint = self.endpoint
-            body = request.read()
-            call = endpoint.forward(request.method, str(request.url), list(request.headers.raw), body)
-            try:
-                future = asyncio.run_coroutine_threadsafe(call, endpoint.loop)
-            except RuntimeError:  # the rollout's loop is closed: the episode is long over
-                call.close()
-                status, headers, content = _refusal(503, "this episode is over", "episode_over")
-            else:
-                status, headers, content = future.result()
+            sent = _send(self.endpoint, request, request.read())
+            status, headers, content = sent if isinstance(sent, tuple) else sent.result()
             return http.Response(status, headers=headers, content=content, request=request)
 
     return SyncHandOff

@@ -116,6 +116,7 @@ def _authorize(request: Request, backend: ServingBackend) -> None:
 
 Parsed = tuple[Any, ChatCompletionRequest, list[Message], list[ToolSpec]]
 """A request as its route decoded it, the chat completion request it stands for, its messages and tools."""
+ParseFn = Callable[[bytes, ServingBackend], Parsed]
 
 
 def _parse(body: bytes, backend: ServingBackend) -> Parsed:
@@ -132,28 +133,25 @@ def _parse(body: bytes, backend: ServingBackend) -> Parsed:
     return chat, chat, messages, tools
 
 
-def _parse_responses(body: bytes, backend: ServingBackend) -> Parsed:
-    """A Responses API request, converted to its chat completion request and checked as one."""
-    check_json_body(body)
-    try:
-        asked = decode_responses_request(body)
-    except (RecursionError, ValueError) as e:  # not expected past check_json_body; still the caller's input
-        raise ApiError(400, f"the request body cannot be read: {type(e).__name__}: {e}", code="invalid_json") from e
-    chat = to_chat_request(asked)
-    messages, tools = _checked(chat, backend)
-    return asked, chat, messages, tools
+def _converting(decode: Callable[[bytes], Any], convert: Callable[[Any], ChatCompletionRequest]) -> ParseFn:
+    """The parser of a wire format that stands for a chat completion (the Responses API, Anthropic's Messages):
+    its request decoded, converted to the chat completion request and checked as one."""
+
+    def parse(body: bytes, backend: ServingBackend) -> Parsed:
+        check_json_body(body)
+        try:
+            asked = decode(body)
+        except (RecursionError, ValueError) as e:  # not expected past check_json_body; still the caller's input
+            raise ApiError(400, f"the request body cannot be read: {type(e).__name__}: {e}", code="invalid_json") from e
+        chat = convert(asked)
+        messages, tools = _checked(chat, backend)
+        return asked, chat, messages, tools
+
+    return parse
 
 
-def _parse_messages(body: bytes, backend: ServingBackend) -> Parsed:
-    """An Anthropic Messages request, converted to its chat completion request and checked as one."""
-    check_json_body(body)
-    try:
-        asked = decode_messages_request(body)
-    except (RecursionError, ValueError) as e:  # not expected past check_json_body; still the caller's input
-        raise ApiError(400, f"the request body cannot be read: {type(e).__name__}: {e}", code="invalid_json") from e
-    chat = messages_to_chat(asked)
-    messages, tools = _checked(chat, backend)
-    return asked, chat, messages, tools
+_parse_responses: Final = _converting(decode_responses_request, to_chat_request)
+_parse_messages: Final = _converting(decode_messages_request, messages_to_chat)
 
 
 def _checked(chat: ChatCompletionRequest, backend: ServingBackend) -> tuple[list[Message], list[ToolSpec]]:
