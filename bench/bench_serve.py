@@ -106,7 +106,7 @@ def agent_app() -> Any:
 
     configure_logging("json", "info")  # as apps/serve logs; the child's stderr is /dev/null
     tokenizer = HFTokenizer.from_file(qwen3_tokenizer_path())
-    engine = ScriptedEngine(tokenizer, policy=calculator_policy(tokenizer))
+    engine = ScriptedEngine(tokenizer, policy=calculator_policy(tokenizer), record=False)  # keeps no prompts
     config = ServeConfig(model_name=MODEL, max_concurrency=1024, trajectory_log=os.environ["BENCH_TRAJECTORY_LOG"])
     return create_app(engine, calculator_recipe(), config)
 
