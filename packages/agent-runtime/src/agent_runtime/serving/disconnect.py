@@ -6,10 +6,15 @@ which uvicorn sends as soon as the client's socket closes. Nothing else listens 
 streamed) completion runs, so a client that gave up used to leave its request running to the end for nobody:
 its concurrency slot held, its engine generating to `max_new_tokens` (four abandoned requests against
 ``--max-concurrency 4`` refused every other client with 429 for as long as they ran). Here the completion runs
-as a task beside a watcher of that channel; whichever ends first wins. A disconnect cancels the completion and
-waits for it to unwind, so by the time `ClientGone` is raised the engine call was cancelled (the hf engine drops
-the row from its batch, the openai engine closes its upstream connection, vLLM aborts the request) and the
-caller's ``finally`` frees the slot. Streams need none of this: their response listens for the disconnect itself.
+in the request's own task while one watcher task listens on that channel. A disconnect cancels the request's
+task, so the completion unwinds where it stands, and by the time `ClientGone` is raised the engine call was
+cancelled (the hf engine drops the row from its batch, the openai engine closes its upstream connection, vLLM
+aborts the request) and the caller's ``finally`` frees the slot. The cancellation is the watcher's to take back
+(`Task.uncancel`), so the handler goes on to answer 499; one that also came from outside (the server stopping)
+still propagates. A completion that ends first cancels the watcher. (The completion used to run as a task of its
+own, raced against the watcher with `asyncio.wait`: two tasks and a wait per request, about a tenth of the agent
+server's CPU per request in bench/bench_serve.py.) Streams need none of this: their response listens for the
+disconnect itself.
 
 This module knows ASGI's receive channel and asyncio tasks; nothing about completions.
 """
@@ -17,7 +22,6 @@ This module knows ASGI's receive channel and asyncio tasks; nothing about comple
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Coroutine
 from typing import Any
 
@@ -41,27 +45,40 @@ async def _disconnected(receive: Receive) -> None:
 
 async def unless_disconnected[T](receive: Receive, work: Coroutine[Any, Any, T]) -> T:
     """`work`'s result, or `ClientGone` once the client behind `receive` hangs up (`work` then cancelled and
-    awaited). Call it only after the request's body has been read in full."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(receive))
+    unwound). Call it only after the request's body has been read in full, from the request's own task."""
+    handler = asyncio.current_task()
+    if handler is None:  # pragma: no cover - always called from a request handler's task
+        raise RuntimeError("unless_disconnected must run in a task")
+    loop = asyncio.get_running_loop()
+    running = True  # the watcher cancels the handler only while `work` runs in it
+    gone = False
+    cut_at = 0.0
+
+    async def watch() -> None:
+        nonlocal gone, cut_at
+        await _disconnected(receive)
+        if running:
+            gone, cut_at = True, loop.time()
+            handler.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # the handler itself was cancelled (the server is stopping): so is the work
-        task.cancel()
-        raise
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-    if task.done():
-        return task.result()  # it finished first: its answer (or its exception), as if awaited directly
-    task.cancel()
-    started = asyncio.get_running_loop().time()
-    try:
-        await task
+        result = await work
     except asyncio.CancelledError:
-        pass
-    except Exception as e:  # it failed while unwinding: nobody is left to tell but the log
+        if not gone or handler.uncancel() > 0:  # a cancellation from outside (the server stopping): it goes on
+            raise
+    except Exception as e:
+        if not gone:
+            raise
+        # it failed while unwinding from the disconnect: nobody is left to tell but the log
+        handler.uncancel()
         logger.warning("cancelled_request_failed", error_type=type(e).__name__, error=str(e)[:500])
-    logger.info("client_gone_request_cancelled", unwound_s=round(asyncio.get_running_loop().time() - started, 3))
+    else:
+        if not gone:
+            return result
+        handler.uncancel()  # it swallowed the cancellation and finished: there is nobody to give the answer to
+    finally:
+        running = False
+        watcher.cancel()  # not awaited: it has nothing to clean up, and the loop finishes it
+    logger.info("client_gone_request_cancelled", unwound_s=round(loop.time() - cut_at, 3))
     raise ClientGone("the client hung up before its completion was ready; the completion was cancelled")

@@ -1,0 +1,179 @@
+"""`unless_disconnected` on its own: the completion runs in the caller's task and one watcher cancels it when the
+ASGI channel says ``http.disconnect``. What must hold whatever the timing: the answer when the work ends first,
+`ClientGone` with the work unwound when the client goes first, an outside cancellation (the server stopping)
+never swallowed, and no cancellation left behind on the handler's task (its next await must not raise).
+
+The live-server tests (`test_disconnects.py`) check the same through uvicorn with real sockets; these pin the
+races a socket cannot time."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from agent_runtime.serving.disconnect import ClientGone, unless_disconnected
+
+
+def in_a_loop(case: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """The case run on a fresh event loop (the project's tests drive asyncio themselves, no plug-in)."""
+
+    @functools.wraps(case)
+    def test(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(case(*args, **kwargs))
+
+    return test
+
+
+class Channel:
+    """An ASGI receive channel after the body: it answers only when the test says the client went."""
+
+    def __init__(self) -> None:
+        self.messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def receive(self) -> dict[str, Any]:
+        return await self.messages.get()
+
+    def hang_up(self) -> None:
+        self.messages.put_nowait({"type": "http.disconnect"})
+
+
+class Work:
+    """A completion that waits on `release`; it notes whether it was cancelled and whether it unwound."""
+
+    def __init__(self, *, swallow: bool = False, fail_on_cancel: bool = False) -> None:
+        self.release: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.started = asyncio.Event()
+        self.cancelled = False
+        self.unwound = False
+        self.swallow = swallow
+        self.fail_on_cancel = fail_on_cancel
+
+    async def run(self) -> str:
+        self.started.set()
+        try:
+            return await self.release
+        except asyncio.CancelledError:
+            self.cancelled = True
+            if self.fail_on_cancel:
+                raise RuntimeError("the cleanup broke") from None
+            if self.swallow:
+                return "finished anyway"
+            raise
+        finally:
+            self.unwound = True
+
+
+async def _settled() -> None:
+    """The handler's task can still await: no cancellation was left pending on it."""
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+def _watchers_left() -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()]
+
+
+@in_a_loop
+async def test_the_answer_when_the_work_ends_first() -> None:
+    channel, work = Channel(), Work()
+    work.release.set_result("the answer")
+    assert await unless_disconnected(channel.receive, work.run()) == "the answer"
+    await _settled()
+    assert not work.cancelled
+    assert _watchers_left() == []  # the watcher was cancelled and the loop finished it
+
+
+@in_a_loop
+async def test_a_failure_of_the_work_is_raised_as_is() -> None:
+    async def broken() -> str:
+        raise ValueError("the engine said no")
+
+    with pytest.raises(ValueError, match="the engine said no"):
+        await unless_disconnected(Channel().receive, broken())
+    await _settled()
+
+
+@in_a_loop
+async def test_a_client_that_hangs_up_cancels_the_work_and_gets_client_gone() -> None:
+    channel, work = Channel(), Work()
+
+    async def hang_up_once_started() -> None:
+        await work.started.wait()
+        channel.hang_up()
+
+    hanger = asyncio.ensure_future(hang_up_once_started())
+    with pytest.raises(ClientGone):
+        await unless_disconnected(channel.receive, work.run())
+    assert work.cancelled and work.unwound  # unwound before ClientGone reached the caller
+    await _settled()
+    await hanger
+
+
+@pytest.mark.parametrize("kind", ["swallows the cancellation", "fails while unwinding"])
+@in_a_loop
+async def test_work_that_does_not_end_cancelled_still_gives_client_gone(kind: str) -> None:
+    channel = Channel()
+    work = Work(swallow=kind == "swallows the cancellation", fail_on_cancel=kind == "fails while unwinding")
+
+    async def hang_up_once_started() -> None:
+        await work.started.wait()
+        channel.hang_up()
+
+    hanger = asyncio.ensure_future(hang_up_once_started())
+    with pytest.raises(ClientGone):
+        await unless_disconnected(channel.receive, work.run())
+    assert work.cancelled
+    await _settled()
+    await hanger
+
+
+@in_a_loop
+async def test_a_disconnect_as_the_work_ends_leaves_no_cancellation_behind() -> None:
+    """The release and the disconnect land in the same loop iteration, in both orders: the handler either answers
+    or gets ClientGone, and its task is never left with a stray cancellation either way."""
+    for disconnect_first in (False, True):
+        channel, work = Channel(), Work()
+
+        async def handler(channel: Channel, work: Work) -> str:
+            try:
+                return await unless_disconnected(channel.receive, work.run())
+            except ClientGone:
+                return "gone"
+            finally:
+                await _settled()  # raises CancelledError if a cancellation was left on this task
+
+        task = asyncio.ensure_future(handler(channel, work))
+        await work.started.wait()
+        if disconnect_first:
+            channel.hang_up()
+            work.release.set_result("the answer")
+        else:
+            work.release.set_result("the answer")
+            channel.hang_up()
+        assert await task in ("the answer", "gone")
+        assert not task.cancelled()
+
+
+@in_a_loop
+async def test_an_outside_cancellation_is_never_swallowed() -> None:
+    """The server stopping cancels the handler: the work is cancelled with it and the cancellation goes on, also
+    when the client hangs up at the same moment."""
+    for also_hang_up in (False, True):
+        channel, work = Channel(), Work()
+        task = asyncio.ensure_future(unless_disconnected(channel.receive, work.run()))
+        await work.started.wait()
+        if also_hang_up:
+            channel.hang_up()
+            await asyncio.sleep(0)  # the watcher runs and cancels first
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert work.cancelled and work.unwound
+        await asyncio.sleep(0)
+        assert _watchers_left() == []
