@@ -84,13 +84,17 @@ class AgentRuntime:
         max_context_tokens: int | None = None,
         engine_timeout_s: float | None = 600.0,
         max_concurrency: int | None = None,
+        log_episodes: bool = True,
     ) -> None:
+        """`log_episodes`: log an ``episode_finished`` line per episode (the server turns it off for a plain
+        agent-mode request, whose one ``request_served`` line carries the same fields)."""
         self.engine = engine
         self._session_source = session
         self.sampling = sampling or SamplingParams()
         self.max_context_tokens = max_context_tokens
         self.engine_timeout_s = engine_timeout_s
         self._slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        self.log_episodes = log_episodes
 
     def new_session(self) -> AgentSession:
         """A fresh session bound to this runtime's engine and context limit."""
@@ -167,11 +171,12 @@ class AgentRuntime:
             yield ErrorEvent(code=error.code, message=error.message)
         session.timings["generate_s"] = generate_s
         session.timings["total_s"] = time.perf_counter() - started
-        turns = session.conversation.turns if session.conversation is not None else 0
-        logger.info(
-            "episode_finished", episode_id=session.episode_id, engine=self.engine.name,
-            stop_reason=session.stop_reason, turns=turns, reward=session.reward,
-        )  # fmt: skip
+        if self.log_episodes:
+            turns = session.conversation.turns if session.conversation is not None else 0
+            logger.info(
+                "episode_finished", episode_id=session.episode_id, engine=self.engine.name,
+                stop_reason=session.stop_reason, turns=turns, reward=session.reward,
+            )  # fmt: skip
         yield FinalEvent(
             answer=session.final_answer, stop_reason=session.stop_reason, reward=session.reward, usage=session.usage()
         )

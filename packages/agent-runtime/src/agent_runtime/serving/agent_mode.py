@@ -154,6 +154,7 @@ class _Episode:
             self.backend.session,
             sampling=self.backend.sampling_for(self.request),
             engine_timeout_s=self.backend.config.engine_timeout_s,
+            log_episodes=bool(self.request.stream),  # a plain answer's request_served line carries the episode
         )
         self.session = self.runtime.new_session()
 
@@ -285,7 +286,9 @@ async def complete_agent(
     finally:
         episode.finish(disconnected=cancelled)
     failure = episode.failure()
-    if failure is not None:
+    if failure is not None:  # logged here: the runtime does not log a plain request's episode (`_Episode`)
+        logger.warning("request_failed", mode="agent", stream=False, episode_id=episode.episode_id,
+                       code=failure.code, error=failure.message)  # fmt: skip
         raise failure
     message, finish, usage = episode.answer()
     return ChatCompletion(

@@ -295,7 +295,15 @@ async def _serve(
                 log.info("client_disconnected", duration_ms=round((time.perf_counter() - started) * 1000, 1))
                 return Response(status_code=499)
             metrics.completed += 1
-            log.info("request_served", duration_ms=round((time.perf_counter() - started) * 1000, 1))
+            duration_ms = round((time.perf_counter() - started) * 1000, 1)
+            agent = getattr(result, "agent", None)
+            if agent is not None:  # agent mode: one line for the request and its episode
+                log.info(
+                    "request_served", duration_ms=duration_ms, episode_id=agent.episode_id, engine=backend.engine.name,
+                    stop_reason=agent.stop_reason, turns=agent.turns, reward=agent.reward,
+                )  # fmt: skip
+            else:
+                log.info("request_served", duration_ms=duration_ms)
             return _json(result)
         raised = failed.exception
         if isinstance(raised, MessageError):
