@@ -16,8 +16,11 @@ module knows records only; it runs nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -172,21 +175,53 @@ class TrajectoryReadError(ValueError):
 
 
 class TrajectoryWriter:
-    """Appends trajectories to a JSONL file, one line each, safe to call from many tasks and threads."""
+    """Appends trajectories to a JSONL file, one line each, safe to call from many tasks, threads and processes:
+    every line is one ``O_APPEND`` write, so lines never interleave.
+
+    The file stays open between writes and is opened again at its path when the last open is `REOPEN_S` old, so a
+    log that is moved or deleted (rotated) is written at its path again within that time, and the lines written
+    meanwhile are in the moved file, not lost. (Opening and closing it for every line was about a third of the
+    write's cost, bench/bench_serve.py.) A failed write is raised and the file opened again at the next one.
+    `close()` closes it; so does collecting the writer."""
+
+    REOPEN_S: float = 1.0  # seconds
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._fd = -1
+        self._opened_at = 0.0
+        self._closer: weakref.finalize[Any, TrajectoryWriter] | None = None
 
     def write(self, trajectory: Trajectory) -> None:
         line = _encoder.encode(trajectory) + b"\n"
         with self._lock:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            now = time.monotonic()
+            if self._closer is None or now - self._opened_at >= self.REOPEN_S:
+                self._reopen(now)
             try:
-                os.write(fd, line)  # one write per record with O_APPEND: lines never interleave
-            finally:
-                os.close(fd)
+                os.write(self._fd, line)
+            except OSError:
+                self._close()  # the next write opens the path again (a bad descriptor, a full disk freed)
+                raise
+
+    def close(self) -> None:
+        """Close the file (a later write opens it again)."""
+        with self._lock:
+            self._close()
+
+    def _reopen(self, now: float) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._close()
+        self._fd, self._opened_at = fd, now
+        self._closer = weakref.finalize(self, os.close, fd)
+
+    def _close(self) -> None:
+        closer, self._closer, self._fd = self._closer, None, -1
+        if closer is not None:
+            with contextlib.suppress(OSError):  # a descriptor gone bad is closed already
+                closer()
 
 
 def read_trajectories(path: str | Path) -> Iterator[Trajectory]:

@@ -104,6 +104,9 @@ class RequestLog(TrajectoryWriter):
         if self.on_record is not None:
             self.on_record(trajectory)
 
+    def close(self) -> None:
+        return None  # no file to close: the records stay in memory
+
     def segments(self) -> tuple[list[Segment], list[PrefixBreak]]:
         """The episode's segments in the order they were opened (a rolled-back turn's before the segment that
         goes on without it), and the prefix breaks that opened them."""

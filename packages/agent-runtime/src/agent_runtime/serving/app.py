@@ -429,6 +429,8 @@ def create_app(
             if episodes is not None:  # a program's gateway stops listening
                 await episodes.aclose()
             await backend.store.aclose()
+            if backend.writer is not None:
+                backend.writer.close()
             if close_engine:
                 await engine.close()
             logger.info("server_stopped", requests=backend.metrics.requests)
