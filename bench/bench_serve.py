@@ -213,6 +213,16 @@ def median_round(rounds: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
 
 
+def yardstick_us() -> float:
+    """The best of five timings of `sum(range(1000))`, in microseconds: how fast this machine runs Python right now.
+    On one idle host (load average under 1) the bare endpoint cost 0.14 ms a request at one time and 0.32-0.42 ms
+    half an hour later, and the ratios to bare moved with it (the two servers' costs do not scale alike), so a
+    figure is comparable only with one taken at about the same yardstick."""
+    import timeit
+
+    return min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
+
+
 def run(
     seconds: float, rounds: int, concurrency: int, base_port: int, scratch: Path, profile: Path | None = None
 ) -> dict[str, Any]:
@@ -225,7 +235,7 @@ def run(
     urls = {"bare": f"http://127.0.0.1:{base_port}", "agent": f"http://127.0.0.1:{base_port + 1}"}
     results: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-        f"load average {os.getloadavg()[0]:.1f} at the start",
+        f"load average {os.getloadavg()[0]:.1f} at the start, a pure-Python yardstick {yardstick_us():.1f} us",
         "seconds": seconds,
         "rounds": rounds,
         "concurrency": concurrency,
