@@ -42,7 +42,28 @@ from tests.support.calculator_policy import CALCULATOR_TOOL
 from tests.support.serve_process import ServeProcess, free_port
 
 MODEL = "tiny-qwen3-hd32"
-QUESTIONS = [f"What is {a} * {b}?" for a, b in ((17, 23), (12, 11), (31, 3), (7, 8), (45, 2), (9, 9))]
+QUESTIONS = [
+    f"What is {a} * {b}?"
+    for a, b in (
+        (17, 23),
+        (12, 11),
+        (31, 3),
+        (7, 8),
+        (6, 14),
+        (21, 4),
+        (13, 5),
+        (8, 19),
+        (11, 11),
+        (3, 33),
+        (45, 2),
+        (9, 9),
+    )
+]
+# The conversations run while both upstreams live. Each goes to the upstream its key ranks first (rendezvous hashing
+# over the upstreams' URLs, whose ports differ every run), so with n of them all land on one upstream with chance
+# 2 ** (1 - n): 1 in 8 with the 4 this test used to run (a likely cause of its rare failures of "both upstreams
+# used"; the one seen left no message), 1 in 512 with 10.
+CALM = 10
 FOLLOW_UPS = ["And 6 - 2?", "Now add 10.", "Thanks; what is 3 + 4?"]
 MAX_TOKENS = 8
 VLLM_ENV = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -240,9 +261,9 @@ def test_a_pool_of_two_vllm_servers_is_token_exact_sticky_and_survives_losing_on
         args += ["--store", redis.url] + (["--replicas", "2"] if replicas else [])
         start = [u.metrics() for u in upstreams]
         with ServeProcess(args, start_timeout=300) as app:
-            calm = run_conversations(app, upstreams, QUESTIONS[:4])
+            calm = run_conversations(app, upstreams, QUESTIONS[:CALM])
             middle = [u.metrics() for u in upstreams]
-            killed = run_conversations(app, upstreams, QUESTIONS[4:], kill_at=(0, 2))
+            killed = run_conversations(app, upstreams, QUESTIONS[CALM:], kill_at=(0, 2))
             replica_metrics = _app_metrics(app)
         assert app.returncode == 0, app.stderr[-3000:]
     finally:
