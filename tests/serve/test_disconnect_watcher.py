@@ -67,6 +67,12 @@ class Work:
             self.unwound = True
 
 
+async def _hang_up_once_started(channel: Channel, work: Work) -> None:
+    """The client hangs up while the work runs."""
+    await work.started.wait()
+    channel.hang_up()
+
+
 async def _settled() -> None:
     """The handler's task can still await: no cancellation was left pending on it."""
     task = asyncio.current_task()
@@ -103,11 +109,7 @@ async def test_a_failure_of_the_work_is_raised_as_is() -> None:
 async def test_a_client_that_hangs_up_cancels_the_work_and_gets_client_gone() -> None:
     channel, work = Channel(), Work()
 
-    async def hang_up_once_started() -> None:
-        await work.started.wait()
-        channel.hang_up()
-
-    hanger = asyncio.ensure_future(hang_up_once_started())
+    hanger = asyncio.ensure_future(_hang_up_once_started(channel, work))
     with pytest.raises(ClientGone):
         await unless_disconnected(channel.receive, work.run())
     assert work.cancelled and work.unwound  # unwound before ClientGone reached the caller
@@ -121,11 +123,7 @@ async def test_work_that_does_not_end_cancelled_still_gives_client_gone(kind: st
     channel = Channel()
     work = Work(swallow=kind == "swallows the cancellation", fail_on_cancel=kind == "fails while unwinding")
 
-    async def hang_up_once_started() -> None:
-        await work.started.wait()
-        channel.hang_up()
-
-    hanger = asyncio.ensure_future(hang_up_once_started())
+    hanger = asyncio.ensure_future(_hang_up_once_started(channel, work))
     with pytest.raises(ClientGone):
         await unless_disconnected(channel.receive, work.run())
     assert work.cancelled
