@@ -66,6 +66,8 @@ def _is_question(role: str, body: str) -> bool:
 
 def calculator_policy(tokenizer: Tokenizer) -> Callable[[Sequence[int]], str]:
     im_start = tokenizer.token_to_id("<|im_start|>")
+    if im_start is None:
+        raise ValueError("the calculator policy reads ChatML prompts: the tokenizer has no <|im_start|> token")
     system_opening = [im_start, *tokenizer.encode("system\n")]
 
     def conversation_ids(prompt_ids: Sequence[int]) -> list[int]:
