@@ -95,7 +95,9 @@ def bare_app() -> Any:
     return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"]), Route("/health", health)])
 
 
-def agent_app() -> Any:
+def agent_app(trajectory_log: str | None = "", log_level: str = "info") -> Any:
+    """The agent server's app. `trajectory_log`: "" for the file this bench names in the child's environment,
+    None for none (apps/serve's default); `log_level` as apps/serve's ``--log-level``."""
     from agent_protocol import HFTokenizer
     from agent_runtime import ScriptedEngine
     from agent_runtime.serving import ServeConfig, create_app
@@ -104,10 +106,11 @@ def agent_app() -> Any:
     from tests.support.calculator_recipe import calculator_recipe
     from tests.support.qwen3_tokenizer import qwen3_tokenizer_path
 
-    configure_logging("json", "info")  # as apps/serve logs; the child's stderr is /dev/null
+    configure_logging("json", log_level)  # as apps/serve logs; the child's stderr is /dev/null
     tokenizer = HFTokenizer.from_file(qwen3_tokenizer_path())
     engine = ScriptedEngine(tokenizer, policy=calculator_policy(tokenizer), record=False)  # keeps no prompts
-    config = ServeConfig(model_name=MODEL, max_concurrency=1024, trajectory_log=os.environ["BENCH_TRAJECTORY_LOG"])
+    log = os.environ["BENCH_TRAJECTORY_LOG"] if trajectory_log == "" else trajectory_log
+    config = ServeConfig(model_name=MODEL, max_concurrency=1024, trajectory_log=log)
     return create_app(engine, calculator_recipe(), config)
 
 

@@ -1,0 +1,246 @@
+"""Where an agent-mode request's server CPU goes, measured in process: the app called as ASGI (no sockets, no HTTP
+client), under uvloop as uvicorn runs it, 16 requests in flight, the stand-in model's CPU excluded.
+
+`bench/bench_serve.py` measures the whole server over HTTP, but on a shared 2-core host its figures move with the
+host's speed (the load generator shares the cores) and cannot resolve a change of a few percent. In process, with
+the configurations taking turns round after round, they can. Each configuration runs in a child process of its
+own (logging is configured once per process, as `apps/serve` does), built as `bench_serve.py` builds its servers:
+
+  bare                 the same bare Starlette endpoint (reads the body, returns a canned completion)
+  agent                apps/serve's defaults: the calculator recipe on the scripted stand-in model, JSON logs at
+                       info (one `request_served` line per request), no trajectory log
+  agent + trajectory   the same, writing every episode's record to a trajectory log (`--trajectory-log`), as
+                       bench_serve.py's agent server does
+  agent, no log line   the same as agent, logging at warning (no line per request)
+
+A request is agent mode's (`bench_serve.REQUESTS["agent"]`: two generations and one calculator call). For each
+configuration the table gives the median over the rounds of the CPU per request (the process's CPU time over a
+batch, less what the stand-in model reports, over the requests) and its difference from agent: what the trajectory
+log and the request's log line cost. What HTTP adds (sockets, uvicorn's parser) is not here, so these are no
+ratios for issue 43's bar (which `bench_serve.py` measures over HTTP, where the bare endpoint costs about 0.1 ms
+a request, nearly all of it HTTP).
+
+    uv run python bench/bench_serve_parts.py [--requests 1600] [--rounds 5] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+CONCURRENCY = 16
+CONFIGS: dict[str, str] = {
+    "bare": "bare endpoint (canned completion)",
+    "agent": "agent mode, apps/serve's defaults (a log line per request, no trajectory log)",
+    "agent_trajectory": "agent mode + a trajectory log (bench_serve.py's agent server)",
+    "agent_quiet": "agent mode, logging at warning (no log line per request)",
+}
+
+
+# -- a child: one configuration, driven over stdin ----------------------------------------------------------------
+
+
+def build(config: str, scratch: Path) -> Any:
+    import bench_serve
+
+    if config == "bare":
+        return bench_serve.bare_app()
+    return bench_serve.agent_app(
+        trajectory_log=str(scratch / "trajectories.jsonl") if config == "agent_trajectory" else None,
+        log_level="warning" if config == "agent_quiet" else "info",
+    )
+
+
+class Driver:
+    """Sends `bench_serve.REQUESTS["agent"]` to an ASGI app, as uvicorn would hand it one: the body delivered on a
+    later loop iteration, then nothing more from the client (`receive` waits, as for a client that stays)."""
+
+    def __init__(self, app: Any) -> None:
+        import bench_serve
+
+        self.app = app
+        self.body = json.dumps(bench_serve.REQUESTS["agent"]).encode()
+        self.scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b"",
+            "root_path": "", "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000),
+            "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
+                        (b"content-length", str(len(self.body)).encode())],
+        }  # fmt: skip
+
+    async def one(self) -> None:
+        delivered = False
+        never = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            nonlocal delivered
+            if not delivered:
+                await asyncio.sleep(0)  # a socket hands the body over on a later iteration
+                delivered = True
+                return {"type": "http.request", "body": self.body, "more_body": False}
+            await never.wait()
+            return {"type": "http.disconnect"}
+
+        status: list[int] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+
+        await self.app(dict(self.scope), receive, send)
+        if status != [200]:
+            raise RuntimeError(f"the app answered {status}, not 200")
+
+    async def batch(self, requests: int) -> dict[str, float]:
+        """CPU per request over `requests` requests, `CONCURRENCY` at a time; the stand-in model's share apart."""
+        engine = getattr(self.app.state, "backend", None)
+        engine = engine.engine if engine is not None else None
+
+        def model_s() -> float:
+            return float(engine.stats()["model_cpu_s"]) if engine is not None else 0.0
+
+        each = requests // CONCURRENCY
+
+        async def client() -> None:
+            for _ in range(each):
+                await self.one()
+
+        model0, cpu0 = model_s(), time.process_time()
+        await asyncio.gather(*(client() for _ in range(CONCURRENCY)))
+        cpu, model = time.process_time() - cpu0, model_s() - model0
+        n = each * CONCURRENCY
+        return {"own_us": (cpu - model) / n * 1e6, "model_us": model / n * 1e6}
+
+
+def child(config: str) -> None:
+    """Build `config`'s app, then answer each line "N" on stdin with one JSON line: a batch of N requests."""
+    import uvloop
+
+    with tempfile.TemporaryDirectory(prefix="bench_serve_parts_") as scratch:
+        app = build(config, Path(scratch))
+        driver = Driver(app)
+
+        async def serve() -> None:
+            async with app.router.lifespan_context(app):
+                for _ in range(200):  # warm up: caches, the piece cache, the allocator
+                    await driver.one()
+                print("ready", flush=True)
+                loop = asyncio.get_running_loop()
+                while line := await loop.run_in_executor(None, sys.stdin.readline):
+                    result = await driver.batch(int(line))
+                    print(json.dumps(result), flush=True)
+
+        uvloop.run(serve())
+
+
+# -- the parent: rounds over the configurations ----------------------------------------------------------------
+
+
+def run(requests: int, rounds: int, scratch: Path) -> dict[str, Any]:
+    """`rounds` rounds, each a batch of `requests` from every configuration in turn (the order reversed every other
+    round). The children's stderr (their log lines) goes to files in `scratch`; a failure shows its end."""
+
+    def failed(config: str, what: str) -> RuntimeError:
+        process = children[config]
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)
+        tail = (scratch / f"{config}.stderr").read_text(errors="replace")[-2000:]
+        return RuntimeError(f"the {config} child {what} (exit status {process.poll()}); its stderr ends:\n{tail}")
+
+    children = {
+        config: subprocess.Popen(
+            [sys.executable, __file__, "--child", config],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=(scratch / f"{config}.stderr").open("w"),
+            text=True,
+            cwd=ROOT,
+        )
+        for config in CONFIGS
+    }
+    try:
+        for config, process in children.items():
+            assert process.stdout is not None
+            if process.stdout.readline().strip() != "ready":
+                raise failed(config, "did not start")
+        measured: dict[str, list[dict[str, float]]] = {config: [] for config in CONFIGS}
+        for round_ in range(rounds):
+            order = list(CONFIGS) if round_ % 2 == 0 else list(reversed(CONFIGS))
+            for config in order:
+                process = children[config]
+                assert process.stdin is not None and process.stdout is not None
+                process.stdin.write(f"{requests}\n")
+                process.stdin.flush()
+                line = process.stdout.readline()
+                if not line:
+                    raise failed(config, "stopped")
+                measured[config].append(json.loads(line))
+    finally:
+        for process in children.values():
+            if process.stdin is not None:
+                process.stdin.close()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    return {
+        "requests": requests,
+        "rounds": rounds,
+        "load_average": os.getloadavg()[0],
+        "median": {c: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for c, rs in measured.items()},
+        "rounds_own_us": {c: [round(r["own_us"], 1) for r in rs] for c, rs in measured.items()},
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    median = result["median"]
+    agent = median["agent"]["own_us"]
+    lines = [
+        f"{result['rounds']} rounds of {result['requests']} requests per configuration, {CONCURRENCY} in flight, "
+        f"median round; load average {result['load_average']:.1f} at the end.",
+        "",
+        "| configuration | server CPU per request, model excluded | difference from agent |",
+        "|---|---:|---:|",
+    ]
+    for config, name in CONFIGS.items():
+        own = median[config]["own_us"]
+        difference = "" if config in ("bare", "agent") else f"{own - agent:+.0f} us"
+        lines.append(f"| {name} | {own:.0f} us | {difference} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=1600, help="requests per configuration per round (1600)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds; the median is reported (default 5)")
+    parser.add_argument("--json", type=Path, help="also write the raw numbers to this file")
+    parser.add_argument("--child", choices=tuple(CONFIGS), help=argparse.SUPPRESS)  # a configuration's process
+    args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return
+    if args.requests < CONCURRENCY or args.rounds < 1:
+        parser.error(f"--requests must be at least {CONCURRENCY} and --rounds at least 1")
+    with tempfile.TemporaryDirectory(prefix="bench_serve_parts_") as scratch:
+        result = run(args.requests, args.rounds, Path(scratch))
+    print(markdown(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
