@@ -255,13 +255,15 @@ class _Episode:
         )
 
     def finish(self, *, disconnected: bool = False) -> None:
-        """Record the episode (always) and count it."""
-        session = self.session
+        """Record the episode in the trajectory log (always, when there is one) and count it. Without a log no
+        record is built (apps/serve's default; building it was about 4% of a request's server CPU)."""
+        session, backend = self.session, self.backend
         if disconnected and not session.done:
             session.record_error("client_disconnected", "the client went away")
-        self.backend.metrics.episodes += 1
-        self.backend.metrics.generated_tokens += session.usage().completion_tokens
-        self.backend.record(session.record(policy_version=self.backend.engine.policy_version))
+        backend.metrics.episodes += 1
+        backend.metrics.generated_tokens += session.usage().completion_tokens
+        if backend.writer is not None:
+            backend.record(session.record(policy_version=backend.engine.policy_version))
 
 
 def _usage(usage: Usage) -> CompletionUsage:
