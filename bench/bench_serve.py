@@ -5,12 +5,14 @@ Two servers run as separate processes under the same uvicorn settings, each on i
   (a) bare: a Starlette app whose POST /v1/chat/completions reads the body and returns a canned chat.completion
       (the floor: HTTP, the framework, JSON in and out, nothing else);
   (b) agent: `agent_runtime.serving.create_app` serving the calculator recipe on a `ScriptedEngine` whose policy
-      answers from the prompt (real Qwen3 token ids, the real calculator tool), logging configured by apps/serve's
-      own `configure_logging` (JSON lines at info level, rendered by structlog and written straight to stderr,
-      which goes into /dev/null).
+      answers from the prompt (real Qwen3 token ids, the real calculator tool), configured as `apps/serve` is by
+      default: logging by its own `configure_logging` (JSON lines at info level, rendered by structlog and written
+      straight to stderr, which goes into /dev/null), no trajectory log. `--trajectory-log` gives it one (in a
+      scratch folder), as `apps/serve --trajectory-log` does: every episode's record written, about 0.05 ms a
+      request more (`bench/bench_serve_parts.py` measures that part alone).
 
 Three kinds of request go to the agent server: agent mode (a whole episode server-side: render, two generations,
-one calculator call, feedback tokenized alone, a trajectory record), the same streamed as SSE with agent events,
+one calculator call, feedback tokenized alone), the same streamed as SSE with agent events,
 and one tools-mode turn (render, one generation, parse, store the transcript). The load generator (httpx, asyncio,
 keep-alive connections) runs closed-loop: `--concurrency` clients each sending one request after another for
 `--seconds`. Rounds alternate bare and agent so both see the same machine; the median round is reported. Latency
@@ -24,7 +26,7 @@ process and which the bare endpoint does not do at all: the `ScriptedEngine` cou
 own CPU (the total less the model's share), each as a ratio to bare. Issue 43's bar (agent mode at most 4x bare) is
 judged on the server's own CPU; the total is shown beside it.
 
-    uv run python bench/bench_serve.py [--seconds 3] [--rounds 3] [--concurrency 16] [--json out.json]
+    uv run python bench/bench_serve.py [--seconds 3] [--rounds 3] [--concurrency 16] [--trajectory-log] [--json F]
 """
 
 from __future__ import annotations
@@ -95,9 +97,9 @@ def bare_app() -> Any:
     return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"]), Route("/health", health)])
 
 
-def agent_app(trajectory_log: str | None = "", log_level: str = "info") -> Any:
-    """The agent server's app. `trajectory_log`: "" for the file this bench names in the child's environment,
-    None for none (apps/serve's default); `log_level` as apps/serve's ``--log-level``."""
+def agent_app(trajectory_log: str | None = None, log_level: str = "info") -> Any:
+    """The agent server's app: `trajectory_log` and `log_level` as apps/serve's ``--trajectory-log`` (none by
+    default) and ``--log-level``."""
     from agent_protocol import HFTokenizer
     from agent_runtime import ScriptedEngine
     from agent_runtime.serving import ServeConfig, create_app
@@ -109,15 +111,14 @@ def agent_app(trajectory_log: str | None = "", log_level: str = "info") -> Any:
     configure_logging("json", log_level)  # as apps/serve logs; the child's stderr is /dev/null
     tokenizer = HFTokenizer.from_file(qwen3_tokenizer_path())
     engine = ScriptedEngine(tokenizer, policy=calculator_policy(tokenizer), record=False)  # keeps no prompts
-    log = os.environ["BENCH_TRAJECTORY_LOG"] if trajectory_log == "" else trajectory_log
-    config = ServeConfig(model_name=MODEL, max_concurrency=1024, trajectory_log=log)
+    config = ServeConfig(model_name=MODEL, max_concurrency=1024, trajectory_log=trajectory_log)
     return create_app(engine, calculator_recipe(), config)
 
 
 def serve(kind: str, port: int) -> None:
     import uvicorn
 
-    app = bare_app() if kind == "bare" else agent_app()
+    app = bare_app() if kind == "bare" else agent_app(os.environ.get("BENCH_TRAJECTORY_LOG") or None)
     profile_to = os.environ.get("BENCH_PROFILE") if kind == "agent" else None
     if profile_to is None:
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", access_log=False)
@@ -227,11 +228,17 @@ def yardstick_us() -> float:
 
 
 def run(
-    seconds: float, rounds: int, concurrency: int, base_port: int, scratch: Path, profile: Path | None = None
+    seconds: float,
+    rounds: int,
+    concurrency: int,
+    base_port: int,
+    scratch: Path,
+    profile: Path | None = None,
+    trajectory_log: bool = False,
 ) -> dict[str, Any]:
     bare = start("bare", base_port)
-    # the trajectory log is a real file (the viewer over it refuses /dev/null), in a folder removed after the run
-    env = {"BENCH_TRAJECTORY_LOG": str(scratch / "trajectories.jsonl")}
+    # a trajectory log is a real file (the viewer over it refuses /dev/null), in a folder removed after the run
+    env = {"BENCH_TRAJECTORY_LOG": str(scratch / "trajectories.jsonl") if trajectory_log else ""}
     if profile is not None:
         env["BENCH_PROFILE"] = str(profile.resolve())
     agent = start("agent", base_port + 1, env)
@@ -239,6 +246,7 @@ def run(
     results: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"load average {os.getloadavg()[0]:.1f} at the start, a pure-Python yardstick {yardstick_us():.1f} us",
+        "trajectory_log": trajectory_log,
         "seconds": seconds,
         "rounds": rounds,
         "concurrency": concurrency,
@@ -268,7 +276,8 @@ def markdown(result: dict[str, Any]) -> str:
         "tools_turn": "tools mode (one turn)",
     }
     lines = [
-        f"Machine: {result['machine']}; {result['rounds']} rounds of {result['seconds']:g} s, median round.",
+        f"Machine: {result['machine']}; {result['rounds']} rounds of {result['seconds']:g} s, median round; "
+        f"the agent server {'writes' if result['trajectory_log'] else 'has no'} trajectory log.",
         "",
         f"| endpoint | p50 latency (1 client) | added vs bare | req/s ({result['concurrency']} clients) "
         "| req/s ratio to bare | server CPU per request (ratio to bare) | of which the stand-in model "
@@ -329,13 +338,21 @@ def main() -> None:
         help="run the agent server under cProfile and write its stats here (the agent's CPU figures then include "
         "the profiler's overhead); `python -m pstats FILE` reads them",
     )
+    parser.add_argument(
+        "--trajectory-log",
+        action="store_true",
+        help="give the agent server a trajectory log, as `apps/serve --trajectory-log` does (off by default, as in "
+        "apps/serve): every episode's record is written",
+    )
     parser.add_argument("--serve", choices=("bare", "agent"), help=argparse.SUPPRESS)  # child process mode
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.port)
         return
     with tempfile.TemporaryDirectory(prefix="bench_serve_") as scratch:
-        result = run(args.seconds, args.rounds, args.concurrency, args.port, Path(scratch), args.profile)
+        result = run(
+            args.seconds, args.rounds, args.concurrency, args.port, Path(scratch), args.profile, args.trajectory_log
+        )
     print(markdown(result))
     if args.profile:
         print()
