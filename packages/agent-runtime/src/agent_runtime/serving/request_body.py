@@ -16,11 +16,9 @@ This module knows Starlette's request stream and the two limits; nothing about c
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Final
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from agent_env import deadline
 from agent_runtime.serving.api_error import ApiError
@@ -59,18 +57,26 @@ class BodyBudget:
         self.held -= size
 
 
-@contextlib.asynccontextmanager
-async def request_body(
-    request: Request, *, max_bytes: int, timeout_s: float, budget: BodyBudget
-) -> AsyncIterator[bytes]:
+class request_body:
     """The whole body, counted against `budget` until the block ends. Raises `ApiError` 413 (over `max_bytes`),
     408 (not all there within `timeout_s`) or 429 (`budget` spent); a client that hangs up mid-body raises
-    Starlette's `ClientDisconnect`."""
-    body = await _read(request, max_bytes=max_bytes, timeout_s=timeout_s, budget=budget)
-    try:
-        yield body
-    finally:
-        budget.release(len(body))
+    Starlette's `ClientDisconnect`. (A class rather than an `asynccontextmanager`: one generator fewer on every
+    request's path.)"""
+
+    __slots__ = ("_budget", "_held", "_max_bytes", "_request", "_timeout_s")
+
+    def __init__(self, request: Request, *, max_bytes: int, timeout_s: float, budget: BodyBudget) -> None:
+        self._request, self._max_bytes, self._timeout_s, self._budget = request, max_bytes, timeout_s, budget
+        self._held = 0
+
+    async def __aenter__(self) -> bytes:
+        body = await _read(self._request, max_bytes=self._max_bytes, timeout_s=self._timeout_s, budget=self._budget)
+        self._held = len(body)
+        return body
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._budget.release(self._held)
+        self._held = 0
 
 
 async def _read(request: Request, *, max_bytes: int, timeout_s: float, budget: BodyBudget) -> bytes:
@@ -85,9 +91,14 @@ async def _read(request: Request, *, max_bytes: int, timeout_s: float, budget: B
             raise _too_large(max_bytes, f"{int(declared)} bytes long (Content-Length)")
     chunks: list[bytes] = []
     size = 0
+    receive = request.receive  # read as Starlette's `request.stream()` reads, without its generator
     try:
         async with deadline(timeout_s):  # asyncio.timeout's behaviour without a timer per request (up to 1 % late)
-            async for chunk in request.stream():
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientDisconnect
+                chunk = message.get("body", b"")
                 if size + len(chunk) > max_bytes:
                     raise _too_large(max_bytes, f"over {max_bytes} bytes and still coming")
                 if not budget.take(len(chunk)):
@@ -100,6 +111,8 @@ async def _read(request: Request, *, max_bytes: int, timeout_s: float, budget: B
                     )
                 size += len(chunk)
                 chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
     except TimeoutError as e:
         budget.release(size)
         raise ApiError(
