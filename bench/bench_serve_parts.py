@@ -9,8 +9,8 @@ own (logging is configured once per process, as `apps/serve` does), built as `be
   bare                 the same bare Starlette endpoint (reads the body, returns a canned completion)
   agent                apps/serve's defaults: the calculator recipe on the scripted stand-in model, JSON logs at
                        info (one `request_served` line per request), no trajectory log
-  agent + trajectory   the same, writing every episode's record to a trajectory log (`--trajectory-log`), as
-                       bench_serve.py's agent server does
+  agent + trajectory   the same, writing every episode's record to a trajectory log (`--trajectory-log`;
+                       `bench_serve.py --trajectory-log` gives its agent server one too)
   agent, no log line   the same as agent, logging at warning (no line per request)
 
 A request is agent mode's (`bench_serve.REQUESTS["agent"]`: two generations and one calculator call). For each
@@ -46,7 +46,7 @@ CONCURRENCY = 16
 CONFIGS: dict[str, str] = {
     "bare": "bare endpoint (canned completion)",
     "agent": "agent mode, apps/serve's defaults (a log line per request, no trajectory log)",
-    "agent_trajectory": "agent mode + a trajectory log (bench_serve.py's agent server)",
+    "agent_trajectory": "agent mode + a trajectory log (`--trajectory-log`)",
     "agent_quiet": "agent mode, logging at warning (no log line per request)",
 }
 

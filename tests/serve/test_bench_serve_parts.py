@@ -19,7 +19,7 @@ def test_bench_serve_parts_small_run(tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "| agent mode + a trajectory log" in done.stdout
+    assert "| agent mode + a trajectory log (`--trajectory-log`) |" in done.stdout
     result = json.loads(out.read_text())
     assert set(result["median"]) == {"bare", "agent", "agent_trajectory", "agent_quiet"}
     assert all(len(rounds) == 2 for rounds in result["rounds_own_us"].values())
