@@ -20,7 +20,12 @@ log and the request's log line cost. What HTTP adds (sockets, uvicorn's parser) 
 ratios for issue 43's bar (which `bench_serve.py` measures over HTTP, where the bare endpoint costs about 0.1 ms
 a request, nearly all of it HTTP).
 
-    uv run python bench/bench_serve_parts.py [--requests 1600] [--rounds 5] [--json out.json]
+With `--baseline DIR` (a checkout of another commit, say `git worktree add /tmp/base HEAD~3`), one more
+configuration takes its turns in the same rounds: agent mode as above, run on DIR's packages (agent-protocol,
+agent-env, agent-runtime) instead of this tree's. Rounds in one run see the same host, so the difference is what
+the commits between them changed, to a few microseconds, where two runs of the HTTP bench differ by more.
+
+    uv run python bench/bench_serve_parts.py [--requests 1600] [--rounds 5] [--baseline DIR] [--json out.json]
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ CONFIGS: dict[str, str] = {
     "agent_trajectory": "agent mode + a trajectory log (`--trajectory-log`)",
     "agent_quiet": "agent mode, logging at warning (no log line per request)",
 }
+BASELINE = "agent_baseline"  # agent's configuration on another checkout's packages (`--baseline`)
+PACKAGES = ("agent-protocol", "agent-env", "agent-runtime")
 
 
 # -- a child: one configuration, driven over stdin ----------------------------------------------------------------
@@ -59,6 +66,8 @@ def build(config: str, scratch: Path) -> Any:
 
     if config == "bare":
         return bench_serve.bare_app()
+    if config == BASELINE:
+        config = "agent"
     return bench_serve.agent_app(
         trajectory_log=str(scratch / "trajectories.jsonl") if config == "agent_trajectory" else None,
         log_level="warning" if config == "agent_quiet" else "info",
@@ -150,7 +159,7 @@ def child(config: str) -> None:
 # -- the parent: rounds over the configurations ----------------------------------------------------------------
 
 
-def run(requests: int, rounds: int, scratch: Path) -> dict[str, Any]:
+def run(requests: int, rounds: int, scratch: Path, baseline: Path | None = None) -> dict[str, Any]:
     """`rounds` rounds, each a batch of `requests` from every configuration in turn (the order reversed every other
     round). The children's stderr (their log lines) goes to files in `scratch`; a failure shows its end."""
 
@@ -161,6 +170,14 @@ def run(requests: int, rounds: int, scratch: Path) -> dict[str, Any]:
         tail = (scratch / f"{config}.stderr").read_text(errors="replace")[-2000:]
         return RuntimeError(f"the {config} child {what} (exit status {process.poll()}); its stderr ends:\n{tail}")
 
+    configs = [*CONFIGS, *([BASELINE] if baseline is not None else [])]
+
+    def environment(config: str) -> dict[str, str]:
+        if config != BASELINE or baseline is None:
+            return dict(os.environ)
+        paths = [str(baseline / "packages" / name / "src") for name in PACKAGES]
+        return {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")])}
+
     children = {
         config: subprocess.Popen(
             [sys.executable, __file__, "--child", config],
@@ -169,17 +186,18 @@ def run(requests: int, rounds: int, scratch: Path) -> dict[str, Any]:
             stderr=(scratch / f"{config}.stderr").open("w"),
             text=True,
             cwd=ROOT,
+            env=environment(config),
         )
-        for config in CONFIGS
+        for config in configs
     }
     try:
         for config, process in children.items():
             assert process.stdout is not None
             if process.stdout.readline().strip() != "ready":
                 raise failed(config, "did not start")
-        measured: dict[str, list[dict[str, float]]] = {config: [] for config in CONFIGS}
+        measured: dict[str, list[dict[str, float]]] = {config: [] for config in configs}
         for round_ in range(rounds):
-            order = list(CONFIGS) if round_ % 2 == 0 else list(reversed(CONFIGS))
+            order = configs if round_ % 2 == 0 else configs[::-1]
             for config in order:
                 process = children[config]
                 assert process.stdin is not None and process.stdout is not None
@@ -201,6 +219,7 @@ def run(requests: int, rounds: int, scratch: Path) -> dict[str, Any]:
         "requests": requests,
         "rounds": rounds,
         "load_average": os.getloadavg()[0],
+        "baseline": str(baseline) if baseline is not None else None,
         "median": {c: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for c, rs in measured.items()},
         "rounds_own_us": {c: [round(r["own_us"], 1) for r in rs] for c, rs in measured.items()},
     }
@@ -216,7 +235,10 @@ def markdown(result: dict[str, Any]) -> str:
         "| configuration | server CPU per request, model excluded | difference from agent |",
         "|---|---:|---:|",
     ]
-    for config, name in CONFIGS.items():
+    names = dict(CONFIGS)
+    if result.get("baseline"):
+        names[BASELINE] = f"agent mode, apps/serve's defaults, on the baseline's packages ({result['baseline']})"
+    for config, name in names.items():
         own = median[config]["own_us"]
         difference = "" if config in ("bare", "agent") else f"{own - agent:+.0f} us"
         lines.append(f"| {name} | {own:.0f} us | {difference} |")
@@ -228,15 +250,28 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1600, help="requests per configuration per round (1600)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds; the median is reported (default 5)")
     parser.add_argument("--json", type=Path, help="also write the raw numbers to this file")
-    parser.add_argument("--child", choices=tuple(CONFIGS), help=argparse.SUPPRESS)  # a configuration's process
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a checkout of another commit (a git worktree): agent mode on its packages takes turns in the same "
+        "rounds, for a before-and-after of the commits between",
+    )
+    parser.add_argument("--child", choices=(*CONFIGS, BASELINE), help=argparse.SUPPRESS)  # a configuration's process
     args = parser.parse_args()
     if args.child:
         child(args.child)
         return
     if args.requests < CONCURRENCY or args.rounds < 1:
         parser.error(f"--requests must be at least {CONCURRENCY} and --rounds at least 1")
+    if args.baseline is not None:
+        missing = [name for name in PACKAGES if not (args.baseline / "packages" / name / "src").is_dir()]
+        if missing:
+            parser.error(
+                f"--baseline {args.baseline}: not a checkout of this repository (no packages/{missing[0]}/src)"
+            )
+        args.baseline = args.baseline.resolve()
     with tempfile.TemporaryDirectory(prefix="bench_serve_parts_") as scratch:
-        result = run(args.requests, args.rounds, Path(scratch))
+        result = run(args.requests, args.rounds, Path(scratch), args.baseline)
     print(markdown(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -1,6 +1,7 @@
 """bench/bench_serve_parts.py runs end to end at a small size: every configuration's child starts, answers its
 batches with 200s (its driver raises on anything else), and the figures come out where they must (an episode costs
-more CPU than a canned response; the raw numbers hold every round)."""
+more CPU than a canned response; the raw numbers hold every round); `--baseline` runs agent mode on another
+checkout's packages in the same rounds (here this checkout's own)."""
 
 from __future__ import annotations
 
@@ -15,22 +16,30 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bench_serve_parts_small_run(tmp_path: Path) -> None:
     out = tmp_path / "parts.json"
     done = subprocess.run(
-        [sys.executable, "bench/bench_serve_parts.py", "--requests", "32", "--rounds", "2", "--json", str(out)],
+        [sys.executable, "bench/bench_serve_parts.py", "--requests", "32", "--rounds", "2", "--json", str(out),
+         "--baseline", str(ROOT)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| agent mode + a trajectory log (`--trajectory-log`) |" in done.stdout
     result = json.loads(out.read_text())
-    assert set(result["median"]) == {"bare", "agent", "agent_trajectory", "agent_quiet"}
+    assert set(result["median"]) == {"bare", "agent", "agent_trajectory", "agent_quiet", "agent_baseline"}
+    assert f"on the baseline's packages ({ROOT})" in done.stdout
     assert all(len(rounds) == 2 for rounds in result["rounds_own_us"].values())
     median = result["median"]
     assert median["agent"]["own_us"] > median["bare"]["own_us"] > 0
     assert median["agent"]["model_us"] > 0 == median["bare"]["model_us"]
 
 
-def test_bench_serve_parts_refuses_too_few_requests() -> None:
+def test_bench_serve_parts_refuses_what_it_cannot_run(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "bench/bench_serve_parts.py", "--requests", "3"], cwd=ROOT, capture_output=True, text=True
     )
     assert done.returncode == 2
     assert "--requests must be at least 16" in done.stderr
+    done = subprocess.run(
+        [sys.executable, "bench/bench_serve_parts.py", "--baseline", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "not a checkout of this repository (no packages/agent-protocol/src)" in done.stderr
