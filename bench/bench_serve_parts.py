@@ -176,20 +176,22 @@ def run(requests: int, rounds: int, scratch: Path, baseline: Path | None = None)
         if config != BASELINE or baseline is None:
             return dict(os.environ)
         paths = [str(baseline / "packages" / name / "src") for name in PACKAGES]
-        return {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")])}
+        inherited = os.environ.get("PYTHONPATH")  # an empty entry would put the working directory on the path
+        return {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, *([inherited] if inherited else [])])}
 
-    children = {
-        config: subprocess.Popen(
-            [sys.executable, __file__, "--child", config],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=(scratch / f"{config}.stderr").open("w"),
-            text=True,
-            cwd=ROOT,
-            env=environment(config),
-        )
-        for config in configs
-    }
+    def start(config: str) -> subprocess.Popen[str]:
+        with (scratch / f"{config}.stderr").open("w") as stderr:  # the child holds its own copy of the descriptor
+            return subprocess.Popen(
+                [sys.executable, __file__, "--child", config],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                cwd=ROOT,
+                env=environment(config),
+            )
+
+    children = {config: start(config) for config in configs}
     try:
         for config, process in children.items():
             assert process.stdout is not None

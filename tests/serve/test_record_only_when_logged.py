@@ -1,7 +1,8 @@
 """An agent-mode request builds its episode's trajectory record only when the server has a trajectory log to write
 it to (apps/serve's default has none), as a tools-mode turn does: the record is the one part of a request that
 copies its whole history, and building it for nobody was about 4% of a request's server CPU
-(bench/bench_serve_parts.py). With a log, every episode is still recorded, a disconnected one too."""
+(bench/bench_serve_parts.py). With a log, every episode is still recorded. (A disconnected episode's record is
+checked by tests/serve/test_disconnects.py.)"""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return ids
 
 
-def _ask(url: str, **extra: Any) -> httpx.Response:
-    response = httpx.post(f"{url}/v1/chat/completions", json={"model": MODEL, "messages": USER, **extra}, timeout=30)
+def _ask(url: str) -> httpx.Response:
+    response = httpx.post(f"{url}/v1/chat/completions", json={"model": MODEL, "messages": USER}, timeout=30)
     assert response.status_code == 200, response.text
     return response
 
