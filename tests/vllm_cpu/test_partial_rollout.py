@@ -9,12 +9,15 @@ generated token with the number of weight syncs the engine had loaded when it wa
 (`agent_train.openrlhf.engine_versions`); the trajectory log keeps it on each action span.
 
 One run, GRPO on the calculator demo's SFT model (`conftest.calculator_sft_model`), 8 prompts x 4 samples a step,
-`STEPS` steps, the async queue of 1 (OpenRLHF's default). On the CPU a batch of 32 episodes is generated faster
-than a step trains, so with one vLLM call per step every sync landed after the next batch was done (measured: no
-episode crossed an update; with three or six steps' batches per call, 96 or 192 episodes in 3 to 4 s, still
-none). With ``--rollout.vllm_generate_batch_size 96`` one call generates twelve steps' batches (384 episodes); the
-generator starts it when the trainer takes the previous call's last batch, just after a sync, so the next sync, one
-step later, lands while it runs. Checked from the run's own records (the trajectory log and ``cpu_checks.jsonl``):
+`STEPS` steps, the async queue of 1 (OpenRLHF's default). With ``--rollout.vllm_generate_batch_size 96`` one vLLM
+call generates twelve steps' batches (384 episodes); the generator starts the second call when the trainer takes
+the first call's last batch, so the next sync, one training step later, is the one that can land while episodes
+run. Whether it does must not depend on the host: with the demo's instant calculator a call's 384 episodes took
+5.8 s on one machine and the sync landed 5.2 s in, and on the CI host no episode crossed it. So the job trains
+on the demo agent with a calculator that answers `slow_tool_recipe.LATENCY_S` (20 s) late, as a networked tool
+does: every episode then lasts longer than a GRPO step on the CPU (2-5 s), and the sync lands inside the second
+call's episodes, between their two turns or inside a turn still generating. Checked from the run's own records
+(the trajectory log and ``cpu_checks.jsonl``):
 
 - the versions on tokens are exactly syncs that happened: every one is in 0..S, S the number of syncs the actor
   broadcast and the engine loaded (recorded by the actor, by vLLM's worker and by the version counter);
@@ -45,6 +48,7 @@ from agent_runtime import Trajectory, read_trajectories
 from agent_train.openrlhf.cpu_checks import CheckReport, verdict
 
 REPO = Path(__file__).resolve().parents[2]
+SLOW_TOOL_RECIPE = Path(__file__).resolve().with_name("slow_tool_recipe.py")  # the demo agent, its tool 20 s late
 STEPS = 24
 PROMPTS, SAMPLES = 8, 4
 GENERATE_PROMPTS = 12 * PROMPTS  # one vLLM call generates twelve steps' batches (OpenRLHF's over-sampling)
@@ -88,7 +92,7 @@ def partial_job(calculator_sft_model: Path, tmp_path_factory: pytest.TempPathFac
     run_dir = tmp_path_factory.mktemp("partial-rollout")
     command = [
         sys.executable, "apps/train", "--backend", "openrlhf", "--device", "cpu",
-        "--recipe", "agent_demo.recipe", "--pretrain", str(calculator_sft_model), "--run-dir", str(run_dir),
+        "--recipe", str(SLOW_TOOL_RECIPE), "--pretrain", str(calculator_sft_model), "--run-dir", str(run_dir),
         "--algo", "grpo", "--mode", "async", "--partial-rollout",
         "--samples-per-prompt", str(SAMPLES), "--rollout-batch-size", str(PROMPTS),
         "--train-batch-size", str(PROMPTS * SAMPLES), "--micro-train-batch-size", "8",
