@@ -6,7 +6,7 @@ workers; it imports nothing from the tests).
 machine: every episode of a vLLM call waits `LATENCY_S` between its two turns, and one GRPO step on the CPU takes
 2-5 s, so the weight sync that follows the call's start lands inside its episodes (between two turns, or inside a
 turn still generating). With the instant calculator it depended on the host: on one machine a call's 384 episodes
-ran 5.8 s and the sync landed at 5.2 s, on another they were done before it.
+ran 5.8 s and the sync landed 5.2 s in, and on the CI host no episode crossed it.
 """
 
 from __future__ import annotations
