@@ -160,3 +160,60 @@ def test_the_web_page_and_its_script_are_served(server: LiveServer) -> None:
     assert '<script src="/static/chat.js">' in page.text
     script = httpx.get(f"{server.url}/static/chat.js")
     assert script.status_code == 200 and "agent_event" in script.text
+
+
+def _streamed(server: LiveServer, question: str) -> tuple[str, str | None, object, dict[str, int]]:
+    """The streamed answer: its content, finish reason and usage, and the agent events' kinds counted."""
+    stream = server.client().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": question}], stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    content, finish, usage, kinds = "", None, None, {}
+    for chunk in stream:
+        if (event := (chunk.model_extra or {}).get("agent_event")) is not None:
+            kinds[event["type"]] = kinds.get(event["type"], 0) + 1
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+        usage = chunk.usage or usage
+    return content, finish, usage, kinds
+
+
+@pytest.mark.parametrize(
+    ("max_new_tokens", "compaction", "question"),
+    [
+        (256, None, "What is 17 * 23?"),  # a tool call, then the answer
+        (256, None, "Hello there"),  # no tool
+        (64, CompactionPolicy(compact_at_tokens=250, max_compactions=1), "What is 9 * 9?"),  # a compaction between
+        (12, None, "What is 17 * 23?"),  # the turn runs out of tokens: finish_reason "length"
+    ],
+)
+def test_a_plain_answer_is_the_streamed_one(
+    start_server: ServerFactory, max_new_tokens: int, compaction: CompactionPolicy | None, question: str
+) -> None:
+    """A plain (not streamed) answer builds no step events (`events(steps=False)`): it reads the last turn from
+    the session's record. It must say what the streamed answer says, and count the same tool calls and
+    compactions."""
+    recipe = calculator_recipe(max_new_tokens=max_new_tokens)
+    if compaction is not None:
+        recipe = dataclasses.replace(recipe, context=compaction)
+    server = start_server(recipe=recipe)
+    before = server.metrics()
+    completion = server.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}])
+    plain = server.metrics()
+    content, finish, usage, kinds = _streamed(server, question)
+    streamed = server.metrics()
+
+    (choice,) = completion.choices
+    assert choice.message.content == content
+    assert choice.finish_reason == finish
+    assert completion.usage == usage
+    agent = (completion.model_extra or {})["agent"]
+    assert agent["tool_calls"] == kinds.get("tool_call", 0)
+    assert agent["compactions"] == kinds.get("compaction", 0)
+    for counter in ("tool_calls", "compactions"):
+        assert plain[counter] - before[counter] == streamed[counter] - plain[counter], counter
+    if max_new_tokens == 12:
+        assert finish == "length"  # the case this parameter is here for
+    if compaction is not None:
+        assert agent["compactions"] == 1

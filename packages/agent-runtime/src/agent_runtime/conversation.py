@@ -62,7 +62,7 @@ from agent_protocol import (
 )
 from agent_runtime.boundary import Stage, boundary, stage_code
 from agent_runtime.encoding import encode_off_loop
-from agent_runtime.engines.base import Generation, PromptView, SamplingParams
+from agent_runtime.engines.base import FinishReason, Generation, PromptView, SamplingParams
 from agent_runtime.errors import SessionStateError
 from agent_runtime.outcomes import ErrorCode
 from agent_runtime.trajectory import EpisodeError, Usage, usage_of
@@ -148,6 +148,7 @@ class Conversation:
         self.generations = 0
         self.turn_closed = True
         self.ended_by: str | None = None  # which of the protocol's turn-end tokens closed the last turn
+        self.turn_finish_reason: FinishReason | None = None  # why the last turn's generation stopped (not a summary's)
         self.render_s = 0.0
         self._turn_ends = _token_ids(tokenizer, protocol.turn_end_texts)
         self.stop_token_ids = tuple(_token_ids(tokenizer, protocol.stop_texts))
@@ -364,6 +365,7 @@ class Conversation:
         with _PARSE:
             action = self.protocol.parse_assistant_text(text, call_id_prefix=call_id_prefix)
         if not summary:
+            self.turn_finish_reason = generation.finish_reason
             for issue in action.issues:
                 self.record_error(issue.code, issue.message)
             self.messages.append(action.to_message())

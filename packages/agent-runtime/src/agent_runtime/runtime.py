@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -107,19 +107,28 @@ class AgentRuntime:
         session.max_context_tokens = min(limits) if limits else None
         return session
 
-    async def stream(
+    def stream(
         self,
         prompt: str | Sequence[MessageLike],
         *,
         task: Mapping[str, Any] | None = None,
         session: AgentSession | None = None,
         sampling: SamplingParams | None = None,
-    ) -> AsyncIterator[Event]:
+        steps: bool = True,
+    ) -> AsyncGenerator[Event]:
         """Run one episode, yielding events as they happen; the last event is always a `FinalEvent`. `sampling`
-        replaces the runtime's for this episode (a rollout's own seed)."""
+        replaces the runtime's for this episode (a rollout's own seed). `steps=False` yields only an `ErrorEvent`
+        that ends the episode and the `FinalEvent`, and builds no step events: for a caller that reads only the
+        outcome (a plain agent-mode answer), the session having recorded every step either way. Without a
+        concurrency cap the episode's own generator is returned, with no layer around it."""
         session = session or self.new_session()
-        async with self._slot():
-            async for event in self._drive(session, prompt, task, sampling or self.sampling, steps=True):
+        drive = self._drive(session, prompt, task, sampling or self.sampling, steps=steps)
+        return drive if self._slots is None else self._in_slot(drive)
+
+    async def _in_slot(self, drive: AsyncGenerator[Event]) -> AsyncGenerator[Event]:
+        """`drive`, run while holding one of `max_concurrency` places."""
+        async with self._slot(), contextlib.aclosing(drive):
+            async for event in drive:
                 yield event
 
     @contextlib.asynccontextmanager
@@ -139,7 +148,7 @@ class AgentRuntime:
         base: SamplingParams,
         *,
         steps: bool,
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event]:
         """The episode loop. `steps`: yield each step's events; without, only an `ErrorEvent` that ends the
         episode and the `FinalEvent` (a run that keeps no events builds none: the session records everything)."""
         started = time.perf_counter()

@@ -109,7 +109,9 @@ class ServedProgram:
     def episode_id(self) -> str:
         return self.episode.trajectory.episode_id if self.episode is not None else ""
 
-    async def events(self) -> AsyncGenerator[Event]:
+    async def events(self, *, steps: bool = True) -> AsyncGenerator[Event]:
+        """The program's turns as events, reported from its records as they come; `steps` is not read (the
+        records are built either way, and the answer is read from their events)."""
         queue: asyncio.Queue[Event | None] = asyncio.Queue()
 
         def on_record(record: Trajectory) -> None:

@@ -81,12 +81,14 @@ _FAILED_STOPS = {
 
 class ServedEpisode(Protocol):
     """One agent-mode request's episode, as the request drives it: its events (never raising: a failure is kept
-    for `failure()`), then its failure or its answer and summary; `finish` records it, whatever happened."""
+    for `failure()`), then its failure or its answer and summary; `finish` records it, whatever happened.
+    `events(steps=False)`: a plain answer reads none of the step events, and an episode may leave them unbuilt
+    (yielding only what ends it); the answer, the summary and the counters are the same either way."""
 
     @property
     def episode_id(self) -> str: ...
 
-    def events(self) -> AsyncGenerator[Event]: ...
+    def events(self, *, steps: bool = True) -> AsyncGenerator[Event]: ...
 
     async def event_dict(self, event: Event) -> dict[str, Any]: ...
 
@@ -162,9 +164,11 @@ class _Episode:
     def episode_id(self) -> str:
         return self.session.episode_id
 
-    async def events(self) -> AsyncGenerator[Event]:
+    async def events(self, *, steps: bool = True) -> AsyncGenerator[Event]:
+        """The runtime's events. `steps=False` (a plain answer) builds none for the steps: the answer is read from
+        the session's record of its last turn instead, and the tool calls and compactions are counted at the end."""
         metrics = self.backend.metrics
-        stream = self.runtime.stream(list(self.messages), session=self.session)
+        stream = self.runtime.stream(list(self.messages), session=self.session, steps=steps)
         try:
             with boundary() as escaped:  # whatever escaped the runtime's own boundary ends this request only
                 async for event in stream:
@@ -179,6 +183,9 @@ class _Episode:
                     elif isinstance(event, FinalEvent):
                         self.final = event
                     yield event
+                if not steps:
+                    metrics.tool_calls += self.session.tool_calls
+                    metrics.compactions += self.session.context_state.compactions
             raised = escaped.exception
             if isinstance(raised, MessageError):  # a conversation the chat format cannot render: the caller's to fix
                 self.raised = from_message_error(raised)
@@ -236,12 +243,24 @@ class _Episode:
         final = self.final
         if final is None:
             raise RuntimeError("internal error: answer() before the episode's final event")
-        last = self.last_assistant
-        content = final.answer if final.answer is not None else (last.content if last is not None else "")
-        reasoning = last.reasoning_content if last is not None else None
-        cut = last is not None and last.finish_reason == "length"  # the final turn ran out of tokens
+        content, reasoning, finish_reason = self._last_turn()
+        if final.answer is not None:
+            content = final.answer
+        cut = finish_reason == "length"  # the final turn ran out of tokens
         finish: FinishReason = "stop" if final.stop_reason in ("final_answer", None) and not cut else "length"
         return ResponseMessage(content=content, reasoning_content=reasoning), finish, _usage(final.usage)
+
+    def _last_turn(self) -> tuple[str, str | None, str | None]:
+        """The last turn's content, reasoning and finish reason: from its event when the steps were streamed,
+        else from the session's record of it (a step whose event was not built)."""
+        last = self.last_assistant
+        if last is not None:
+            return last.content, last.reasoning_content, last.finish_reason
+        steps, conversation = self.session.steps, self.session.conversation
+        if not steps or conversation is None:
+            return "", None, None
+        action = steps[-1].action
+        return action.content, action.reasoning_content, conversation.turn_finish_reason
 
     def summary(self) -> AgentSummary:
         s = self.session
@@ -279,7 +298,7 @@ async def complete_agent(
     episode = _open(backend, request, messages)
     cancelled = False
     try:
-        async with contextlib.aclosing(episode.events()) as events:
+        async with contextlib.aclosing(episode.events(steps=False)) as events:  # the answer needs no step events
             async for _ in events:
                 pass
     except asyncio.CancelledError:  # the client hung up (`disconnect.py`): recorded as such
