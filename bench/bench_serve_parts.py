@@ -3,7 +3,7 @@ client), under uvloop as uvicorn runs it, 16 requests in flight, the stand-in mo
 
 `bench/bench_serve.py` measures the whole server over HTTP, but on a shared 2-core host its figures move with the
 host's speed (the load generator shares the cores) and cannot resolve a change of a few percent. In process, with
-the configurations taking turns round after round, they can. Each configuration runs in a child process of its
+the configurations taking turns round after round, they can. Each configuration runs in child processes of its
 own (logging is configured once per process, as `apps/serve` does), built as `bench_serve.py` builds its servers:
 
   bare                 the same bare Starlette endpoint (reads the body, returns a canned completion)
@@ -13,19 +13,24 @@ own (logging is configured once per process, as `apps/serve` does), built as `be
                        `bench_serve.py --trajectory-log` gives its agent server one too)
   agent, no log line   the same as agent, logging at warning (no line per request)
 
-A request is agent mode's (`bench_serve.REQUESTS["agent"]`: two generations and one calculator call). For each
-configuration the table gives the median over the rounds of the CPU per request (the process's CPU time over a
-batch, less what the stand-in model reports, over the requests) and its difference from agent: what the trajectory
-log and the request's log line cost. What HTTP adds (sockets, uvicorn's parser) is not here, so these are no
-ratios for issue 43's bar (which `bench_serve.py` measures over HTTP, where the bare endpoint costs about 0.1 ms
-a request, nearly all of it HTTP).
+A request is agent mode's (`bench_serve.REQUESTS["agent"]`: two generations and one calculator call). Each
+configuration runs in `--processes` children (3 by default): one process of the same code runs some 5 % faster or
+slower than another for its whole life (where its memory and its hash tables happen to fall), more than the
+differences sought, so one child per configuration gave differences of tens of microseconds between identical
+configurations. For each configuration the table gives the median over all its children's batches of the CPU per
+request (the process's CPU time over a batch, less what the stand-in model reports, over the requests), the range
+of its children's own medians, and its difference from agent: what the trajectory log and the request's log line
+cost. What HTTP adds (sockets, uvicorn's parser) is not here, so these are no ratios for issue 43's bar (which
+`bench_serve.py` measures over HTTP, where the bare endpoint costs about 0.1 ms a request, nearly all of it HTTP).
 
 With `--baseline DIR` (a checkout of another commit, say `git worktree add /tmp/base HEAD~3`), one more
 configuration takes its turns in the same rounds: agent mode as above, run on DIR's packages (agent-protocol,
-agent-env, agent-runtime) instead of this tree's. Rounds in one run see the same host, so the difference is what
-the commits between them changed, to a few microseconds, where two runs of the HTTP bench differ by more.
+agent-env, agent-runtime) instead of this tree's, in as many children. Rounds in one run see the same host, so
+the difference is what the commits between them changed, to several microseconds (two checkouts of the same commit
+came out 1-8 us apart with 3 children each), where two runs of the HTTP bench differ by more.
 
-    uv run python bench/bench_serve_parts.py [--requests 1600] [--rounds 5] [--baseline DIR] [--json out.json]
+    uv run python bench/bench_serve_parts.py [--requests 1600] [--rounds 5] [--processes 3] [--baseline DIR]
+                                             [--json out.json]
 """
 
 from __future__ import annotations
@@ -159,16 +164,19 @@ def child(config: str) -> None:
 # -- the parent: rounds over the configurations ----------------------------------------------------------------
 
 
-def run(requests: int, rounds: int, scratch: Path, baseline: Path | None = None) -> dict[str, Any]:
-    """`rounds` rounds, each a batch of `requests` from every configuration in turn (the order reversed every other
-    round). The children's stderr (their log lines) goes to files in `scratch`; a failure shows its end."""
+def run(requests: int, rounds: int, scratch: Path, baseline: Path | None = None, processes: int = 3) -> dict[str, Any]:
+    """`rounds` rounds, each a batch of `requests` from every child of every configuration in turn (`processes`
+    children a configuration; the order reversed every other round). The children's stderr (their log lines) goes
+    to files in `scratch`; a failure shows its end."""
 
-    def failed(config: str, what: str) -> RuntimeError:
-        process = children[config]
+    def failed(child: tuple[str, int], what: str) -> RuntimeError:
+        process = children[child]
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=5)
-        tail = (scratch / f"{config}.stderr").read_text(errors="replace")[-2000:]
-        return RuntimeError(f"the {config} child {what} (exit status {process.poll()}); its stderr ends:\n{tail}")
+        tail = (scratch / f"{child[0]}.{child[1]}.stderr").read_text(errors="replace")[-2000:]
+        return RuntimeError(
+            f"the {child[0]} child {child[1]} {what} (exit status {process.poll()}); its stderr ends:\n{tail}"
+        )
 
     configs = [*CONFIGS, *([BASELINE] if baseline is not None else [])]
 
@@ -179,8 +187,8 @@ def run(requests: int, rounds: int, scratch: Path, baseline: Path | None = None)
         inherited = os.environ.get("PYTHONPATH")  # an empty entry would put the working directory on the path
         return {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, *([inherited] if inherited else [])])}
 
-    def start(config: str) -> subprocess.Popen[str]:
-        with (scratch / f"{config}.stderr").open("w") as stderr:  # the child holds its own copy of the descriptor
+    def start(config: str, index: int) -> subprocess.Popen[str]:
+        with (scratch / f"{config}.{index}.stderr").open("w") as stderr:  # the child holds its own copy of it
             return subprocess.Popen(
                 [sys.executable, __file__, "--child", config],
                 stdin=subprocess.PIPE,
@@ -191,24 +199,25 @@ def run(requests: int, rounds: int, scratch: Path, baseline: Path | None = None)
                 env=environment(config),
             )
 
-    children = {config: start(config) for config in configs}
+    # children of one configuration take turns with the others': (bare 0, agent 0, ..., bare 1, agent 1, ...)
+    keys = [(config, index) for index in range(processes) for config in configs]
+    children = {key: start(*key) for key in keys}
     try:
-        for config, process in children.items():
+        for key, process in children.items():
             assert process.stdout is not None
             if process.stdout.readline().strip() != "ready":
-                raise failed(config, "did not start")
-        measured: dict[str, list[dict[str, float]]] = {config: [] for config in configs}
+                raise failed(key, "did not start")
+        measured: dict[tuple[str, int], list[dict[str, float]]] = {key: [] for key in keys}
         for round_ in range(rounds):
-            order = configs if round_ % 2 == 0 else configs[::-1]
-            for config in order:
-                process = children[config]
+            for key in keys if round_ % 2 == 0 else keys[::-1]:
+                process = children[key]
                 assert process.stdin is not None and process.stdout is not None
                 process.stdin.write(f"{requests}\n")
                 process.stdin.flush()
                 line = process.stdout.readline()
                 if not line:
-                    raise failed(config, "stopped")
-                measured[config].append(json.loads(line))
+                    raise failed(key, "stopped")
+                measured[key].append(json.loads(line))
     finally:
         for process in children.values():
             if process.stdin is not None:
@@ -217,13 +226,19 @@ def run(requests: int, rounds: int, scratch: Path, baseline: Path | None = None)
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
+    pooled = {c: [r for (config, _), rs in measured.items() if config == c for r in rs] for c in configs}
     return {
         "requests": requests,
         "rounds": rounds,
+        "processes": processes,
         "load_average": os.getloadavg()[0],
         "baseline": str(baseline) if baseline is not None else None,
-        "median": {c: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for c, rs in measured.items()},
-        "rounds_own_us": {c: [round(r["own_us"], 1) for r in rs] for c, rs in measured.items()},
+        "median": {c: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for c, rs in pooled.items()},
+        "process_medians_own_us": {
+            c: [round(statistics.median(r["own_us"] for r in measured[(c, i)]), 1) for i in range(processes)]
+            for c in configs
+        },
+        "rounds_own_us": {c: [round(r["own_us"], 1) for r in rs] for c, rs in pooled.items()},
     }
 
 
@@ -231,19 +246,21 @@ def markdown(result: dict[str, Any]) -> str:
     median = result["median"]
     agent = median["agent"]["own_us"]
     lines = [
-        f"{result['rounds']} rounds of {result['requests']} requests per configuration, {CONCURRENCY} in flight, "
-        f"median round; load average {result['load_average']:.1f} at the end.",
+        f"{result['rounds']} rounds of {result['requests']} requests per child, {result['processes']} children per "
+        f"configuration, {CONCURRENCY} requests in flight; the median batch; load average "
+        f"{result['load_average']:.1f} at the end.",
         "",
-        "| configuration | server CPU per request, model excluded | difference from agent |",
-        "|---|---:|---:|",
+        "| configuration | server CPU per request, model excluded | its children's medians | difference from agent |",
+        "|---|---:|---:|---:|",
     ]
     names = dict(CONFIGS)
     if result.get("baseline"):
         names[BASELINE] = f"agent mode, apps/serve's defaults, on the baseline's packages ({result['baseline']})"
     for config, name in names.items():
         own = median[config]["own_us"]
+        spread = result["process_medians_own_us"][config]
         difference = "" if config in ("bare", "agent") else f"{own - agent:+.0f} us"
-        lines.append(f"| {name} | {own:.0f} us | {difference} |")
+        lines.append(f"| {name} | {own:.0f} us | {min(spread):.0f}-{max(spread):.0f} us | {difference} |")
     return "\n".join(lines)
 
 
@@ -251,6 +268,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=1600, help="requests per configuration per round (1600)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds; the median is reported (default 5)")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=3,
+        help="children per configuration (default 3): one process runs a few percent faster or slower than another "
+        "of the same code for its whole life, so a configuration is measured in several",
+    )
     parser.add_argument("--json", type=Path, help="also write the raw numbers to this file")
     parser.add_argument(
         "--baseline",
@@ -263,8 +287,8 @@ def main() -> None:
     if args.child:
         child(args.child)
         return
-    if args.requests < CONCURRENCY or args.rounds < 1:
-        parser.error(f"--requests must be at least {CONCURRENCY} and --rounds at least 1")
+    if args.requests < CONCURRENCY or args.rounds < 1 or args.processes < 1:
+        parser.error(f"--requests must be at least {CONCURRENCY}, --rounds and --processes at least 1")
     if args.baseline is not None:
         missing = [name for name in PACKAGES if not (args.baseline / "packages" / name / "src").is_dir()]
         if missing:
@@ -273,7 +297,7 @@ def main() -> None:
             )
         args.baseline = args.baseline.resolve()
     with tempfile.TemporaryDirectory(prefix="bench_serve_parts_") as scratch:
-        result = run(args.requests, args.rounds, Path(scratch), args.baseline)
+        result = run(args.requests, args.rounds, Path(scratch), args.baseline, args.processes)
     print(markdown(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -1,5 +1,5 @@
 """bench/bench_serve_parts.py runs end to end at a small size: every configuration's child starts, answers its
-batches with 200s (its driver raises on anything else), and the figures come out where they must (an episode costs
+batches with 200s (its driver raises on anything else), in as many children as asked, and the figures come out where they must (an episode costs
 more CPU than a canned response; the raw numbers hold every round); `--baseline` runs agent mode on another
 checkout's packages in the same rounds (here this checkout's own)."""
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bench_serve_parts_small_run(tmp_path: Path) -> None:
     out = tmp_path / "parts.json"
     done = subprocess.run(
-        [sys.executable, "bench/bench_serve_parts.py", "--requests", "32", "--rounds", "2", "--json", str(out),
+        [sys.executable, "bench/bench_serve_parts.py", "--requests", "32", "--rounds", "2", "--processes", "2", "--json", str(out),
          "--baseline", str(ROOT)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -25,7 +25,8 @@ def test_bench_serve_parts_small_run(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert set(result["median"]) == {"bare", "agent", "agent_trajectory", "agent_quiet", "agent_baseline"}
     assert f"on the baseline's packages ({ROOT})" in done.stdout
-    assert all(len(rounds) == 2 for rounds in result["rounds_own_us"].values())
+    assert all(len(batches) == 2 * 2 for batches in result["rounds_own_us"].values())  # rounds x children
+    assert all(len(medians) == 2 for medians in result["process_medians_own_us"].values())
     median = result["median"]
     assert median["agent"]["own_us"] > median["bare"]["own_us"] > 0
     assert median["agent"]["model_us"] > 0 == median["bare"]["model_us"]
