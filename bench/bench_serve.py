@@ -15,8 +15,11 @@ Three kinds of request go to the agent server: agent mode (a whole episode serve
 one calculator call, feedback tokenized alone), the same streamed as SSE with agent events,
 and one tools-mode turn (render, one generation, parse, store the transcript). The load generator (httpx, asyncio,
 keep-alive connections) runs closed-loop: `--concurrency` clients each sending one request after another for
-`--seconds`. Rounds alternate bare and agent so both see the same machine; the median round is reported. Latency
-is measured at concurrency 1; throughput at `--concurrency`.
+`--seconds`. Rounds alternate bare and agent so both see the same machine; the median round is reported. Every
+round starts both servers afresh (and warms each up): one process of the same code runs some 5 % faster or slower
+than another for its whole life (where its memory and hash tables fall), so a run whose rounds all share two
+processes measures that draw along with the code. Latency is measured at concurrency 1; throughput at
+`--concurrency`.
 
 Server CPU per request is the server process's user + system time over the round (/proc/PID/stat) divided by the
 requests answered, so the load generator's CPU is not in it. Of the agent server's CPU, part is the stand-in model's
@@ -227,6 +230,14 @@ def yardstick_us() -> float:
     return min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
 
 
+async def warm_up(url: str, kinds: list[str], requests: int = 100) -> None:
+    """`requests` of each kind, one at a time, before a fresh server is measured (caches, the piece cache)."""
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        for kind in kinds:
+            for _ in range(requests):
+                (await client.post("/v1/chat/completions", json=REQUESTS[kind])).raise_for_status()
+
+
 def run(
     seconds: float,
     rounds: int,
@@ -236,12 +247,10 @@ def run(
     profile: Path | None = None,
     trajectory_log: bool = False,
 ) -> dict[str, Any]:
-    bare = start("bare", base_port)
+    """`rounds` rounds, each on a fresh pair of servers (see the module docstring). With `profile`, the first
+    round's agent server runs under cProfile and writes its stats there when it stops."""
     # a trajectory log is a real file (the viewer over it refuses /dev/null), in a folder removed after the run
     env = {"BENCH_TRAJECTORY_LOG": str(scratch / "trajectories.jsonl") if trajectory_log else ""}
-    if profile is not None:
-        env["BENCH_PROFILE"] = str(profile.resolve())
-    agent = start("agent", base_port + 1, env)
     urls = {"bare": f"http://127.0.0.1:{base_port}", "agent": f"http://127.0.0.1:{base_port + 1}"}
     results: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
@@ -251,18 +260,31 @@ def run(
         "rounds": rounds,
         "concurrency": concurrency,
     }
-    try:
-        for label, clients in (("latency", 1), ("throughput", concurrency)):
-            collected: dict[str, list[dict[str, float]]] = {"bare": [], **{kind: [] for kind in REQUESTS}}
-            for _ in range(rounds):
-                collected["bare"].append(asyncio.run(load(urls["bare"], REQUESTS["agent"], clients, seconds, bare.pid)))
+    labels = (("latency", 1), ("throughput", concurrency))
+    collected: dict[str, dict[str, list[dict[str, float]]]] = {
+        label: {kind: [] for kind in ("bare", *REQUESTS)} for label, _ in labels
+    }
+    for round_ in range(rounds):
+        profiled = {"BENCH_PROFILE": str(profile.resolve())} if profile is not None and round_ == 0 else {}
+        servers = {"bare": start("bare", base_port)}
+        try:
+            servers["agent"] = start("agent", base_port + 1, {**env, **profiled})
+            asyncio.run(warm_up(urls["bare"], ["agent"]))
+            asyncio.run(warm_up(urls["agent"], list(REQUESTS)))
+            for label, clients in labels:
+                bare = servers["bare"].pid
+                collected[label]["bare"].append(
+                    asyncio.run(load(urls["bare"], REQUESTS["agent"], clients, seconds, bare))
+                )
                 for kind, body in REQUESTS.items():
-                    collected[kind].append(asyncio.run(load(urls["agent"], body, clients, seconds, agent.pid)))
-            results[label] = {kind: median_round(values) for kind, values in collected.items()}
-    finally:
-        for process in (bare, agent):
-            process.terminate()
-            process.wait(timeout=30)
+                    agent = servers["agent"].pid
+                    collected[label][kind].append(asyncio.run(load(urls["agent"], body, clients, seconds, agent)))
+        finally:
+            for process in servers.values():
+                process.terminate()
+                process.wait(timeout=30)
+    for label, _ in labels:
+        results[label] = {kind: median_round(values) for kind, values in collected[label].items()}
     return results
 
 
@@ -335,8 +357,8 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         type=Path,
-        help="run the agent server under cProfile and write its stats here (the agent's CPU figures then include "
-        "the profiler's overhead); `python -m pstats FILE` reads them",
+        help="run the first round's agent server under cProfile and write its stats here (that round's CPU figures "
+        "then include the profiler's overhead); `python -m pstats FILE` reads them",
     )
     parser.add_argument(
         "--trajectory-log",
