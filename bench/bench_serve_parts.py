@@ -26,8 +26,8 @@ cost. What HTTP adds (sockets, uvicorn's parser) is not here, so these are no ra
 With `--baseline DIR` (a checkout of another commit, say `git worktree add /tmp/base HEAD~3`), one more
 configuration takes its turns in the same rounds: agent mode as above, run on DIR's packages (agent-protocol,
 agent-env, agent-runtime) instead of this tree's, in as many children. Rounds in one run see the same host, so
-the difference is what the commits between them changed, to several microseconds (two checkouts of the same commit
-came out 1-8 us apart with 3 children each), where two runs of the HTTP bench differ by more.
+the difference is what the commits between them changed, to several microseconds (this tree as its own baseline
+came out 1 us apart with 3 children each, 18 us apart with one), where two runs of the HTTP bench differ by more.
 
     uv run python bench/bench_serve_parts.py [--requests 1600] [--rounds 5] [--processes 3] [--baseline DIR]
                                              [--json out.json]
