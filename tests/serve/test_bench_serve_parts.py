@@ -1,7 +1,7 @@
-"""bench/bench_serve_parts.py runs end to end at a small size: every configuration's child starts, answers its
-batches with 200s (its driver raises on anything else), in as many children as asked, and the figures come out where they must (an episode costs
-more CPU than a canned response; the raw numbers hold every round); `--baseline` runs agent mode on another
-checkout's packages in the same rounds (here this checkout's own)."""
+"""bench/bench_serve_parts.py runs end to end at a small size: every configuration's children start (as many as
+asked), answer their batches with 200s (the driver raises on anything else), and the figures come out where they
+must (an episode costs more CPU than a canned response; the raw numbers hold every round of every child);
+`--baseline` runs agent mode on another checkout's packages in the same rounds (here this checkout's own)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bench_serve_parts_small_run(tmp_path: Path) -> None:
     out = tmp_path / "parts.json"
     done = subprocess.run(
-        [sys.executable, "bench/bench_serve_parts.py", "--requests", "32", "--rounds", "2", "--processes", "2", "--json", str(out),
-         "--baseline", str(ROOT)],
+        [sys.executable, "bench/bench_serve_parts.py", "--requests", "32", "--rounds", "2", "--processes", "2",
+         "--json", str(out), "--baseline", str(ROOT)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
