@@ -166,7 +166,8 @@ class _Episode:
 
     async def events(self, *, steps: bool = True) -> AsyncGenerator[Event]:
         """The runtime's events. `steps=False` (a plain answer) builds none for the steps: the answer is read from
-        the session's record of its last turn instead, and the tool calls and compactions are counted at the end."""
+        the session's record of its last turn instead, and the tool calls and compactions are counted at the end
+        (those of a step that failed included, which the streamed events leave out)."""
         metrics = self.backend.metrics
         stream = self.runtime.stream(list(self.messages), session=self.session, steps=steps)
         try:
@@ -183,9 +184,6 @@ class _Episode:
                     elif isinstance(event, FinalEvent):
                         self.final = event
                     yield event
-                if not steps:
-                    metrics.tool_calls += self.session.tool_calls
-                    metrics.compactions += self.session.context_state.compactions
             raised = escaped.exception
             if isinstance(raised, MessageError):  # a conversation the chat format cannot render: the caller's to fix
                 self.raised = from_message_error(raised)
@@ -198,6 +196,9 @@ class _Episode:
         finally:
             if isinstance(stream, AsyncGenerator):  # close it now, not whenever it is collected
                 await stream.aclose()
+            if not steps:  # also for an episode that failed or whose client left
+                metrics.tool_calls += self.session.tool_calls
+                metrics.compactions += self.session.context_state.compactions
 
     async def event_dict(self, event: Event) -> dict[str, Any]:
         """The event as the stream sends it; a tool result whose observation holds images gets them as
