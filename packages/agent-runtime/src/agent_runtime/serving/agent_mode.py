@@ -38,7 +38,6 @@ import structlog
 from agent_protocol import Message, MessageError
 from agent_runtime.boundary import boundary
 from agent_runtime.events import (
-    AssistantEvent,
     CompactionEvent,
     ErrorEvent,
     Event,
@@ -144,7 +143,6 @@ class _Episode:
     messages: Sequence[Message]
     runtime: AgentRuntime = field(init=False)
     session: AgentSession = field(init=False)
-    last_assistant: AssistantEvent | None = None
     final: FinalEvent | None = None
     error: ErrorEvent | None = None
     raised: ApiError | None = None  # what an exception out of the episode became (streaming only)
@@ -165,17 +163,15 @@ class _Episode:
         return self.session.episode_id
 
     async def events(self, *, steps: bool = True) -> AsyncGenerator[Event]:
-        """The runtime's events. `steps=False` (a plain answer) builds none for the steps: the answer is read from
-        the session's record of its last turn instead, and the tool calls and compactions are counted at the end
-        (those of a step that failed included, which the streamed events leave out)."""
+        """The runtime's events. `steps=False` (a plain answer) builds none for the steps, and the tool calls and
+        compactions are counted at the end (those of a step that failed included, which the streamed events leave
+        out). Either way the answer is read from the session's record of its last turn (`answer`)."""
         metrics = self.backend.metrics
         stream = self.runtime.stream(list(self.messages), session=self.session, steps=steps)
         try:
             with boundary() as escaped:  # whatever escaped the runtime's own boundary ends this request only
                 async for event in stream:
-                    if isinstance(event, AssistantEvent):
-                        self.last_assistant = event
-                    elif isinstance(event, ToolCallEvent):
+                    if isinstance(event, ToolCallEvent):
                         metrics.tool_calls += 1
                     elif isinstance(event, CompactionEvent):
                         metrics.compactions += 1
@@ -252,11 +248,9 @@ class _Episode:
         return ResponseMessage(content=content, reasoning_content=reasoning), finish, _usage(final.usage)
 
     def _last_turn(self) -> tuple[str, str | None, str | None]:
-        """The last turn's content, reasoning and finish reason: from its event when the steps were streamed,
-        else from the session's record of it (a step whose event was not built)."""
-        last = self.last_assistant
-        if last is not None:
-            return last.content, last.reasoning_content, last.finish_reason
+        """The last turn's content, reasoning and finish reason, from the session's record of it: the turn the
+        last streamed `AssistantEvent` described (summary turns are not steps, and a step whose event was not
+        built ended the episode in a failure, which is answered without this)."""
         steps, conversation = self.session.steps, self.session.conversation
         if not steps or conversation is None:
             return "", None, None
