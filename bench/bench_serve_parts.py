@@ -226,7 +226,7 @@ def run(requests: int, rounds: int, scratch: Path, baseline: Path | None = None,
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
-    pooled = {c: [r for (config, _), rs in measured.items() if config == c for r in rs] for c in configs}
+    pooled = {c: [r for i in range(processes) for r in measured[(c, i)]] for c in configs}  # all its children's
     return {
         "requests": requests,
         "rounds": rounds,
