@@ -289,7 +289,7 @@ async def _serve(
 
                 return EventStream(frames, on_close=done)
             work = complete(backend, asked, chat, messages, tools)
-            try:  # a client that hangs up meanwhile has its completion cancelled, and its slot freed, at once
+            try:  # a client that hangs up meanwhile has its completion cancelled and its slot freed (disconnect.py)
                 result = await unless_disconnected(request.receive, work, deferred=request.app.state.unwatched)
             except ClientGone:
                 metrics.client_disconnects += 1

@@ -19,9 +19,10 @@ disconnect itself.
 With a `DeferredWatch` (the server's: `WATCH_AFTER_S`), a completion gets its watcher only once it has run that
 long: one timer a window for all the completions then running, each of them only entering and leaving a table.
 Most completions end well before (an agent-mode episode on a fast engine takes about a millisecond), and a watcher
-task made, run to its first wait and cancelled for each of them was about 5 % of such a request's server CPU
-(`bench/bench_serve_parts.py`). What that costs a client that hangs up: its completion is cancelled 50 to 100 ms
-after it started instead of at once, when it hangs up within that time; later than that, at once as before.
+task made, run to its first wait and cancelled for each of them was 2-17 us of such a request's 390-410 us of
+server CPU in process (`bench/bench_serve_parts.py --baseline`, three runs). What that costs a client that hangs
+up: its completion is cancelled 50 to 100 ms after it started instead of at once, when it hangs up within that time;
+later than that, at once as before.
 
 This module knows ASGI's receive channel and asyncio tasks; nothing about completions.
 """
