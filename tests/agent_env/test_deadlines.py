@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from agent_env.deadlines import MIN_GRAIN_S, deadline
+from agent_env.deadlines import MIN_GRAIN_S, Alarm, deadline
 from agent_env.deadlines import _timers_of as timers_of
 
 TIMEOUTS: list[Callable[[float | None], Any]] = [asyncio.timeout, deadline]
@@ -145,3 +146,50 @@ def test_deadline_needs_a_task() -> None:
     with pytest.raises(RuntimeError):  # no running loop, so no task
         coroutine.send(None)
     coroutine.close()
+
+
+# -- Alarm: the shared timer by itself ---------------------------------------------------------------------------
+
+
+def test_an_alarm_rings_once_not_early_and_a_cancelled_one_never() -> None:
+    async def main() -> tuple[list[tuple[str, float]], bool, bool]:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        rung: list[tuple[str, float]] = []
+        kept = Alarm(0.05, lambda: rung.append(("kept", loop.time() - t0)))
+        dropped = Alarm(0.05, lambda: rung.append(("dropped", loop.time() - t0)))
+        dropped.cancel()
+        dropped.cancel()  # twice is harmless
+        pending_before = kept.pending
+        await asyncio.sleep(0.2)
+        return rung, pending_before, kept.pending
+
+    rung, pending_before, pending_after = asyncio.run(main())
+    assert [name for name, _ in rung] == ["kept"]
+    assert 0.05 <= rung[0][1] < 0.05 + MIN_GRAIN_S + 0.1  # its window, and a loaded machine's scheduling
+    assert pending_before and not pending_after
+
+
+def test_a_failing_alarm_is_reported_and_the_rest_of_its_window_still_rings() -> None:
+    async def main() -> tuple[list[int], list[dict[str, object]]]:
+        loop = asyncio.get_running_loop()
+        reported: list[dict[str, object]] = []
+        loop.set_exception_handler(lambda loop, context: reported.append(context))
+        rung: list[int] = []
+
+        def fail() -> None:
+            raise ValueError("a broken callback")
+
+        for index in range(5):  # all five fall in one 10 ms window
+            Alarm(0.02, fail if index == 2 else functools.partial(rung.append, index))
+        await asyncio.sleep(0.1)
+        return rung, reported
+
+    rung, reported = asyncio.run(main())
+    assert sorted(rung) == [0, 1, 3, 4]
+    assert len(reported) == 1 and isinstance(reported[0]["exception"], ValueError)
+
+
+def test_an_alarm_needs_a_running_loop() -> None:
+    with pytest.raises(RuntimeError):
+        Alarm(1, lambda: None)

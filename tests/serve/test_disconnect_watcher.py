@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from agent_runtime.serving.disconnect import ClientGone, DeferredWatch, unless_disconnected
+from agent_env.deadlines import _timers_of as timers_of
+from agent_runtime.serving.disconnect import ClientGone, unless_disconnected
 
 
 def in_a_loop(case: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
@@ -177,45 +178,43 @@ async def test_an_outside_cancellation_is_never_swallowed() -> None:
         assert _watchers_left() == []
 
 
-# -- a deferred watch (the server's): the watcher starts only once the work has run `after_s` --------------------
+# -- a deferred watch (the server's): the watcher starts only once the work has run `watch_after_s` ------------
 
 
 @in_a_loop
 async def test_deferred_work_that_ends_first_starts_no_watcher() -> None:
-    deferred = DeferredWatch(after_s=0.05)
     made = _count_tasks()
     for _ in range(20):
         channel, work = Channel(), Work()
         work.release.set_result("the answer")
-        assert await unless_disconnected(channel.receive, work.run(), deferred=deferred) == "the answer"
+        assert await unless_disconnected(channel.receive, work.run(), watch_after_s=0.05) == "the answer"
     assert made() == 0  # no watcher task was made for any of them
-    assert len(deferred) == 0  # each left the table as it ended
-    await asyncio.sleep(0.12)  # the sweep that was due finds nothing and stops
+    assert _alarms_left() == 0  # each cancelled its alarm as it ended
+    await asyncio.sleep(0.12)  # the window's timer fires with nothing left to start
+    assert not timers_of(asyncio.get_running_loop()).due and made() == 0
     assert _watchers_left() == []
 
 
 @in_a_loop
 async def test_deferred_a_client_that_hangs_up_at_once_is_noticed_after_the_grace() -> None:
-    deferred = DeferredWatch(after_s=0.05)
     channel, work = Channel(), Work()
     channel.hang_up()  # gone before the work even starts
     t0 = asyncio.get_running_loop().time()
     with pytest.raises(ClientGone):
-        await unless_disconnected(channel.receive, work.run(), deferred=deferred)
+        await unless_disconnected(channel.receive, work.run(), watch_after_s=0.05)
     waited = asyncio.get_running_loop().time() - t0
     assert work.cancelled and work.unwound
-    assert 0.05 <= waited < 0.5, waited  # within twice the grace on an idle loop; the bound leaves room for CI
+    assert 0.05 <= waited < 0.5, waited  # 50-60 ms on an idle loop (the alarm's window); the bound leaves room for CI
     await _settled()
 
 
 @in_a_loop
 async def test_deferred_a_long_completion_is_watched_and_cancelled_at_once() -> None:
-    deferred = DeferredWatch(after_s=0.02)
     channel, work = Channel(), Work()
-    task = asyncio.ensure_future(unless_disconnected(channel.receive, work.run(), deferred=deferred))
+    task = asyncio.ensure_future(unless_disconnected(channel.receive, work.run(), watch_after_s=0.02))
     await work.started.wait()
     await asyncio.sleep(0.1)  # past the grace: its watcher listens now
-    assert len(deferred) == 0 and len(_watchers_left()) == 2  # the handler's task and its watcher
+    assert _alarms_left() == 0 and len(_watchers_left()) == 2  # the handler's task and its watcher
     t0 = asyncio.get_running_loop().time()
     channel.hang_up()
     with pytest.raises(ClientGone):
@@ -226,10 +225,9 @@ async def test_deferred_a_long_completion_is_watched_and_cancelled_at_once() -> 
 
 @in_a_loop
 async def test_deferred_an_outside_cancellation_is_never_swallowed() -> None:
-    deferred = DeferredWatch(after_s=0.01)
     for wait_s in (0.0, 0.05):  # cancelled before its watcher starts, and after
         channel, work = Channel(), Work()
-        task = asyncio.ensure_future(unless_disconnected(channel.receive, work.run(), deferred=deferred))
+        task = asyncio.ensure_future(unless_disconnected(channel.receive, work.run(), watch_after_s=0.01))
         await work.started.wait()
         await asyncio.sleep(wait_s)
         task.cancel()
@@ -237,7 +235,12 @@ async def test_deferred_an_outside_cancellation_is_never_swallowed() -> None:
             await task
         assert work.cancelled and work.unwound
         await asyncio.sleep(0)
-        assert _watchers_left() == [] and len(deferred) == 0
+        assert _watchers_left() == [] and _alarms_left() == 0
+
+
+def _alarms_left() -> int:
+    """The running loop's alarms neither run nor cancelled (`agent_env.deadlines`' windows)."""
+    return sum(len(window) for window in timers_of(asyncio.get_running_loop()).due.values())
 
 
 def _count_tasks() -> Callable[[], int]:

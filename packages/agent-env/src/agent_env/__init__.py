@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from agent_env import tools
 from agent_env._threads import run_coroutine_in_thread
 from agent_env.containment import describe_error, propagates
-from agent_env.deadlines import deadline
+from agent_env.deadlines import Alarm, deadline
 from agent_env.environment import Environment, StepResult, StopReason
 from agent_env.environments import FunctionCallEnvironment, SingleTurnEnvironment
 from agent_env.errors import (
@@ -72,6 +72,7 @@ __all__ = [
     "PARSE_CODES",
     "REFUSAL_CODES",
     "AgentEnvError",
+    "Alarm",
     "ArgumentError",
     "CalculatorTool",
     "ChartTool",

@@ -1,4 +1,5 @@
-"""`deadline(seconds)`: `asyncio.timeout` for the hot path, without a timer per use.
+"""`deadline(seconds)`: `asyncio.timeout` for the hot path, without a timer per use; `Alarm`, the shared timer
+under it, for any "call this after S seconds unless discarded" on the hot path.
 
 Every engine call and every reward runs under a timeout, so a rollout of a thousand concurrent episodes keeps
 thousands of `asyncio.timeout`s alive: each one puts a `TimerHandle` on the event loop's heap (a Python object,
@@ -9,8 +10,11 @@ on its heap until it rebuilds it. Measured: about 6-8 us a use on an idle loop, 
 and `TimeoutError` comes out of the block; a cancellation from outside stays a `CancelledError`; None is no limit)
 and shares timers: deadlines that fall due in the same window (1 % of the timeout, at least 10 ms) share one
 timer, and a block that ends only leaves its window's set. So a deadline fires up to 1 % of its timeout late
-(6 s for the engine's 600 s; 50 ms for a 5 s reward), never early. This module knows asyncio; nothing about
-episodes.
+(6 s for the engine's 600 s; 50 ms for a 5 s reward), never early.
+
+`Alarm(seconds, callback)` is that shared timer by itself: the callback runs once `seconds` have passed, in the same
+windows, unless `cancel()` came first. The server uses it to watch a plain completion's client only once the
+completion has run 50 ms (`agent_runtime.serving.disconnect`). This module knows asyncio; nothing about episodes.
 """
 
 from __future__ import annotations
@@ -18,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import math
 import weakref
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Final
 
-__all__ = ["deadline"]
+__all__ = ["Alarm", "deadline"]
 
 MIN_GRAIN_S: Final = 0.01
 """The narrowest window deadlines share a timer in (a 1 s timeout fires up to 10 ms late)."""
@@ -29,18 +34,45 @@ GRAIN_FRACTION: Final = 0.01
 """A deadline's window is this fraction of its timeout (at least `MIN_GRAIN_S`)."""
 
 
+class Alarm:
+    """``Alarm(seconds, callback)``: `callback()` runs on the running loop once `seconds` have passed, unless
+    `cancel()` came first. It runs up to 1 % of `seconds` late (at least `MIN_GRAIN_S`), never early: alarms due in
+    the same window share one loop timer, and a cancelled one only leaves its window's set."""
+
+    __slots__ = ("_callback", "_window")
+
+    def __init__(self, seconds: float, callback: Callable[[], object]) -> None:
+        loop = asyncio.get_running_loop()
+        self._callback = callback
+        self._window: set[Alarm] | None = _timers_of(loop).add(self, loop.time() + seconds, seconds)
+
+    @property
+    def pending(self) -> bool:
+        """Neither run nor cancelled yet."""
+        return self._window is not None
+
+    def cancel(self) -> None:
+        if self._window is not None:
+            self._window.discard(self)
+            self._window = None
+
+    def _ring(self) -> None:
+        self._window = None
+        self._callback()
+
+
 class deadline:  # a context manager named like a function, as asyncio.timeout is
     """``async with deadline(seconds): ...`` raises `TimeoutError` when the block runs past `seconds`
     (None: no limit). See the module docstring for how it differs from `asyncio.timeout` (it may fire late)."""
 
-    __slots__ = ("_cancelling", "_expired", "_seconds", "_task", "_window")
+    __slots__ = ("_alarm", "_cancelling", "_expired", "_seconds", "_task")
     _task: asyncio.Task[Any]
     _cancelling: int
 
     def __init__(self, seconds: float | None) -> None:
         self._seconds = seconds
         self._expired = False
-        self._window: set[deadline] | None = None
+        self._alarm: Alarm | None = None
 
     async def __aenter__(self) -> deadline:
         if self._seconds is None:
@@ -50,8 +82,7 @@ class deadline:  # a context manager named like a function, as asyncio.timeout i
             raise RuntimeError("deadline() must be used inside a task")
         self._task = task
         self._cancelling = task.cancelling()
-        loop = asyncio.get_running_loop()
-        self._window = _timers_of(loop).add(self, loop.time() + self._seconds, self._seconds)
+        self._alarm = Alarm(self._seconds, self._expire)
         return self
 
     async def __aexit__(
@@ -59,9 +90,9 @@ class deadline:  # a context manager named like a function, as asyncio.timeout i
     ) -> None:
         if self._seconds is None:
             return
-        if self._window is not None:
-            self._window.discard(self)
-            self._window = None
+        if self._alarm is not None:
+            self._alarm.cancel()
+            self._alarm = None
         # As asyncio.timeout: take back the cancellation this deadline made; if it is what ended the block, and
         # nothing else asked to cancel the task, the block timed out.
         cancelled = exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
@@ -79,13 +110,13 @@ class deadline:  # a context manager named like a function, as asyncio.timeout i
 
 
 class _Timers:
-    """One loop's deadlines, by the time their window falls due; one timer per window."""
+    """One loop's alarms, by the time their window falls due; one timer per window."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.due: dict[float, set[deadline]] = {}
+        self.due: dict[float, set[Alarm]] = {}
 
-    def add(self, item: deadline, when: float, seconds: float) -> set[deadline]:
+    def add(self, item: Alarm, when: float, seconds: float) -> set[Alarm]:
         grain = max(MIN_GRAIN_S, seconds * GRAIN_FRACTION)
         at = math.ceil(when / grain) * grain  # the end of the window `when` falls in: never early
         window = self.due.get(at)
@@ -97,8 +128,10 @@ class _Timers:
 
     def _fire(self, at: float) -> None:
         for item in self.due.pop(at, ()):
-            item._window = None
-            item._expire()
+            try:
+                item._ring()
+            except Exception as e:  # one failing callback must not keep the rest of its window from running
+                self.loop.call_exception_handler({"message": "an Alarm's callback failed", "exception": e})
 
 
 _timers: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Timers]] = weakref.WeakKeyDictionary()

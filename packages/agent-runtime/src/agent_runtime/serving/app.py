@@ -23,7 +23,7 @@ recursive decoder); its fields and images (`images.py`: inline data URLs only, u
 against the context, before any tokenizing (`text_budget.py`); and only then a concurrency slot (429). A client
 that stalls mid-body therefore holds no slot, and a request that will be refused never waits for one. A body of
 megabytes is checked and decoded off the event loop. A client that hangs up while its (not streamed) completion
-runs has it cancelled, its engine request with it, and its slot freed: at once, or 50-100 ms after the completion
+runs has it cancelled, its engine request with it, and its slot freed: at once, or 50-60 ms after the completion
 began for a client that hangs up sooner (`disconnect.py`).
 
 Errors are OpenAI-shaped, ``{"error": {"message", "type", "param", "code"}}``: 400 for a malformed body, naming
@@ -62,7 +62,7 @@ from agent_runtime.serving.agent_mode import EpisodeSource, complete_agent, stre
 from agent_runtime.serving.api_error import ApiError, from_decode_error, from_message_error
 from agent_runtime.serving.backend import ServingBackend
 from agent_runtime.serving.config import ServeConfig
-from agent_runtime.serving.disconnect import ClientGone, DeferredWatch, unless_disconnected
+from agent_runtime.serving.disconnect import WATCH_AFTER_S, ClientGone, unless_disconnected
 from agent_runtime.serving.error_response import check_bearer, error_response, route_error
 from agent_runtime.serving.images import check_request_images, image_count_limit
 from agent_runtime.serving.json_guard import check_json_body
@@ -290,7 +290,7 @@ async def _serve(
                 return EventStream(frames, on_close=done)
             work = complete(backend, asked, chat, messages, tools)
             try:  # a client that hangs up meanwhile has its completion cancelled and its slot freed (disconnect.py)
-                result = await unless_disconnected(request.receive, work, deferred=request.app.state.unwatched)
+                result = await unless_disconnected(request.receive, work, watch_after_s=WATCH_AFTER_S)
             except ClientGone:
                 metrics.client_disconnects += 1
                 log.info("client_disconnected", duration_ms=round((time.perf_counter() - started) * 1000, 1))
@@ -457,5 +457,4 @@ def create_app(
     )
     app.state.backend = backend
     app.state.body_budget = BodyBudget(backend.config.max_buffered_request_bytes)
-    app.state.unwatched = DeferredWatch()  # plain completions watched for a hang-up once they run 50 ms
     return app

@@ -16,15 +16,15 @@ own, raced against the watcher with `asyncio.wait`: two tasks and a wait per req
 micro-benchmark with 16 concurrent handlers.) Streams need none of this: their response listens for the
 disconnect itself.
 
-With a `DeferredWatch` (the server's: `WATCH_AFTER_S`), a completion gets its watcher only once it has run that
-long: one timer a window for all the completions then running, each of them only entering and leaving a table.
-Most completions end well before (an agent-mode episode on a fast engine takes about a millisecond), and a watcher
-task made, run to its first wait and cancelled for each of them was 2-17 us of such a request's 390-410 us of
-server CPU in process (`bench/bench_serve_parts.py --baseline`, three runs). What that costs a client that hangs
-up: its completion is cancelled 50 to 100 ms after it started instead of at once, when it hangs up within that time;
-later than that, at once as before.
+With ``watch_after_s`` (the server passes `WATCH_AFTER_S`), a completion gets its watcher only once it has run that
+long: an `agent_env.Alarm` starts it, one loop timer a window shared by all the completions then running, and a
+completion that ends first only cancels its alarm. Most completions end well before (an agent-mode episode on a
+fast engine takes about a millisecond), and a watcher task made, run to its first wait and cancelled for each of
+them was 2-17 us of such a request's 390-410 us of server CPU in process (`bench/bench_serve_parts.py --baseline`,
+three runs). What that costs a client that hangs up: its completion is cancelled 50 to 60 ms after it started
+instead of at once, when it hangs up within that time; later than that, at once as before.
 
-This module knows ASGI's receive channel and asyncio tasks; nothing about completions.
+This module knows ASGI's receive channel, asyncio tasks and `Alarm`; nothing about completions.
 """
 
 from __future__ import annotations
@@ -36,12 +36,14 @@ from typing import Any, Final
 import structlog
 from starlette.types import Receive
 
-__all__ = ["WATCH_AFTER_S", "ClientGone", "DeferredWatch", "unless_disconnected"]
+from agent_env import Alarm
+
+__all__ = ["WATCH_AFTER_S", "ClientGone", "unless_disconnected"]
 
 logger = structlog.get_logger(__name__)
 
 WATCH_AFTER_S: Final = 0.05
-"""How long a completion runs before a `DeferredWatch` gives it a watcher (it gets one within twice that)."""
+"""How long the server's plain completions run before their client is watched (an `Alarm`: up to 10 ms later)."""
 
 
 class ClientGone(Exception):
@@ -57,10 +59,10 @@ async def _disconnected(receive: Receive) -> None:
 class _Watch:
     """One completion's watcher: a task that listens on `receive` and cancels `handler` when the client goes."""
 
-    __slots__ = ("cut_at", "gone", "handler", "receive", "since", "task")
+    __slots__ = ("cut_at", "gone", "handler", "receive", "task")
 
-    def __init__(self, handler: asyncio.Task[Any], receive: Receive, since: float) -> None:
-        self.handler, self.receive, self.since = handler, receive, since
+    def __init__(self, handler: asyncio.Task[Any], receive: Receive) -> None:
+        self.handler, self.receive = handler, receive
         self.gone = False
         self.cut_at = 0.0
         self.task: asyncio.Task[None] | None = None
@@ -81,64 +83,21 @@ class _Watch:
         self.handler.cancel()
 
 
-class DeferredWatch:
-    """The completions of one app not watched yet, oldest first. Every `after_s` while any is waiting, those that
-    have run `after_s` get their watcher; a completion that ends first only leaves the table. One event loop uses
-    it (a new loop, an app run again, starts it afresh)."""
-
-    def __init__(self, after_s: float = WATCH_AFTER_S) -> None:
-        self.after_s = after_s
-        self._waiting: dict[_Watch, None] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._swept = False  # a sweep is due
-
-    def __len__(self) -> int:
-        return len(self._waiting)
-
-    def add(self, watch: _Watch, loop: asyncio.AbstractEventLoop) -> None:
-        if loop is not self._loop:  # what waited on an earlier loop went with it
-            self._loop, self._waiting, self._swept = loop, {}, False
-        self._waiting[watch] = None
-        if not self._swept:
-            self._swept = True
-            loop.call_later(self.after_s, self._sweep, loop)
-
-    def discard(self, watch: _Watch) -> None:
-        self._waiting.pop(watch, None)
-
-    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
-        if loop is not self._loop:
-            return
-        ripe_since = loop.time() - self.after_s
-        ripe = []
-        for watch in self._waiting:
-            if watch.since > ripe_since:
-                break
-            ripe.append(watch)
-        for watch in ripe:
-            del self._waiting[watch]
-            watch.start()
-        if self._waiting:
-            loop.call_later(self.after_s, self._sweep, loop)
-        else:
-            self._swept = False
-
-
 async def unless_disconnected[T](
-    receive: Receive, work: Coroutine[Any, Any, T], *, deferred: DeferredWatch | None = None
+    receive: Receive, work: Coroutine[Any, Any, T], *, watch_after_s: float | None = None
 ) -> T:
     """`work`'s result, or `ClientGone` once the client behind `receive` hangs up (`work` then cancelled and
     unwound). Call it only after the request's body has been read in full, from the request's own task. The
-    client is watched from the start, or with `deferred` once `work` has run `deferred.after_s`."""
+    client is watched from the start, or once `work` has run `watch_after_s` (module docstring)."""
     handler = asyncio.current_task()
     if handler is None:  # pragma: no cover - always called from a request handler's task
         raise RuntimeError("unless_disconnected must run in a task")
-    loop = asyncio.get_running_loop()
-    watch = _Watch(handler, receive, loop.time())
-    if deferred is None:
+    watch = _Watch(handler, receive)
+    alarm = None
+    if watch_after_s is None:
         watch.start()
     else:
-        deferred.add(watch, loop)
+        alarm = Alarm(watch_after_s, watch.start)
     try:
         result = await work
     except asyncio.CancelledError:
@@ -155,8 +114,9 @@ async def unless_disconnected[T](
             return result
         handler.uncancel()  # it swallowed the cancellation and finished: there is nobody to give the answer to
     finally:
-        if deferred is not None:
-            deferred.discard(watch)
+        if alarm is not None:
+            alarm.cancel()
         watch.stop()
-    logger.info("client_gone_request_cancelled", unwound_s=round(loop.time() - watch.cut_at, 3))
+    unwound_s = asyncio.get_running_loop().time() - watch.cut_at
+    logger.info("client_gone_request_cancelled", unwound_s=round(unwound_s, 3))
     raise ClientGone("the client hung up before its completion was ready; the completion was cancelled")
