@@ -29,7 +29,15 @@ process and which the bare endpoint does not do at all: the `ScriptedEngine` cou
 own CPU (the total less the model's share), each as a ratio to bare. Issue 43's bar (agent mode at most 4x bare) is
 judged on the server's own CPU; the total is shown beside it.
 
+The servers' CPU is nearly all the interpreter's: the agent server's is interpreted Python, the bare endpoint's
+mostly C (httptools, uvloop) and the kernel. So how CPython was built (profile-guided and link-time optimization,
+as python.org's, Docker's and uv's managed Pythons are; a shared or static libpython) weighs on the ratio, and the
+header says how the servers' interpreter was built, as its `sysconfig` tells. `--server-python PATH` runs both
+servers under another interpreter (a virtual environment's python with this tree's packages and uvicorn, uvloop and
+httptools installed), the load generator and the yardstick staying on this one.
+
     uv run python bench/bench_serve.py [--seconds 3] [--rounds 3] [--concurrency 16] [--trajectory-log] [--json F]
+                                       [--server-python PATH]
 """
 
 from __future__ import annotations
@@ -139,20 +147,27 @@ def serve(kind: str, port: int) -> None:
 # -- the load generator --------------------------------------------------------------------------------------
 
 
-def start(kind: str, port: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    command = [sys.executable, __file__, "--serve", kind, "--port", str(port)]
+def start(
+    kind: str, port: int, env: dict[str, str] | None = None, python: str = sys.executable
+) -> subprocess.Popen[bytes]:
+    command = [python, __file__, "--serve", kind, "--port", str(port)]
     process = subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})}
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
+        if process.poll() is not None:  # its stderr is /dev/null (the request log's cost): say how to see it
+            raise RuntimeError(
+                f"the {kind} server exited with code {process.returncode} before it answered; "
+                f"`{python} bench/bench_serve.py --serve {kind} --port {port}` shows why"
+            )
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                 return process
         except httpx.TransportError:
             time.sleep(0.1)
     process.kill()
-    raise RuntimeError(f"the {kind} server did not start")
+    raise RuntimeError(f"the {kind} server did not answer /health within 120 s")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -220,6 +235,31 @@ def median_round(rounds: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
 
 
+BUILD_PROBE = """
+import json, platform, sysconfig
+get = sysconfig.get_config_var
+configure = get("CONFIG_ARGS") or ""
+flags = " ".join(str(get(name) or "") for name in ("PY_CFLAGS", "PY_CFLAGS_NODIST", "PY_LDFLAGS_NODIST"))
+print(json.dumps({
+    "version": platform.python_version(),
+    "pgo": "--enable-optimizations" in configure or "-fprofile-use" in flags,
+    "lto": "--with-lto" in configure or "-flto" in flags,
+    "shared": any("libpython" in line for line in open("/proc/self/maps")),
+}))
+"""
+
+
+def interpreter(python: str) -> str:
+    """How `python` was built: its version, profile-guided and link-time optimization as its `sysconfig` records
+    them (configure arguments, compiler flags: a distribution that strips them, as Debian does, reads as without),
+    and whether the running executable loads libpython as a shared library (its memory map)."""
+    found = json.loads(subprocess.run([python, "-c", BUILD_PROBE], capture_output=True, text=True, check=True).stdout)
+    optimized = [name.upper() for name in ("pgo", "lto") if found[name]]
+    build = " and ".join(optimized) if optimized else "no PGO or LTO"
+    linked = "libpython a shared library" if found["shared"] else "libpython linked in"
+    return f"CPython {found['version']} ({build} in its sysconfig; {linked})"
+
+
 def yardstick_us() -> float:
     """The best of five timings of `sum(range(1000))`, in microseconds: how fast this machine runs Python right now.
     On one idle host (load average under 1) the bare endpoint cost 0.14 ms a request at one time and 0.32-0.42 ms
@@ -246,15 +286,17 @@ def run(
     scratch: Path,
     profile: Path | None = None,
     trajectory_log: bool = False,
+    python: str = sys.executable,
 ) -> dict[str, Any]:
-    """`rounds` rounds, each on a fresh pair of servers (see the module docstring). With `profile`, the first
-    round's agent server runs under cProfile and writes its stats there when it stops."""
+    """`rounds` rounds, each on a fresh pair of servers (see the module docstring), run by `python`. With
+    `profile`, the first round's agent server runs under cProfile and writes its stats there when it stops."""
     # a trajectory log is a real file (the viewer over it refuses /dev/null), in a folder removed after the run
     env = {"BENCH_TRAJECTORY_LOG": str(scratch / "trajectories.jsonl") if trajectory_log else ""}
     urls = {"bare": f"http://127.0.0.1:{base_port}", "agent": f"http://127.0.0.1:{base_port + 1}"}
     results: dict[str, Any] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"load average {os.getloadavg()[0]:.1f} at the start, a pure-Python yardstick {yardstick_us():.1f} us",
+        "servers": interpreter(python),
         "trajectory_log": trajectory_log,
         "seconds": seconds,
         "rounds": rounds,
@@ -266,9 +308,9 @@ def run(
     }
     for round_ in range(rounds):
         profiled = {"BENCH_PROFILE": str(profile.resolve())} if profile is not None and round_ == 0 else {}
-        servers = {"bare": start("bare", base_port)}
+        servers = {"bare": start("bare", base_port, python=python)}
         try:
-            servers["agent"] = start("agent", base_port + 1, {**env, **profiled})
+            servers["agent"] = start("agent", base_port + 1, {**env, **profiled}, python=python)
             asyncio.run(warm_up(urls["bare"], ["agent"]))
             asyncio.run(warm_up(urls["agent"], list(REQUESTS)))
             for label, clients in labels:
@@ -300,6 +342,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"Machine: {result['machine']}; {result['rounds']} rounds of {result['seconds']:g} s, median round; "
         f"the agent server {'writes' if result['trajectory_log'] else 'has no'} trajectory log.",
+        "",
+        f"Servers on {result['servers']}.",
         "",
         f"| endpoint | p50 latency (1 client) | added vs bare | req/s ({result['concurrency']} clients) "
         "| req/s ratio to bare | server CPU per request (ratio to bare) | of which the stand-in model "
@@ -366,6 +410,13 @@ def main() -> None:
         help="give the agent server a trajectory log, as `apps/serve --trajectory-log` does (off by default, as in "
         "apps/serve): every episode's record is written",
     )
+    parser.add_argument(
+        "--server-python",
+        default=sys.executable,
+        help="run both servers under this interpreter (say, a venv's python on an optimized CPython build, with "
+        "this tree's packages, uvicorn, uvloop and httptools installed); the load generator stays on this one "
+        "(default: this interpreter)",
+    )
     parser.add_argument("--serve", choices=("bare", "agent"), help=argparse.SUPPRESS)  # child process mode
     args = parser.parse_args()
     if args.serve:
@@ -373,7 +424,14 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="bench_serve_") as scratch:
         result = run(
-            args.seconds, args.rounds, args.concurrency, args.port, Path(scratch), args.profile, args.trajectory_log
+            args.seconds,
+            args.rounds,
+            args.concurrency,
+            args.port,
+            Path(scratch),
+            args.profile,
+            args.trajectory_log,
+            args.server_python,
         )
     print(markdown(result))
     if args.profile:
