@@ -29,8 +29,13 @@ agent-env, agent-runtime) instead of this tree's, in as many children. Rounds in
 the difference is what the commits between them changed, to several microseconds (this tree as its own baseline
 came out 1 us apart with 3 children each, 18 us apart with one), where two runs of the HTTP bench differ by more.
 
+With `--baseline-python PATH` the baseline configuration's children run under another interpreter (a virtual
+environment's python with this tree's packages installed, on another CPython build, say): with `--baseline` too, on
+DIR's packages; without it, on this tree's, so the difference is the interpreter's alone. `--python PATH` runs every
+other child under PATH. The header names each interpreter's build (`bench_serve.interpreter`).
+
     uv run python bench/bench_serve_parts.py [--requests 1600] [--rounds 5] [--processes 3] [--baseline DIR]
-                                             [--json out.json]
+                                             [--python PATH] [--baseline-python PATH] [--json out.json]
 """
 
 from __future__ import annotations
@@ -164,10 +169,20 @@ def child(config: str) -> None:
 # -- the parent: rounds over the configurations ----------------------------------------------------------------
 
 
-def run(requests: int, rounds: int, scratch: Path, baseline: Path | None = None, processes: int = 3) -> dict[str, Any]:
+def run(
+    requests: int,
+    rounds: int,
+    scratch: Path,
+    baseline: Path | None = None,
+    processes: int = 3,
+    python: str = sys.executable,
+    baseline_python: str | None = None,
+) -> dict[str, Any]:
     """`rounds` rounds, each a batch of `requests` from every child of every configuration in turn (`processes`
-    children a configuration; the order reversed every other round). The children's stderr (their log lines) goes
-    to files in `scratch`; a failure shows its end."""
+    children a configuration; the order reversed every other round), run by `python` (the baseline's by
+    `baseline_python` when given). The children's stderr (their log lines) goes to files in `scratch`; a failure
+    shows its end."""
+    import bench_serve
 
     def failed(child: tuple[str, int], what: str) -> RuntimeError:
         process = children[child]
@@ -178,7 +193,8 @@ def run(requests: int, rounds: int, scratch: Path, baseline: Path | None = None,
             f"the {child[0]} child {child[1]} {what} (exit status {process.poll()}); its stderr ends:\n{tail}"
         )
 
-    configs = [*CONFIGS, *([BASELINE] if baseline is not None else [])]
+    with_baseline = baseline is not None or baseline_python is not None
+    configs = [*CONFIGS, *([BASELINE] if with_baseline else [])]
 
     def environment(config: str) -> dict[str, str]:
         if config != BASELINE or baseline is None:
@@ -190,7 +206,7 @@ def run(requests: int, rounds: int, scratch: Path, baseline: Path | None = None,
     def start(config: str, index: int) -> subprocess.Popen[str]:
         with (scratch / f"{config}.{index}.stderr").open("w") as stderr:  # the child holds its own copy of it
             return subprocess.Popen(
-                [sys.executable, __file__, "--child", config],
+                [baseline_python if config == BASELINE and baseline_python else python, __file__, "--child", config],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
@@ -233,6 +249,8 @@ def run(requests: int, rounds: int, scratch: Path, baseline: Path | None = None,
         "processes": processes,
         "load_average": os.getloadavg()[0],
         "baseline": str(baseline) if baseline is not None else None,
+        "python": bench_serve.interpreter(python),
+        "baseline_python": bench_serve.interpreter(baseline_python) if baseline_python else None,
         "median": {c: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for c, rs in pooled.items()},
         "process_medians_own_us": {
             c: [round(statistics.median(r["own_us"] for r in measured[(c, i)]), 1) for i in range(processes)]
@@ -248,14 +266,16 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"{result['rounds']} rounds of {result['requests']} requests per child, {result['processes']} children per "
         f"configuration, {CONCURRENCY} requests in flight; the median batch; load average "
-        f"{result['load_average']:.1f} at the end.",
+        f"{result['load_average']:.1f} at the end. Children on {result['python']}.",
         "",
         "| configuration | server CPU per request, model excluded | its children's medians | difference from agent |",
         "|---|---:|---:|---:|",
     ]
     names = dict(CONFIGS)
-    if result.get("baseline"):
-        names[BASELINE] = f"agent mode, apps/serve's defaults, on the baseline's packages ({result['baseline']})"
+    if result.get("baseline") or result.get("baseline_python"):
+        packages = f"the baseline's packages ({result['baseline']})" if result.get("baseline") else "this tree"
+        on = f", on {result['baseline_python']}" if result.get("baseline_python") else ""
+        names[BASELINE] = f"agent mode, apps/serve's defaults, on {packages}{on}"
     for config, name in names.items():
         own = median[config]["own_us"]
         spread = result["process_medians_own_us"][config]
@@ -282,6 +302,17 @@ def main() -> None:
         help="a checkout of another commit (a git worktree): agent mode on its packages takes turns in the same "
         "rounds, for a before-and-after of the commits between",
     )
+    parser.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the interpreter of every child but the baseline's (default: this one); it must have this tree's "
+        "packages, starlette, uvicorn and uvloop installed",
+    )
+    parser.add_argument(
+        "--baseline-python",
+        help="the interpreter of the baseline's children (on --baseline's packages, or this tree's without it): "
+        "another CPython build measured in the same rounds",
+    )
     parser.add_argument("--child", choices=(*CONFIGS, BASELINE), help=argparse.SUPPRESS)  # a configuration's process
     args = parser.parse_args()
     if args.child:
@@ -296,8 +327,19 @@ def main() -> None:
                 f"--baseline {args.baseline}: not a checkout of this repository (no packages/{missing[0]}/src)"
             )
         args.baseline = args.baseline.resolve()
+    for option, path in (("--python", args.python), ("--baseline-python", args.baseline_python)):
+        if path is not None and not os.access(path, os.X_OK):
+            parser.error(f"{option} {path}: not an executable file")
     with tempfile.TemporaryDirectory(prefix="bench_serve_parts_") as scratch:
-        result = run(args.requests, args.rounds, Path(scratch), args.baseline, args.processes)
+        result = run(
+            args.requests,
+            args.rounds,
+            Path(scratch),
+            args.baseline,
+            args.processes,
+            args.python,
+            args.baseline_python,
+        )
     print(markdown(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
