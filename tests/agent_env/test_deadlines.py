@@ -190,6 +190,29 @@ def test_a_failing_alarm_is_reported_and_the_rest_of_its_window_still_rings() ->
     assert len(reported) == 1 and isinstance(reported[0]["exception"], ValueError)
 
 
+def test_an_alarm_cancelled_by_another_of_its_window_never_rings() -> None:
+    async def main() -> tuple[list[str], list[dict[str, object]]]:
+        reported: list[dict[str, object]] = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: reported.append(context))
+        rung: list[str] = []
+        alarms: dict[str, Alarm] = {}
+
+        def ring(name: str) -> None:
+            rung.append(name)
+            for other in alarms.values():  # the first to ring cancels all the others, then sets one more
+                other.cancel()
+            alarms["later"] = Alarm(0.02, functools.partial(rung.append, "later"))
+
+        for name in ("a", "b", "c", "d"):  # all four fall in one 10 ms window
+            alarms[name] = Alarm(0.02, functools.partial(ring, name))
+        await asyncio.sleep(0.15)
+        return rung, reported
+
+    rung, reported = asyncio.run(main())
+    assert len(rung) == 2 and rung[0] in "abcd" and rung[1] == "later", rung
+    assert reported == []  # the window's set changed while it rang, and nothing broke
+
+
 def test_an_alarm_needs_a_running_loop() -> None:
     with pytest.raises(RuntimeError):
         Alarm(1, lambda: None)

@@ -127,7 +127,10 @@ class _Timers:
         return window
 
     def _fire(self, at: float) -> None:
-        for item in self.due.pop(at, ()):
+        window = self.due.pop(at, None)
+        for item in list(window or ()):  # a callback may cancel another alarm of this window, or set a new one
+            if item._window is not window:
+                continue  # cancelled by an earlier callback of this window
             try:
                 item._ring()
             except Exception as e:  # one failing callback must not keep the rest of its window from running
