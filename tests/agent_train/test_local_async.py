@@ -217,6 +217,21 @@ def _rl_records(run_dir: Path) -> list[list[tuple[Any, ...]]]:
     ]
 
 
+def _assert_same_records(ours: list[list[tuple[Any, ...]]], theirs: list[list[tuple[Any, ...]]]) -> None:
+    """The same episodes: the same ids, masks, rewards and advantages exactly, and logprobs up to float rounding.
+    On one host the two loops' logprobs came out bit for bit equal; on another (2026-12-06, the same code) one
+    episode's differed by 4.8e-7, its ids, masks and rewards equal."""
+
+    def exact(records: list[list[tuple[Any, ...]]]) -> list[Any]:
+        return [[([(ids, mask) for ids, mask, _ in segments], r, a) for segments, r, a in step] for step in records]
+
+    def logprobs(records: list[list[tuple[Any, ...]]]) -> list[float]:
+        return [lp or 0.0 for step in records for segments, _, _ in step for _, _, lps in segments for lp in lps or ()]
+
+    assert exact(ours) == exact(theirs)
+    assert logprobs(ours) == pytest.approx(logprobs(theirs), abs=1e-5)
+
+
 def _numbers(run_dir: Path) -> list[dict[str, Any]]:
     timing = {"time_s", "generate_s", "update_s", "sample_s"}
     return [{k: v for k, v in r.items() if k not in timing} for r in read_metrics(run_dir / "metrics.jsonl")]
@@ -227,7 +242,7 @@ def test_async_0_is_the_synchronous_loop_and_async_1_trains_one_version_behind(t
     sync = train_local(config, tmp_path / "sync", progress=False, recipe=SHAPED)
     zero = train_local(msgspec.structs.replace(config, rl_async=0), tmp_path / "zero", progress=False, recipe=SHAPED)
     assert zero.figures == sync.figures
-    assert _rl_records(tmp_path / "zero") == _rl_records(tmp_path / "sync")
+    _assert_same_records(_rl_records(tmp_path / "zero"), _rl_records(tmp_path / "sync"))
     staleness = {"staleness_0", "staleness_mean", "staleness_max", "stale_dropped", "sampled_by"}
     assert [{k: v for k, v in r.items() if k not in staleness} for r in _numbers(tmp_path / "zero")] == _numbers(
         tmp_path / "sync"
