@@ -29,8 +29,10 @@ process and which the bare endpoint does not do at all: the `ScriptedEngine` cou
 own CPU (the total less the model's share), each as a ratio to bare. Issue 43's bar (agent mode at most 4x bare) is
 judged on the server's own CPU; the total is shown beside it.
 
-The servers' CPU is nearly all the interpreter's: the agent server's is interpreted Python, the bare endpoint's
-mostly C (httptools, uvloop) and the kernel. So how CPython was built (profile-guided and link-time optimization,
+Below the table, the kernel's part of each server's CPU (its system time; the rest is user time). Both servers' CPU
+is mostly user time, in the interpreter: the agent server's is its own Python, the bare endpoint's uvicorn's and
+Starlette's per-request Python over httptools and uvloop (under cProfile they come to three fifths of it). So how
+CPython was built (profile-guided and link-time optimization,
 as python.org's, Docker's and uv's managed Pythons are; a shared or static libpython) weighs on the ratio, and the
 header says how the servers' interpreter was built, as its `sysconfig` tells. `--server-python PATH` runs both
 servers under another interpreter (a virtual environment's python with this tree's packages and uvicorn, uvloop and
@@ -170,11 +172,12 @@ def start(
     raise RuntimeError(f"the {kind} server did not answer /health within 120 s")
 
 
-def cpu_seconds(pid: int) -> float:
-    """The process's user + system CPU time so far (/proc/PID/stat fields 14 and 15, in clock ticks): the
-    server's own cost, whatever the load generator spends."""
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """The process's user and system CPU time so far (/proc/PID/stat fields 14 and 15, in clock ticks): the
+    server's own cost, whatever the load generator spends; the system part is the kernel's work for it."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 async def load(
@@ -212,15 +215,18 @@ async def load(
             return float(response.json()["engine"]["model_cpu_s"]) if response.status_code == 200 else 0.0
 
         model_before = await model_cpu()
-        cpu_before = cpu_seconds(server_pid) if server_pid else 0.0
+        user_before, system_before = cpu_seconds(server_pid) if server_pid else (0.0, 0.0)
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.perf_counter() - started
-        cpu = cpu_seconds(server_pid) - cpu_before if server_pid else 0.0
+        user, system = cpu_seconds(server_pid) if server_pid else (0.0, 0.0)
+        user, system = user - user_before, system - system_before
+        cpu = user + system
         model = await model_cpu() - model_before
     latencies.sort()
     return {
         "server_cpu_ms": cpu / len(latencies) * 1000,
+        "system_cpu_ms": system / len(latencies) * 1000,
         "model_cpu_ms": model / len(latencies) * 1000,
         "own_cpu_ms": (cpu - model) / len(latencies) * 1000,
         "requests": len(latencies),
@@ -360,6 +366,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {row['server_cpu_ms']:.3f} ms ({row['server_cpu_ms'] / bare_cpu:.2f}x) "
             f"| {row['model_cpu_ms']:.3f} ms | {row['own_cpu_ms']:.3f} ms ({row['own_cpu_ms'] / bare_cpu:.2f}x) |"
         )
+    kernel = ", ".join(f"{names[kind].split(' (')[0]} {thr[kind]['system_cpu_ms']:.3f} ms" for kind in names)
+    lines += ["", f"Of the server CPU per request, the kernel's (system time): {kernel}; the rest is user time."]
     return "\n".join(lines)
 
 

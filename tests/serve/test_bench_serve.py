@@ -1,8 +1,10 @@
-"""`bench/bench_serve.py`'s own parts that a figure depends on: how it names the servers' interpreter build, and
-the clear error when `--server-python` cannot run a server (the whole bench runs in minutes; the README runs it)."""
+"""`bench/bench_serve.py`'s own parts that a figure depends on: how it names the servers' interpreter build, how it
+splits a process's CPU into user and system time, and the clear error when `--server-python` cannot run a server
+(the whole bench runs in minutes; the README runs it)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import sysconfig
@@ -24,6 +26,20 @@ def test_the_interpreter_is_named_with_its_version_and_how_libpython_is_loaded()
     lto = "--with-lto" in configure or "-flto" in _flags()
     build = {(True, True): "PGO and LTO", (True, False): "PGO", (False, True): "LTO", (False, False): "no PGO or LTO"}
     assert f"({build[pgo, lto]} in its sysconfig;" in described
+
+
+def test_a_process_cpu_is_split_into_user_and_system_time_as_the_kernel_counts_them() -> None:
+    for _ in range(3):  # some of each: Python work (user) and writes the kernel does (system)
+        sum(range(2_000_000))
+        with open(os.devnull, "wb") as sink:
+            for _ in range(20_000):
+                sink.write(b"x")
+                sink.flush()
+    user, system = bench_serve.cpu_seconds(os.getpid())
+    ours = os.times()  # the same counters, read another way: they agree to a clock tick
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    assert abs(user - ours.user) <= 2 * tick and abs(system - ours.system) <= 2 * tick, (user, system, ours)
+    assert user > 0 and system > 0
 
 
 def test_a_server_python_without_the_packages_fails_at_once_and_says_how_to_see_why(tmp_path: Path) -> None:
