@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from agent_env import deadlines
 from agent_env.deadlines import MIN_GRAIN_S, Alarm, deadline
 from agent_env.deadlines import _timers_of as timers_of
 
@@ -216,3 +219,30 @@ def test_an_alarm_cancelled_by_another_of_its_window_never_rings() -> None:
 def test_an_alarm_needs_a_running_loop() -> None:
     with pytest.raises(RuntimeError):
         Alarm(1, lambda: None)
+
+
+class NoAttributeLoop(asyncio.SelectorEventLoop):
+    """A loop that refuses the attribute the timers are kept in, as a loop without a ``__dict__`` would."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == deadlines._ATTRIBUTE:
+            raise AttributeError(name)
+        super().__setattr__(name, value)
+
+
+def test_a_loop_that_takes_no_attributes_keeps_its_timers_in_the_weak_map_and_is_not_kept_alive_by_them() -> None:
+    loop = NoAttributeLoop()
+    rang: list[str] = []
+
+    async def main() -> None:
+        Alarm(0.01, lambda: rang.append("rang"))
+        await asyncio.sleep(0.05)
+
+    loop.run_until_complete(main())
+    assert rang == ["rang"]
+    assert loop in deadlines._timers and not hasattr(loop, deadlines._ATTRIBUTE)
+    gone = weakref.ref(loop)
+    loop.close()
+    del loop
+    gc.collect()
+    assert gone() is None  # the map's value (the loop's timers) does not hold its key alive

@@ -44,7 +44,7 @@ class Alarm:
     def __init__(self, seconds: float, callback: Callable[[], object]) -> None:
         loop = asyncio.get_running_loop()
         self._callback = callback
-        self._window: set[Alarm] | None = _timers_of(loop).add(self, loop.time() + seconds, seconds)
+        self._window: set[Alarm] | None = _timers_of(loop).add(loop, self, loop.time() + seconds, seconds)
 
     @property
     def pending(self) -> bool:
@@ -110,23 +110,25 @@ class deadline:  # a context manager named like a function, as asyncio.timeout i
 
 
 class _Timers:
-    """One loop's alarms, by the time their window falls due; one timer per window."""
+    """One loop's alarms, by the time their window falls due; one timer per window. It does not hold the loop (its
+    pending timers do, in the loop's own queue), so a weak map's value never keeps its key alive."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+    __slots__ = ("due",)
+
+    def __init__(self) -> None:
         self.due: dict[float, set[Alarm]] = {}
 
-    def add(self, item: Alarm, when: float, seconds: float) -> set[Alarm]:
+    def add(self, loop: asyncio.AbstractEventLoop, item: Alarm, when: float, seconds: float) -> set[Alarm]:
         grain = max(MIN_GRAIN_S, seconds * GRAIN_FRACTION)
         at = math.ceil(when / grain) * grain  # the end of the window `when` falls in: never early
         window = self.due.get(at)
         if window is None:
             window = self.due[at] = set()
-            self.loop.call_at(at, self._fire, at)
+            loop.call_at(at, self._fire, loop, at)
         window.add(item)
         return window
 
-    def _fire(self, at: float) -> None:
+    def _fire(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
         window = self.due.pop(at, None)
         for item in list(window or ()):  # a callback may cancel another alarm of this window, or set a new one
             if item._window is not window:
@@ -134,7 +136,7 @@ class _Timers:
             try:
                 item._ring()
             except Exception as e:  # one failing callback must not keep the rest of its window from running
-                self.loop.call_exception_handler({"message": "an Alarm's callback failed", "exception": e})
+                loop.call_exception_handler({"message": "an Alarm's callback failed", "exception": e})
 
 
 _timers: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Timers]] = weakref.WeakKeyDictionary()
@@ -142,14 +144,14 @@ _ATTRIBUTE: Final = "_agent_env_deadline_timers"
 
 
 def _timers_of(loop: asyncio.AbstractEventLoop) -> _Timers:
-    """The loop's timers, kept on the loop itself (they go with it); in a weak map for a loop that takes no
-    attributes (uvloop's)."""
+    """The loop's timers, kept on the loop itself (they go with it; asyncio's and uvloop's loops take attributes),
+    or in a weak map for a loop that takes none."""
     timers: _Timers | None = getattr(loop, _ATTRIBUTE, None)
     if timers is not None:
         return timers
     timers = _timers.get(loop)
     if timers is None:
-        timers = _Timers(loop)
+        timers = _Timers()
         try:
             setattr(loop, _ATTRIBUTE, timers)
         except AttributeError:
