@@ -45,6 +45,7 @@ from agent_train.local.ablation import run_ablation
 from agent_train.local.demos import get_demo
 from agent_train.local.metrics import read_metrics
 from agent_train.local.trainer import TrainResult, train_local
+from tests.support.demo_sft import keep_sft_model
 from tests.support.trajectory_pages import every_summary
 
 SEED = 0
@@ -56,7 +57,9 @@ MIN_MASK_COST = 0.0  # see the module docstring: one seed's ablation gap moved +
 @pytest.fixture(scope="module")
 def ci_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
     config = msgspec.structs.replace(get_demo("compaction").presets["ci"], seed=SEED)
-    result = train_local(config, tmp_path_factory.mktemp("compaction-ci"), progress=False)
+    run_dir = tmp_path_factory.mktemp("compaction-ci")
+    result = train_local(config, run_dir, progress=False)
+    keep_sft_model(config, run_dir)  # the vLLM CPU step's compaction SFT model (tests/support/demo_sft.py)
     return run_ablation(result, progress=False)
 
 

@@ -47,6 +47,7 @@ from agent_train.local.metrics import read_metrics
 from agent_train.local.paired import compare, held_out_success, sign_test_p
 from agent_train.local.sampled import RateComparison, compare_rates, sampled_success
 from agent_train.local.trainer import TrainResult, train_local
+from tests.support.demo_sft import keep_sft_model
 from tests.support.tiny_demo import TINY_DEMO_SPEC
 from tests.support.trajectory_pages import every_summary
 
@@ -61,7 +62,10 @@ MAX_SIGN_P = 0.01
 @pytest.fixture(scope="module")
 def ci_run(tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
     config = msgspec.structs.replace(preset("ci"), seed=SEED)
-    return train_local(config, tmp_path_factory.mktemp("ci-run"), progress=False)
+    run_dir = tmp_path_factory.mktemp("ci-run")
+    result = train_local(config, run_dir, progress=False)
+    keep_sft_model(config, run_dir)  # the vLLM CPU step's calculator SFT model (tests/support/demo_sft.py)
+    return result
 
 
 @pytest.fixture(scope="module")

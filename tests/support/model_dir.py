@@ -65,14 +65,16 @@ def cached_model_dir(
     expected_id: str,
     needed: Sequence[str],
     cache_dir: Path | None = None,
+    stamp: str = "recipe.json",
 ) -> Path:
     """``<cache_dir>/<name>`` (default ``<repo>/.cache``), built first with `build(path)` when it is missing, holds
-    another recipe (``recipe.json``'s id is not `expected_id`) or lacks a `needed` file."""
+    another recipe (the id in its `stamp` file, ``recipe.json`` by default, is not `expected_id`) or lacks a `needed`
+    file. `build` writes the stamp."""
     target = (cache_dir or REPO / ".cache") / name
 
     def current() -> bool:
         try:
-            written = json.loads((target / "recipe.json").read_text(encoding="utf-8"))
+            written = json.loads((target / stamp).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             return False
         return written.get("id") == expected_id and all((target / file).is_file() for file in needed)

@@ -120,7 +120,8 @@ def hf_engine(model_dir: Path) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def calculator_sft_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The calculator demo's model after SFT (seed 0, the local trainer's ``ci`` preset, no RL): it calls the
-    calculator and answers about 65% of held-out problems, so rewards vary within sampled groups."""
+    calculator and answers about 65% of held-out problems, so rewards vary within sampled groups. Kept in .cache
+    by tests/agent_train's ``ci`` run when pytest ran before in this checkout (tests/support/demo_sft.py)."""
     from tests.support.demo_sft import sft_demo_model
 
     return sft_demo_model("calculator", tmp_path_factory.mktemp("calculator-sft"))
@@ -130,7 +131,8 @@ def calculator_sft_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def compaction_sft_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The compaction demo's model after SFT (seed 0, the ``ci`` preset, no RL): it writes summaries and continues,
     so its episodes compact, and gets about a third of the held-out totals right (0.38 measured), so rewards vary
-    within groups (with 200 SFT steps instead of 400 it was 0.05: nearly every reward 0)."""
+    within groups (with 200 SFT steps instead of 400 it was 0.05: nearly every reward 0). Kept in .cache by
+    tests/agent_train's compaction ``ci`` run when pytest ran before in this checkout."""
     from tests.support.demo_sft import sft_demo_model
 
     return sft_demo_model("compaction", tmp_path_factory.mktemp("compaction-sft"))
