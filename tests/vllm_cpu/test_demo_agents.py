@@ -12,10 +12,11 @@ recipe on `VLLMEngine`, and every episode is token for token the one `HFEngine` 
 Greedy throughout; logprobs within `LOGPROB_TOLERANCE` (float32 on both engines). Every reward is also checked
 against the task's true answer, read from the final answer here. One vLLM engine per demo model is started and
 shared by the module; the SFT models are the session's fixtures (tests/support/demo_sft.py), which cost most of
-the module's time. Last, `apps/serve --engine vllm` as a user starts it serves the calculator demo model (a third
-vLLM start, about 90 s on 2 cores): a tool call and the right answer, each served turn hf's greedy turn. vLLM's
-"auto" dtype runs the float32 demo model in bfloat16 on the CPU there, so its logprobs differ from hf's by up to
-~3e-2 (the ids agree); the engines above are started in float32.
+the module's time unless pytest's ``ci`` runs kept them in .cache before (as `scripts/check` runs them). Last,
+`apps/serve --engine vllm` as a user starts it serves the calculator demo model (a third vLLM start, about 90 s on
+2 cores): a tool call and the right answer, each served turn hf's greedy turn. vLLM's "auto" dtype runs the
+float32 demo model in bfloat16 on the CPU there, so its logprobs differ from hf's by up to ~3e-2 (the ids agree);
+the engines above are started in float32.
 """
 
 from __future__ import annotations
