@@ -31,12 +31,11 @@ judged on the server's own CPU; the total is shown beside it.
 
 Below the table, the kernel's part of each server's CPU (its system time; the rest is user time). Both servers' CPU
 is mostly user time, in the interpreter: the agent server's is its own Python, the bare endpoint's uvicorn's and
-Starlette's per-request Python over httptools and uvloop (under cProfile they come to three fifths of it). So how
-CPython was built (profile-guided and link-time optimization,
-as python.org's, Docker's and uv's managed Pythons are; a shared or static libpython) weighs on the ratio, and the
-header says how the servers' interpreter was built, as its `sysconfig` tells. `--server-python PATH` runs both
-servers under another interpreter (a virtual environment's python with this tree's packages and uvicorn, uvloop and
-httptools installed), the load generator and the yardstick staying on this one.
+Starlette's per-request Python over httptools and uvloop. So how CPython was built (profile-guided and link-time
+optimization, as python.org's, Docker's and uv's managed Pythons are; a shared or static libpython) weighs on the
+ratio, and the header says how the servers' interpreter was built, as its `sysconfig` tells. `--server-python PATH`
+runs both servers under another interpreter (a virtual environment's python with this tree's packages and uvicorn,
+uvloop and httptools installed), the load generator and the yardstick staying on this one.
 
     uv run python bench/bench_serve.py [--seconds 3] [--rounds 3] [--concurrency 16] [--trajectory-log] [--json F]
                                        [--server-python PATH]
